@@ -1,0 +1,1 @@
+"""peagle: lossless speculative decoding with EAGLE-3 and P-EAGLE drafters."""

@@ -1,0 +1,103 @@
+"""Model configuration: the fields peagle's native Llama-family model needs, parsed from an HF config.json."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..errors import PeagleError
+
+SUPPORTED = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+@dataclass
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False          # qwen2, or llama attention_bias
+    o_bias: bool = False            # llama attention_bias also biases o_proj
+    mlp_bias: bool = False
+    qk_norm: bool = False           # qwen3
+    sliding_window: int | None = None
+    eos_token_ids: list = field(default_factory=list)
+    raw: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "ModelConfig":
+        mt = cfg.get("model_type")
+        archs = cfg.get("architectures") or []
+        if mt not in SUPPORTED:
+            raise PeagleError(
+                f"unsupported architecture: model_type={mt!r} architectures={archs} "
+                f"(peagle supports {', '.join(sorted(SUPPORTED))})")
+        try:
+            H = int(cfg["hidden_size"])
+            nh = int(cfg["num_attention_heads"])
+            rp = cfg.get("rope_parameters") or {}
+            rope_theta = float(cfg.get("rope_theta", rp.get("rope_theta", 10000.0)))
+            rs = cfg.get("rope_scaling") or (rp if rp.get("rope_type", "default") != "default" else None)
+            if rs is not None:
+                kind = rs.get("rope_type", rs.get("type", "default"))
+                if kind not in ("default", "llama3", "linear"):
+                    raise PeagleError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+                if kind == "default":
+                    rs = None
+            eos = cfg.get("eos_token_id")
+            eos = [] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
+            attn_bias = bool(cfg.get("attention_bias", False))
+            return cls(
+                model_type=mt, vocab_size=int(cfg["vocab_size"]), hidden_size=H,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=nh,
+                num_key_value_heads=int(cfg.get("num_key_value_heads") or nh),
+                head_dim=int(cfg.get("head_dim") or H // nh),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_scaling=rs,
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", mt not in ("llama", "mistral"))
+                                         if "tie_word_embeddings" in cfg else False),
+                qkv_bias=(mt == "qwen2") or attn_bias, o_bias=(mt == "llama" and attn_bias),
+                mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=(mt == "qwen3"),
+                sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", mt == "mistral") else None,
+                eos_token_ids=eos, raw=cfg)
+        except KeyError as e:
+            raise PeagleError(f"config.json is missing required field {e.args[0]!r}") from None
+
+    @classmethod
+    def from_dir(cls, path: str) -> "ModelConfig":
+        if not os.path.isdir(path):
+            raise PeagleError(f"model directory not found: {path}")
+        fn = os.path.join(path, "config.json")
+        if not os.path.isfile(fn):
+            raise PeagleError(f"no config.json in {path}")
+        with open(fn) as f:
+            try:
+                cfg = json.load(f)
+            except json.JSONDecodeError as e:
+                raise PeagleError(f"{fn} is not valid JSON: {e}") from None
+        c = cls.from_dict(cfg)
+        gen = os.path.join(path, "generation_config.json")
+        if os.path.isfile(gen):
+            with open(gen) as f:
+                g = json.load(f)
+            e = g.get("eos_token_id")
+            if e is not None:
+                for t in (e if isinstance(e, list) else [e]):
+                    if t not in c.eos_token_ids:
+                        c.eos_token_ids.append(t)
+        return c

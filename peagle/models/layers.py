@@ -1,0 +1,78 @@
+"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, attention over a KV cache, SwiGLU."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":  # same rule as Meta's / HF's llama3 rope
+        factor = float(scaling["factor"])
+        lo, hi = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        old = float(scaling.get("original_max_position_embeddings", 8192))
+        low_wl, high_wl = old / lo, old / hi
+        wl = 2 * math.pi / inv
+        out = torch.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - lo) / (hi - lo)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        mid = (wl >= high_wl) & (wl <= low_wl)
+        return torch.where(mid, smoothed, out)
+    raise ValueError(f"unsupported rope scaling {kind}")
+
+
+class Rope:
+    """cos/sin tables indexed by absolute position (HF's rotate-half convention)."""
+
+    def __init__(self, head_dim, theta, scaling, max_pos, dtype=torch.float32, device="cpu"):
+        inv = rope_inv_freq(head_dim, theta, scaling)
+        t = torch.arange(max_pos, dtype=torch.float64)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat([freqs, freqs], -1)
+        self.cos = emb.cos().to(dtype).to(device)
+        self.sin = emb.sin().to(dtype).to(device)
+
+    def __call__(self, pos: torch.Tensor):
+        if pos.max() >= self.cos.shape[0]:  # grow on demand (positions past the configured context)
+            n = int(pos.max()) + 1
+            hd = self.cos.shape[1]
+            raise ValueError(f"position {n - 1} exceeds rope table {self.cos.shape[0]} (head_dim {hd})")
+        return self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B,T,1,hd]
+
+
+def apply_rope(x, cos, sin):  # x [B,T,h,hd]
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin
+
+
+def causal_block_mask(start: torch.Tensor, T: int, S: int) -> torch.Tensor:
+    """[B,1,T,S] bool: query i of row b (position start_b+i) sees keys 0..start_b+i."""
+    qpos = start[:, None] + torch.arange(T, device=start.device)[None]
+    return (torch.arange(S, device=start.device)[None, None, :] <= qpos[:, :, None]).unsqueeze(1)
+
+
+def attend(q, k, v, mask):
+    """q [B,T,nh,hd], k/v [B,nkv,S,hd] -> [B,T,nh*hd]. GQA via enable_gqa."""
+    B, T, nh, hd = q.shape
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask,
+                                       enable_gqa=(k.shape[1] != nh))
+    return o.transpose(1, 2).reshape(B, T, nh * hd)
+
+
+def swiglu(x, gate_up_w, down_w, inter):
+    gu = F.linear(x, gate_up_w)
+    return F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], down_w)

@@ -1,0 +1,123 @@
+"""Native Llama-family target (Llama, Mistral, Qwen2, Qwen3): loads an HF directory without transformers'
+modeling code, runs a block of new tokens per row over a KV cache and returns the auxiliary hidden states
+EAGLE-3 drafters read (id i = residual stream entering layer i = HF hidden_states[i]) from the same forward."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from ..cache import KVCache
+from ..errors import PeagleError
+from .config import ModelConfig
+from .layers import Rope, apply_rope, attend, causal_block_mask, rms_norm, swiglu
+
+
+def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
+    """All tensors of an HF directory (sharded or not)."""
+    idx = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(idx):
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(path, x) for x in files]
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise PeagleError(f"no *.safetensors weights in {path}")
+    out = {}
+    for fn in files:
+        with safe_open(fn, "pt") as f:
+            for k in f.keys():
+                t = f.get_tensor(k)
+                out[k[len(prefix_strip):] if k.startswith(prefix_strip) else k] = (
+                    t.to(dtype) if t.is_floating_point() else t)
+    return out
+
+
+class Layer:
+    def __init__(self, w: dict, i: int, cfg: ModelConfig):
+        p = f"model.layers.{i}."
+        g = lambda n: w[p + n]  # noqa: E731
+        self.qkv_w = torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"), g("self_attn.v_proj.weight")])
+        self.qkv_b = (torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"), g("self_attn.v_proj.bias")])
+                      if cfg.qkv_bias else None)
+        self.o_w = g("self_attn.o_proj.weight")
+        self.o_b = g("self_attn.o_proj.bias") if cfg.o_bias else None
+        self.q_norm = g("self_attn.q_norm.weight") if cfg.qk_norm else None
+        self.k_norm = g("self_attn.k_norm.weight") if cfg.qk_norm else None
+        self.ln1 = g("input_layernorm.weight")
+        self.ln2 = g("post_attention_layernorm.weight")
+        self.gate_up = torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")])
+        self.down = g("mlp.down_proj.weight")
+        if cfg.mlp_bias:
+            raise PeagleError("mlp_bias=true is not supported")
+
+
+class Transformer:
+    """Target model. forward() appends a [B,T] block of tokens per row to the cache and returns logits."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu"):
+        self.cfg, self.dtype, self.device = cfg, dtype, device
+        try:
+            self.embed = weights["model.embed_tokens.weight"]
+            self.norm = weights["model.norm.weight"]
+            self.lm_head = self.embed if cfg.tie_word_embeddings else weights.get("lm_head.weight", self.embed)
+            self.layers = [Layer(weights, i, cfg) for i in range(cfg.num_hidden_layers)]
+        except KeyError as e:
+            raise PeagleError(f"weights are missing tensor {e.args[0]!r}") from None
+        if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
+            raise PeagleError(f"embed_tokens shape {tuple(self.embed.shape)} does not match config "
+                              f"({cfg.vocab_size}, {cfg.hidden_size})")
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings + 64,
+                         dtype, device)
+        self.nq = cfg.num_attention_heads * cfg.head_dim
+        self.nkv = cfg.num_key_value_heads * cfg.head_dim
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu") -> "Transformer":
+        cfg = ModelConfig.from_dir(path)
+        return cls(cfg, {k: v.to(device) for k, v in load_safetensors(path, dtype).items()}, dtype, device)
+
+    def new_cache(self, rows: int, max_len: int) -> KVCache:
+        c = self.cfg
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, rows, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, b0: int, start: torch.Tensor,
+                aux_ids: tuple = (), logits_at: torch.Tensor | None = None):
+        """tokens [B,T] for cache rows b0..b0+B-1, each row's block starting at position start[b].
+        Returns (logits [B,T,V] or [B,V] at logits_at per row, aux [B,T,len(aux_ids)*H] or None).
+        Does not change cache.lens: the caller sets lengths after deciding what to keep."""
+        c = self.cfg
+        B, T = tokens.shape
+        pos = start[:, None] + torch.arange(T)[None]
+        S = int(pos.max()) + 1
+        cos, sin = self.rope(pos)
+        mask = causal_block_mask(start, T, S)
+        x = F.embedding(tokens, self.embed)
+        aux = []
+        for i, L in enumerate(self.layers):
+            if i in aux_ids:
+                aux.append(x)
+            h = rms_norm(x, L.ln1, c.rms_norm_eps)
+            qkv = F.linear(h, L.qkv_w, L.qkv_b)
+            q = qkv[..., : self.nq].view(B, T, -1, c.head_dim)
+            k = qkv[..., self.nq: self.nq + self.nkv].view(B, T, -1, c.head_dim)
+            v = qkv[..., self.nq + self.nkv:].view(B, T, -1, c.head_dim)
+            if L.q_norm is not None:
+                q, k = rms_norm(q, L.q_norm, c.rms_norm_eps), rms_norm(k, L.k_norm, c.rms_norm_eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            cache.write(i, b0, pos, k, v)
+            kc, vc = cache.view(i, b0, B, S)
+            x = x + F.linear(attend(q, kc, vc, mask), L.o_w, L.o_b)
+            x = x + swiglu(rms_norm(x, L.ln2, c.rms_norm_eps), L.gate_up, L.down, c.intermediate_size)
+        if len(self.layers) in aux_ids:
+            aux.append(x)
+        if logits_at is not None:
+            x = x[torch.arange(B), logits_at]
+        logits = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)
+        return logits.float(), (torch.cat(aux, -1) if aux else None)
