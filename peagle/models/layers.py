@@ -38,19 +38,19 @@ class Rope:
     """cos/sin tables indexed by absolute position (HF's rotate-half convention)."""
 
     def __init__(self, head_dim, theta, scaling, max_pos, dtype=torch.float32, device="cpu"):
-        inv = rope_inv_freq(head_dim, theta, scaling)
-        t = torch.arange(max_pos, dtype=torch.float64)
-        freqs = torch.outer(t, inv)
+        self.inv, self.dtype, self.device = rope_inv_freq(head_dim, theta, scaling), dtype, device
+        self._build(max_pos)
+
+    def _build(self, n):
+        freqs = torch.outer(torch.arange(n, dtype=torch.float64), self.inv)
         emb = torch.cat([freqs, freqs], -1)
-        self.cos = emb.cos().to(dtype).to(device)
-        self.sin = emb.sin().to(dtype).to(device)
+        self.cos = emb.cos().to(self.dtype).to(self.device)
+        self.sin = emb.sin().to(self.dtype).to(self.device)
 
     def __call__(self, pos: torch.Tensor):
-        if pos.max() >= self.cos.shape[0]:  # grow on demand (positions past the configured context)
-            n = int(pos.max()) + 1
-            hd = self.cos.shape[1]
-            raise ValueError(f"position {n - 1} exceeds rope table {self.cos.shape[0]} (head_dim {hd})")
-        return self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B,T,1,hd]
+        if int(pos.max()) >= self.cos.shape[0]:  # grow on demand (e.g. long training sequences)
+            self._build(2 * int(pos.max()) + 2)
+        return self.cos[pos].unsqueeze(-2), self.sin[pos].unsqueeze(-2)  # [...,T,1,hd]
 
 
 def apply_rope(x, cos, sin):  # x [B,T,h,hd]

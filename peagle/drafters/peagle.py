@@ -1,0 +1,42 @@
+"""P-EAGLE parallel drafting: all K drafts from ONE drafter pass.
+
+Rows per request: the step's shifted rows (accepted tokens + the new token, with target states), then K-1
+mask-token rows at the next positions, each with the constant fc(mask_hidden) computed once at load.
+Argmax at the new-token row and the mask rows gives d1..dK. The mask rows' KV is stale after the step and
+is overwritten by the next step, which starts at the new token's position + 1 (vLLM's semantics)."""
+from __future__ import annotations
+
+import torch
+
+from .base import DraftBatch, Proposer
+
+
+class PEagleProposer(Proposer):
+    name = "peagle"
+
+    def __init__(self, head, k, max_len, rows=1):
+        super().__init__(head, k, max_len, rows)
+        if not head.parallel:
+            raise ValueError("this head has no mask token / mask_hidden: it was not trained for parallel drafting")
+        with torch.inference_mode():
+            self.mask_h = head.combine(head.mask_hidden.reshape(1, -1))[0]   # fc(mask_hidden), [H]
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> torch.Tensor:
+        h, K = self.head, self.k
+        B, T = batch.ids.shape
+        W = T + K - 1
+        ar = torch.arange(W)[None]
+        nr = batch.n_real[:, None]
+        is_mask = (ar >= nr) & (ar < nr + K - 1)
+        ids = torch.zeros(B, W, dtype=torch.long)
+        ids[:, :T] = batch.ids
+        ids = torch.where(ar < nr, ids, torch.where(is_mask, h.mask_token_id, 0))
+        hid = torch.zeros(B, W, self.mask_h.shape[0], dtype=self.mask_h.dtype)
+        hid[:, :T] = h.combine(batch.aux)
+        hid = torch.where((ar < nr)[..., None], hid, torch.where(is_mask[..., None], self.mask_h, 0.0))
+        pos = batch.start[:, None] + ar
+        normed, _ = h(ids, hid, pos, cache=self.cache, b0=batch.b0, start=batch.start)
+        idx = nr - 1 + torch.arange(K)[None]                                   # new-token row + K-1 mask rows
+        sel = normed[torch.arange(B)[:, None], idx]
+        return self.argmax_target(sel)

@@ -1,0 +1,32 @@
+"""Speculative-decoding metrics with vLLM's definitions."""
+from __future__ import annotations
+
+
+class SpecMetrics:
+    def __init__(self, k: int):
+        self.k = k
+        self.reset()
+
+    def reset(self):
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_accepted_tokens_per_pos = [0] * self.k
+        self.draft_time_s = self.verify_time_s = 0.0
+
+    def add_draft(self, accepted: int, k: int):
+        self.num_drafts += 1
+        self.num_draft_tokens += k
+        self.num_accepted_tokens += accepted
+        for i in range(accepted):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+    def as_dict(self) -> dict:
+        d = self.num_drafts
+        return {
+            "num_drafts": d, "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "mean_acceptance_length": 1 + self.num_accepted_tokens / d if d else 1.0,
+            "acceptance_rate_per_pos": [a / d if d else 0.0 for a in self.num_accepted_tokens_per_pos],
+            "draft_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
+            "draft_time_s": self.draft_time_s, "verify_time_s": self.verify_time_s,
+        }

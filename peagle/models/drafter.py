@@ -1,0 +1,189 @@
+"""The drafter head (EAGLE-3 and P-EAGLE share it), stored in vLLM's flat EAGLE-3 layout.
+
+Module attribute names equal the tensor names vLLM loads (no `model.` prefix), so state_dict() is the file:
+embed_tokens, fc [H,3T], layers.0 (attention input 2H = [input_layernorm(embed) || hidden_norm(h)]),
+layers.i plain Llama layers, norm, lm_head [Vd,H], d2t, t2d, and mask_hidden [1,1,3T] for P-EAGLE."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from ..errors import PeagleError
+from .layers import Rope, apply_rope, attend, causal_block_mask
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(n)), eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, in_dim):
+        super().__init__()
+        nh, nkv, hd, H = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["hidden_size"]
+        self.q_proj = nn.Linear(in_dim, nh * hd, bias=False)
+        self.k_proj = nn.Linear(in_dim, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(in_dim, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+        self.hd = hd
+
+    def forward(self, x, cos, sin, ctx):
+        """ctx = ("cache", cache, layer, b0, pos, mask) or ("mask", mask[...,T,T])."""
+        B, T, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(B, T, -1, self.hd), cos, sin)
+        k = apply_rope(self.k_proj(x).view(B, T, -1, self.hd), cos, sin)
+        v = self.v_proj(x).view(B, T, -1, self.hd)
+        if ctx[0] == "cache":
+            _, cache, layer, b0, pos, mask = ctx
+            cache.write(layer, b0, pos, k, v)
+            k, v = cache.view(layer, b0, B, mask.shape[-1])
+        else:
+            mask = ctx[1]
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        return self.o_proj(attend(q, k, v, mask))
+
+
+class MLP(nn.Module):
+    def __init__(self, H, I):  # noqa: E741
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg, first: bool):
+        super().__init__()
+        H, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
+        self.first = first
+        self.input_layernorm = RMSNorm(H, eps)
+        if first:
+            self.hidden_norm = RMSNorm(H, eps)
+        self.self_attn = Attention(cfg, 2 * H if first else H)
+        self.post_attention_layernorm = RMSNorm(H, eps)
+        self.mlp = MLP(H, cfg["intermediate_size"])
+        self.norm_before_residual = bool(cfg.get("norm_before_residual", False))
+
+    def forward(self, x, emb, cos, sin, ctx):
+        if self.first:
+            hn = self.hidden_norm(x)
+            resid = hn if self.norm_before_residual else x
+            a_in = torch.cat([self.input_layernorm(emb), hn], -1)
+        else:
+            resid, a_in = x, self.input_layernorm(x)
+        x = resid + self.self_attn(a_in, cos, sin, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DrafterHead(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        cfg = dict(cfg)
+        cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+        cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+        cfg.setdefault("draft_vocab_size", cfg["vocab_size"])
+        cfg.setdefault("target_hidden_size", cfg["hidden_size"])
+        self.cfg = cfg
+        H, T3 = cfg["hidden_size"], 3 * cfg["target_hidden_size"]
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], H)
+        self.fc = nn.Linear(T3, H, bias=False)
+        self.layers = nn.ModuleList([DrafterLayer(cfg, i == 0) for i in range(cfg["num_hidden_layers"])])
+        self.norm = RMSNorm(H, cfg["rms_norm_eps"])
+        self.lm_head = nn.Linear(H, cfg["draft_vocab_size"], bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg["draft_vocab_size"], dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg["vocab_size"], dtype=torch.bool))
+        self.mask_token_id = cfg.get("ptd_token_id", cfg.get("pard_token"))
+        if self.parallel:
+            self.mask_hidden = nn.Parameter(torch.randn(1, 1, T3) * 0.02)
+        self.aux_ids = tuple(cfg["eagle_aux_hidden_state_layer_ids"])
+        self.rope = None
+
+    @property
+    def parallel(self) -> bool:
+        return self.mask_token_id is not None
+
+    def _rope(self, device, dtype):
+        if self.rope is None or self.rope.device != device or self.rope.dtype != dtype:
+            c = self.cfg
+            self.rope = Rope(c["head_dim"], float(c.get("rope_theta", 10000.0)), c.get("rope_scaling"),
+                             int(c.get("max_position_embeddings", 2048)) + 64, dtype, device)
+        return self.rope
+
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target aux states [.., 3T] -> drafter width H (vLLM: combine_hidden_states)."""
+        return self.fc(aux)
+
+    def forward(self, ids, hidden, pos, ctx_mask=None, cache=None, b0=0, start=None):
+        """ids [B,T], hidden [B,T,H] (fc'd target state or the drafter's own prenorm output), pos [B,T].
+        Attention: over a KV cache (cache, b0, start: causal from each row's start) or an explicit bool
+        ctx_mask [B|1, 1, T, T] over this block (training). Returns (normed, prenorm), both [B,T,H]."""
+        cos, sin = self._rope(hidden.device, hidden.dtype)(pos)
+        emb = self.embed_tokens(ids)
+        if cache is not None:
+            S = int(pos.max()) + 1
+            mask = causal_block_mask(start, ids.shape[1], S)
+        x = hidden
+        for i, layer in enumerate(self.layers):
+            ctx = ("cache", cache, i, b0, pos, mask) if cache is not None else ("mask", ctx_mask)
+            x = layer(x, emb, cos, sin, ctx)
+        return self.norm(x), x
+
+    def draft_logits(self, normed):
+        return self.lm_head(normed)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    # ---- storage (vLLM flat EAGLE-3 layout) ----
+    def save_pretrained(self, path: str, extra: dict | None = None):
+        os.makedirs(path, exist_ok=True)
+        cfg = dict(self.cfg)
+        cfg.update(extra or {})
+        cfg.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", tie_word_embeddings=False,
+                   eagle_config={"use_aux_hidden_state": True}, hidden_act="silu")
+        sd = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        tmp = os.path.join(path, ".tmp.safetensors")
+        save_file(sd, tmp, metadata={"format": "pt"})
+        os.replace(tmp, os.path.join(path, "model.safetensors"))
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_pretrained(cls, path: str, target_cfg=None, parallel: bool | None = None, dtype=torch.float32):
+        from safetensors.torch import load_file
+        from ..headformat import validate_head
+        fn = os.path.join(path, "config.json")
+        if not os.path.isfile(fn):
+            raise PeagleError(f"drafter head directory {path} has no config.json")
+        with open(fn) as f:
+            cfg = json.load(f)
+        wfn = os.path.join(path, "model.safetensors")
+        if not os.path.isfile(wfn):
+            raise PeagleError(f"drafter head directory {path} has no model.safetensors")
+        sd = load_file(wfn)
+        if parallel is None:
+            parallel = cfg.get("ptd_token_id", cfg.get("pard_token")) is not None
+        errs = validate_head(cfg, sd, target_cfg.raw if target_cfg is not None else None, parallel)
+        if errs:
+            raise PeagleError(f"drafter head {path} does not fit: " + "; ".join(errs))
+        head = cls(cfg)
+        if not parallel:
+            sd.pop("mask_hidden", None)
+            head.mask_token_id = None
+            if hasattr(head, "mask_hidden"):
+                del head.mask_hidden
+        missing, unexpected = head.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise PeagleError(f"drafter head {path}: missing tensors {missing}, unexpected tensors {unexpected}")
+        return head.to(dtype).eval()
