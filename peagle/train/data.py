@@ -1,0 +1,70 @@
+"""Training rows on disk: safetensors shards of variable-length documents (input_ids + loss_mask).
+
+shard-NNNNN.safetensors: input_ids int32 [total], loss_mask uint8 [total], offsets int64 [docs+1];
+metadata "info" = JSON (source of each doc).  A shard is written atomically (tmp + rename) so a
+datagen run resumes by skipping the shards that exist."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+
+def shard_path(out_dir: str, i: int) -> str:
+    return os.path.join(out_dir, f"shard-{i:05d}.safetensors")
+
+
+def write_shard(path: str, docs: list[tuple[list, list]], info: dict | None = None):
+    ids = [t for d, _ in docs for t in d]
+    mask = [m for _, ms in docs for m in ms]
+    offs = [0]
+    for d, _ in docs:
+        offs.append(offs[-1] + len(d))
+    tmp = path + ".tmp"
+    save_file({"input_ids": torch.tensor(ids, dtype=torch.int32), "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+               "offsets": torch.tensor(offs, dtype=torch.int64)}, tmp,
+              metadata={"info": json.dumps(info or {})})
+    os.replace(tmp, path)
+
+
+def read_shard(path: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with safe_open(path, "pt") as f:
+        ids, mask, offs = f.get_tensor("input_ids").long(), f.get_tensor("loss_mask").bool(), f.get_tensor("offsets")
+    return [(ids[offs[i]:offs[i + 1]], mask[offs[i]:offs[i + 1]]) for i in range(len(offs) - 1)]
+
+
+def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """All documents of a datagen directory (shards in order); documents with < min_supervised assistant
+    tokens are dropped."""
+    files = sorted(glob.glob(os.path.join(data_dir, "shard-*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no shard-*.safetensors in {data_dir}")
+    docs = []
+    for fn in files:
+        docs += [d for d in read_shard(fn) if int(d[1].sum()) >= min_supervised]
+        if max_docs and len(docs) >= max_docs:
+            return docs[:max_docs]
+    return docs
+
+
+def epoch_rows(lengths: list[int], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Deterministic packing of the documents (shuffled by seed+epoch) into rows of <= max_tokens tokens
+    (longer documents are truncated to max_tokens and sit alone)."""
+    order = list(range(len(lengths)))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    rows, cur, used = [], [], 0
+    for i in order:
+        n = min(lengths[i], max_tokens)
+        if cur and used + n > max_tokens:
+            rows.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        rows.append(cur)
+    return rows

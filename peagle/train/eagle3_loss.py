@@ -1,0 +1,90 @@
+"""EAGLE-3 training-time-test (TTT) unroll on packed rows.
+
+Elements are anchors q = 0..n-2 of a packed row.  Step 0 feeds (x[q+1], fc(aux[q])) at position pos(q)
+with document-causal attention and predicts x[q+2].  Step k >= 1 feeds the ground-truth token x[q+1+k]
+with the drafter's own pre-norm output of step k-1 as hidden state, at RoPE position pos(q)+k; it attends
+to the step-0 keys causally plus the keys of steps 1..k at the same index (diagonal extension; this is the
+inference view: draft k at position p+k sees the context up to p and the earlier drafts).  Target of step
+k is the target's distribution at q+k+1 over the draft vocabulary (soft cross-entropy), supervised where
+x[q+k+2] is an assistant token of the same document; loss = sum_k decay^k * CE_k / count_k."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..models.layers import apply_rope, attend
+from .cod import supervised
+from .mask import MaskTable
+from .peagle_loss import _autocast
+
+
+def ttt_forward(head, ids, hidden, pos, mask, past=None):
+    """One unroll step for all elements: ids [B,T], hidden [B,T,H], pos [B,T], mask [B|1,1,T,S_past+T].
+    past = per-layer (k, v) [B,nkv,S_past,hd] of earlier steps.  Returns (normed, prenorm, kv)."""
+    cos, sin = head._rope(hidden.device, hidden.dtype)(pos)
+    emb = head.embed_tokens(ids)
+    x, kv = hidden, []
+    B, T = ids.shape
+    for i, L in enumerate(head.layers):
+        if L.first:
+            hn = L.hidden_norm(x)
+            resid = hn if L.norm_before_residual else x
+            a_in = torch.cat([L.input_layernorm(emb), hn], -1)
+        else:
+            resid, a_in = x, L.input_layernorm(x)
+        A = L.self_attn
+        q = apply_rope(A.q_proj(a_in).view(B, T, -1, A.hd), cos, sin)
+        k = apply_rope(A.k_proj(a_in).view(B, T, -1, A.hd), cos, sin).transpose(1, 2)
+        v = A.v_proj(a_in).view(B, T, -1, A.hd).transpose(1, 2)
+        if past is not None:
+            k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
+        kv.append((k, v))
+        x = resid + A.o_proj(attend(q, k, v, mask))
+        x = x + L.mlp(L.post_attention_layernorm(x))
+    return head.norm(x), x, kv
+
+
+def step_counts(row: dict, ttt: int) -> torch.Tensor:
+    """Supervised elements per unroll step [ttt]."""
+    n = row["ids"].shape[0]
+    q = torch.arange(max(n - 1, 0))
+    return torch.stack([supervised(q, torch.full_like(q, k), row["doc"], row["lmask"]).sum() for k in range(ttt)])
+
+
+def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, decay: float = 0.8,
+             backward: bool = True, autocast_dtype=None) -> dict:
+    """Forward (+ backward) of the TTT unroll on one row; counts [ttt] = batch-wide supervised counts."""
+    n = row["ids"].shape[0]
+    q = torch.arange(n - 1)
+    doc = row["doc"]
+    C = table.doc_causal(doc[: n - 1])
+    correct = torch.zeros(ttt, dtype=torch.long)
+    total = torch.zeros(ttt, dtype=torch.long)
+    ce_sum = torch.zeros(ttt)
+    loss = 0.0
+    past, hidden = None, None
+    with _autocast(autocast_dtype):
+        for k in range(ttt):
+            ids = row["ids"][(q + 1 + k).clamp(max=n - 1)]
+            if k == 0:
+                hidden = head.combine(row["aux"][: n - 1].to(head.fc.weight.dtype))
+            pos = row["pos"][q] + k
+            mask = table.eagle3(C, k)[None, None]
+            normed, pre, past = ttt_forward(head, ids[None], hidden[None], pos[None], mask, past)
+            hidden = pre[0]
+            s = supervised(q, torch.full_like(q, k), doc, row["lmask"])
+            if not bool(s.any()) or counts[k] == 0:
+                continue
+            logits = head.draft_logits(normed[0, s]).float()
+            logq = F.log_softmax(logits, -1)
+            p = row["tlogp"][(q + k + 1)[s]].float().exp()
+            ce = -(p * logq).sum(-1)
+            loss = loss + (decay ** k) * ce.sum() / float(counts[k])
+            ce_sum[k] = float(ce.detach().sum())
+            with torch.no_grad():
+                ok = logits.argmax(-1) == row["label"][(q + k + 2)[s]]
+                total[k] += int(s.sum())
+                correct[k] += int(ok.sum())
+    if backward and torch.is_tensor(loss):
+        loss.backward()
+    return {"ce": ce_sum, "correct": correct, "total": total}

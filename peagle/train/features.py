@@ -1,0 +1,110 @@
+"""Target features for drafter training: the three aux hidden states and the teacher distribution over the
+draft vocabulary, from ONE target forward per batch of documents (no giant caches).
+
+The final residual is requested as a 4th aux state (id = num_layers), so the teacher logits are computed
+only over the draft-vocabulary rows of lm_head.  FeatureCache optionally stores (aux, final residual) per
+document in fp16 safetensors chunks for small runs that revisit the data (several epochs / two heads)."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..models.layers import rms_norm
+
+
+class Teacher:
+    def __init__(self, target, aux_ids, draft_ids: torch.Tensor):
+        self.target = target
+        self.aux_ids = tuple(int(a) for a in aux_ids)
+        self.L = target.cfg.num_hidden_layers
+        if self.L in self.aux_ids:
+            raise ValueError("aux id == num_layers is not supported by the trainer")
+        self.T = target.cfg.hidden_size
+        self.lm = target.lm_head[draft_ids].float()
+        self.norm = target.norm.float()
+        self.eps = target.cfg.rms_norm_eps
+
+    @torch.no_grad()
+    def doc_features(self, docs: list[torch.Tensor], max_batch_tokens: int = 16384) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per document: (aux [n, 3T], last [n, T]) (target dtype)."""
+        out: list = [None] * len(docs)
+        order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
+        i = 0
+        while i < len(order):
+            Tm = len(docs[order[i]])
+            B = max(1, min(len(order) - i, max_batch_tokens // max(Tm, 1)))
+            grp = order[i:i + B]
+            toks = torch.zeros(len(grp), Tm, dtype=torch.long)
+            for j, g in enumerate(grp):
+                toks[j, : len(docs[g])] = docs[g]
+            cache = self.target.new_cache(len(grp), Tm + 8)
+            zeros = torch.zeros(len(grp), dtype=torch.long)
+            _, aux = self.target.forward(toks, cache, 0, zeros, aux_ids=self.aux_ids + (self.L,), logits_at=zeros)
+            for j, g in enumerate(grp):
+                n = len(docs[g])
+                out[g] = (aux[j, :n, : 3 * self.T].clone(), aux[j, :n, 3 * self.T:].clone())
+            i += B
+        return out
+
+    @torch.no_grad()
+    def teacher_logp(self, last: torch.Tensor) -> torch.Tensor:
+        """log-probs over the draft vocabulary [n, Vd] (fp32), renormalised over the draft vocab."""
+        h = rms_norm(last.float(), self.norm, self.eps)
+        return F.log_softmax(F.linear(h, self.lm), -1)
+
+
+class FeatureCache:
+    """(aux, last) per document index, fp16, in chunks of `chunk` documents: feat-NNNNN.safetensors."""
+
+    def __init__(self, path: str, chunk: int = 64):
+        self.path, self.chunk = path, chunk
+        os.makedirs(path, exist_ok=True)
+        self._open: dict = {}
+
+    def _fn(self, c):
+        return os.path.join(self.path, f"feat-{c:05d}.safetensors")
+
+    def has(self, c) -> bool:
+        return os.path.isfile(self._fn(c))
+
+    def build(self, teacher: Teacher, docs, progress=True):
+        n_chunks = (len(docs) + self.chunk - 1) // self.chunk
+        todo = [c for c in range(n_chunks) if not self.has(c)]
+        it = todo
+        if progress and todo:
+            from tqdm import tqdm
+            it = tqdm(todo, desc="features", unit="chunk")
+        for c in it:
+            idx = list(range(c * self.chunk, min(len(docs), (c + 1) * self.chunk)))
+            feats = teacher.doc_features([docs[i][0] for i in idx])
+            sd = {}
+            for i, (a, l) in zip(idx, feats):
+                sd[f"aux.{i}"], sd[f"last.{i}"] = a.half().contiguous(), l.half().contiguous()
+            tmp = self._fn(c) + ".tmp"
+            save_file(sd, tmp)
+            os.replace(tmp, self._fn(c))
+
+    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        c = i // self.chunk
+        f = self._open.get(c)
+        if f is None:
+            f = self._open[c] = safe_open(self._fn(c), "pt")
+        return f.get_tensor(f"aux.{i}").float(), f.get_tensor(f"last.{i}").float()
+
+
+def pack_row(docs: list[tuple[torch.Tensor, torch.Tensor]], feats: list[tuple[torch.Tensor, torch.Tensor]],
+             teacher: Teacher, index: torch.Tensor, max_tokens: int) -> dict:
+    """Concatenate documents (truncated to max_tokens) into one training row."""
+    ids, doc, pos, lm, aux, last = [], [], [], [], [], []
+    for j, ((t, m), (a, l)) in enumerate(zip(docs, feats)):
+        n = min(len(t), max_tokens)
+        ids.append(t[:n]); lm.append(m[:n].bool()); aux.append(a[:n]); last.append(l[:n])
+        doc.append(torch.full((n,), j, dtype=torch.long)); pos.append(torch.arange(n))
+    ids = torch.cat(ids)
+    last = torch.cat(last)
+    return {"ids": ids, "doc": torch.cat(doc), "pos": torch.cat(pos), "lmask": torch.cat(lm),
+            "aux": torch.cat(aux).float(), "tlogp": teacher.teacher_logp(last), "label": index[ids]}

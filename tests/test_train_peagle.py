@@ -1,0 +1,140 @@
+"""P-EAGLE trainer: COD / mask invariants, partitioned == flat gradients, and train == inference logits."""
+import pytest
+import torch
+
+from heads import head_config
+from peagle.models.drafter import DrafterHead
+from peagle.train.cod import sample_cod, supervised
+from peagle.train.mask import MaskTable
+from peagle.train.peagle_loss import draft_forward, make_elements, row_step
+
+K = 8
+
+
+def random_row(n=90, docs=(30, 25, 35), T=64, Vd=256, seed=0, mask_p=0.7):
+    g = torch.Generator().manual_seed(seed)
+    assert sum(docs) == n
+    doc = torch.cat([torch.full((L,), j) for j, L in enumerate(docs)])
+    pos = torch.cat([torch.arange(L) for L in docs])
+    lmask = torch.rand(n, generator=g) < mask_p
+    ids = torch.randint(5, 500, (n,), generator=g)
+    return {"ids": ids, "doc": doc, "pos": pos, "lmask": lmask, "aux": torch.randn(n, 3 * T, generator=g),
+            "tlogp": torch.log_softmax(3 * torch.randn(n, Vd, generator=g), -1),
+            "label": torch.where(ids < Vd, ids, torch.full_like(ids, -1))}
+
+
+@pytest.fixture(scope="module")
+def head(tiny_dirs):
+    torch.manual_seed(0)
+    h = DrafterHead(head_config(tiny_dirs["llama"], layers=2, draft_vocab=256))
+    with torch.no_grad():
+        for p in h.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+    return h
+
+
+def test_cod_invariants():
+    row = random_row(seed=1)
+    gen = torch.Generator().manual_seed(0)
+    a, d = sample_cod(row["doc"], row["lmask"], K, 0.7, 0.2, gen)
+    n = len(row["ids"])
+    assert bool((d[:-1] <= d[1:]).all()), "depth-major order"
+    assert torch.equal(a[d == 0], torch.arange(n - 1))
+    kept = set(zip(a.tolist(), d.tolist()))
+    assert len(kept) == len(a)
+    for q, k in kept:
+        if k > 0:
+            assert (q, k - 1) in kept, "depth-d only where its depth-(d-1) predecessor exists"
+    deep = d > 0
+    assert bool(supervised(a[deep], d[deep], row["doc"], row["lmask"]).all())
+    assert bool((row["doc"][(a + d + 2)[deep]] == row["doc"][a[deep]]).all()), "rollout stays in its document"
+    counts = torch.bincount(d, minlength=K)
+    seeds = int(supervised(torch.arange(n - 1), torch.zeros(n - 1, dtype=torch.long), row["doc"], row["lmask"]).sum())
+    for k in range(1, K):
+        assert counts[k] <= max(0, seeds - k) * max(0.7 ** k, 0.2) + 1e-9
+
+
+def test_mask_rules():
+    row = random_row(seed=2)
+    a, d = sample_cod(row["doc"], row["lmask"], K, 0.9, 0.5, torch.Generator().manual_seed(1))
+    t = MaskTable(16)  # grows on demand
+    M = t.peagle(t.doc_causal(row["doc"]), a, d)
+    doc = row["doc"][a]
+    for i in range(len(a)):
+        for j in range(len(a)):
+            exp = bool(doc[i] == doc[j]) and ((d[j] == 0 and a[j] <= a[i]) or (a[j] == a[i] and d[j] <= d[i]))
+            assert bool(M[i, j]) == exp
+    # no element sees another document or a future anchor
+    assert not bool((M & (doc[:, None] != doc[None, :])).any())
+    assert not bool((M & (a[None, :] > a[:, None])).any())
+    assert bool(M.diagonal().all())
+
+
+def test_element_positions(head):
+    from peagle.train.peagle_loss import element_inputs
+    row = random_row(seed=3)
+    el = make_elements(row, K, gen=torch.Generator().manual_seed(2))
+    ids, hidden, pos = element_inputs(head, row, el["anchor"], el["depth"])
+    a, d = el["anchor"], el["depth"]
+    assert torch.equal(pos, row["pos"][a] + d), "positions = anchor + depth (within the document)"
+    assert bool((ids[d > 0] == head.mask_token_id).all())
+    assert torch.equal(ids[d == 0], row["ids"][a[d == 0] + 1])
+
+
+@pytest.mark.parametrize("seg", [16, 33])
+def test_partitioned_equals_flat(head, seg):
+    row = random_row(seed=4)
+    row2 = random_row(n=60, docs=(20, 40), seed=5)
+    t = MaskTable(128)
+    els = [make_elements(r, K, gen=torch.Generator().manual_seed(i)) for i, r in enumerate((row, row2))]
+    denom = float(sum(int(e["sup"].sum()) for e in els))
+
+    def grads(seg_len):
+        head.zero_grad(set_to_none=True)
+        st = [row_step(head, r, e, t, K, denom, seg_len) for r, e in zip((row, row2), els)]
+        return {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}, st
+
+    gf, sf = grads(0)
+    gp, sp = grads(seg)
+    assert gf.keys() == gp.keys() and "mask_hidden" in gf and "embed_tokens.weight" in gf
+    worst = max(float((gf[k] - gp[k]).abs().max()) for k in gf)
+    assert worst <= 1e-5, worst
+    for a, b in zip(sf, sp):
+        assert abs(a["kl"] - b["kl"]) < 1e-3 and torch.equal(a["total"], b["total"])
+    assert int(sf[0]["total"][K - 1]) > 0 or int(sf[0]["total"][3]) > 0
+
+
+def test_train_forward_matches_inference_proposer(tiny_dirs, head):
+    """The training forward of a depth-0..K-1 rollout gives the draft logits PEagleProposer computes."""
+    from peagle.drafters.base import DraftBatch
+    from peagle.drafters.peagle import PEagleProposer
+    from peagle.models.llama import Transformer
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    head = head.eval()
+    g = torch.Generator().manual_seed(7)
+    m, k = 13, 6
+    x = torch.randint(5, 500, (1, m + k + 3), generator=g)
+    _, aux = target.forward(x, target.new_cache(1, x.shape[1] + 8), 0, torch.zeros(1, dtype=torch.long),
+                            aux_ids=head.aux_ids)
+    # inference: prefill rows 0..m-2 (tokens x1..x_{m-1}), then one step with the new token x_m at position m-1
+    prop = PEagleProposer(head, k, 64)
+    prop.prefill(DraftBatch(x[:, 1:m], aux[:, : m - 1], torch.zeros(1, dtype=torch.long), torch.tensor([m - 1])))
+    seen = []
+    orig = head.draft_logits
+    head.draft_logits = lambda h: seen.append(orig(h)) or seen[-1]
+    try:
+        prop.propose(DraftBatch(x[:, m:m + 1], aux[:, m - 1:m], torch.tensor([m - 1]), torch.tensor([1])))
+    finally:
+        del head.draft_logits
+    inf_logits = seen[-1][0]                                   # [k, Vd]
+    # training: all depth-0 anchors + the rollout of anchor m-1 (depths 1..k-1)
+    n = x.shape[1]
+    row = {"ids": x[0], "doc": torch.zeros(n, dtype=torch.long), "pos": torch.arange(n),
+           "lmask": torch.ones(n, dtype=torch.bool), "aux": aux[0]}
+    a = torch.cat([torch.arange(n - 1), torch.full((k - 1,), m - 1)])
+    d = torch.cat([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, k)])
+    with torch.no_grad():
+        normed = draft_forward(head, row, a, d, MaskTable(64))
+        tr_logits = head.draft_logits(normed[torch.cat([torch.tensor([m - 1]), torch.arange(n - 1, n - 1 + k - 1)])])
+    assert torch.allclose(tr_logits, inf_logits, atol=1e-4), float((tr_logits - inf_logits).abs().max())
