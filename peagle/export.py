@@ -1,0 +1,210 @@
+"""Export a peagle head for serving in vLLM.
+
+``--format vllm`` (default) writes vLLM's flat EAGLE-3 layout, loaded by vLLM >= 0.16 with
+``{"method": "eagle3", "model": OUT, "num_speculative_tokens": K, "parallel_drafting": true}``.
+``--format speculators`` writes the speculators layout (``speculators_model_type`` "peagle" / "eagle3"), which
+vLLM >= 0.22 also serves directly as ``vllm serve OUT`` (the verifier is taken from the config).
+
+The head is validated before anything is written: vLLM silently keeps random weights for a missing tensor
+(and then accepts nothing), so peagle refuses to write such a head.  No tokenizer is copied (vLLM uses the
+target's).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from .headformat import (
+    NUM_AUX, HeadValidationError, is_parallel_head, load_head_dir, read_config, save_head_dir, target_text_config,
+    validate_head,
+)
+from .importer import convert_head
+
+FORMATS = ("vllm", "speculators")
+# flat-config keys that describe the head rather than its transformer layer (speculators top level)
+_SPEC_TOP = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_residual")
+_SPEC_DROP = ("architectures", "eagle_config", "ptd_token_id", "pard_token", "mask_token_id", "peagle",
+              "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path")
+
+
+def normalise_for_vllm(config: Mapping, target_config: Mapping | None, notes: list[str]) -> dict:
+    cfg = copy.deepcopy(dict(config))
+    if target_config is not None:
+        tc = target_text_config(target_config)
+        tM = tc.get("max_position_embeddings")
+        if isinstance(tM, int) and isinstance(cfg.get("max_position_embeddings"), int) and \
+                cfg["max_position_embeddings"] < tM:
+            notes.append(f"max_position_embeddings raised {cfg['max_position_embeddings']} -> {tM} (target's)")
+            cfg["max_position_embeddings"] = tM
+    mt = cfg.pop("mask_token_id", None)
+    if mt is not None:
+        notes.append(f"dropped mask_token_id={mt} (vLLM >= 0.22 would prefer it over ptd_token_id/pard_token)")
+    cfg.setdefault("eagle_config", {"use_aux_hidden_state": True})
+    cfg["tie_word_embeddings"] = False
+    return cfg
+
+
+def _verifier(target_dir, target_config: Mapping | None, cfg: Mapping) -> dict:
+    if target_dir is not None:
+        name = str(Path(target_dir).resolve())
+    else:
+        name = (cfg.get("peagle") or {}).get("target")
+    archs = (target_config or {}).get("architectures") or ["LlamaForCausalLM"]
+    return {"name_or_path": name, "architectures": list(archs)}
+
+
+def speculators_config(cfg: Mapping, parallel: bool, k: int, verifier: Mapping) -> dict:
+    """The speculators-layout config.json for a validated flat config."""
+    smt = "peagle" if parallel else "eagle3"
+    layer = {key: v for key, v in cfg.items() if key not in _SPEC_TOP and key not in _SPEC_DROP}
+    layer["model_type"] = "llama"
+    layer["architectures"] = ["LlamaForCausalLM"]
+    out: dict = {
+        "architectures": ["PEagleSpeculator" if parallel else "Eagle3Speculator"],
+        "speculators_model_type": smt,
+        "speculators_version": "0.3.0",
+        "draft_vocab_size": cfg["draft_vocab_size"],
+        "target_hidden_size": cfg["target_hidden_size"],
+        "eagle_aux_hidden_state_layer_ids": list(cfg["eagle_aux_hidden_state_layer_ids"]),
+        # written explicitly: vLLM's speculators eagle3 updater defaults it to True, the flat layout to False
+        "norm_before_residual": bool(cfg["norm_before_residual"]),
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": smt,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(k)}],
+            "verifier": dict(verifier),
+        },
+        "peagle": dict(cfg.get("peagle") or {}),
+    }
+    if parallel:
+        out["mask_token_id"] = cfg["ptd_token_id"]
+    return out
+
+
+def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_speculative_tokens: int | None = None,
+                notes: list[str] | None = None, overwrite: bool = True) -> dict:
+    """Validate ``head_dir`` (peagle native layout; published layouts are converted first) and write it to
+    ``out_dir`` in vLLM's flat layout or the speculators layout. Returns the written config.
+    Raises :class:`HeadValidationError` (nothing written) if the head is invalid."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS} (got {format!r})")
+    notes = notes if notes is not None else []
+    config, tensors = load_head_dir(head_dir)
+    tcfg = read_config(target_dir) if target_dir is not None else None
+    parallel = is_parallel_head(config, tensors)
+    # published layouts (midlayer.*, model. prefixes, speculators config) are normalised first; a native head
+    # passes through unchanged.  No tensor is invented here (no target-embedding copy): use `peagle import`.
+    cfg, ts = convert_head(config, tensors, target_dir=None, target_config=None, notes=notes)
+    if parallel and cfg.get("peagle", {}).get("method") != "peagle":
+        cfg["peagle"]["method"] = "peagle"
+    cfg = normalise_for_vllm(cfg, tcfg, notes)
+    problems = validate_head(cfg, ts, tcfg, parallel=parallel)
+    k = num_speculative_tokens
+    if k is None:
+        pb = cfg.get("peagle") or {}
+        k = pb.get("serve_k") or pb.get("num_speculative_tokens") or pb.get("train_depths") or 3
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        problems.append(f"num_speculative_tokens must be a positive integer (got {k!r})")
+    if format == "speculators" and target_dir is None and not (cfg.get("peagle") or {}).get("target"):
+        problems.append("the speculators layout names its verifier: pass --target DIR")
+    if problems:
+        raise HeadValidationError(problems, f"head {head_dir}")
+
+    ts = dict(ts)
+    if "mask_hidden" in ts:
+        ts["mask_hidden"] = ts["mask_hidden"].reshape(1, 1, NUM_AUX * cfg["target_hidden_size"])
+    if not parallel and "mask_hidden" in ts:
+        notes.append("dropped mask_hidden (not a parallel-drafting head)")
+        ts.pop("mask_hidden")
+    if cfg["draft_vocab_size"] == cfg["vocab_size"]:
+        # vLLM has no draft->target map for a full-vocabulary head and refuses a d2t tensor ("no module or
+        # parameter named 'draft_id_to_target_id'"); validation guarantees d2t is the identity here.
+        dropped = [n for n in ("d2t", "t2d") if ts.pop(n, None) is not None]
+        if dropped:
+            notes.append(f"dropped {' and '.join(dropped)} (full-vocabulary head: identity mapping, vLLM refuses d2t)")
+    cfg.setdefault("peagle", {})["num_speculative_tokens"] = int(k)
+    if format == "vllm":
+        out_cfg = cfg
+    else:
+        out_cfg = speculators_config(cfg, parallel, k, _verifier(target_dir, tcfg, cfg))
+
+    # write atomically: a temp dir next to out_dir, then rename
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_head_dir(tmp, out_cfg, ts)
+        if out.exists():
+            if not overwrite:
+                raise FileExistsError(f"{out} exists")
+            if (out / "config.json").exists() or not any(out.iterdir()):
+                shutil.rmtree(out)
+            else:
+                raise FileExistsError(f"{out} exists and is not a head directory; refusing to replace it")
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_cfg
+
+
+def vllm_speculative_config(out_dir, k: int, parallel: bool) -> dict:
+    return {"method": "eagle3", "model": str(out_dir), "num_speculative_tokens": int(k), "parallel_drafting": bool(parallel)}
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+def add_export_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "export", help="export a head for vLLM (flat EAGLE-3 layout or speculators layout), validated first",
+        description="Validate a peagle head and write it in vLLM's flat EAGLE-3 layout (--format vllm, loads on "
+                    "vLLM >= 0.16) or the speculators layout (--format speculators, vLLM >= 0.22). Nothing is "
+                    "written if the head is invalid.")
+    p.add_argument("head", help="head directory (peagle native layout)")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--format", choices=FORMATS, default="vllm")
+    p.add_argument("--target", default=None, help="target model dir: validates vocab, aux ids, hidden size and "
+                                                  "context against it; names the verifier (speculators)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, dest="k",
+                   help="K to serve with (speculators proposal_methods; default: the head's trained depth, else 3)")
+    p.set_defaults(func=main_export)
+    return p
+
+
+def main_export(args) -> int:
+    notes: list[str] = []
+    try:
+        cfg = export_head(args.head, args.out, format=args.format, target_dir=getattr(args, "target", None),
+                          num_speculative_tokens=getattr(args, "k", None), notes=notes)
+    except HeadValidationError as e:
+        print(f"error: {e}\nnothing written to {args.out}", file=sys.stderr)
+        return 2
+    for n in notes:
+        print(f"note: {n}")
+    if args.format == "vllm":
+        parallel = cfg.get("ptd_token_id") is not None
+        k = cfg.get("peagle", {}).get("num_speculative_tokens", 3)
+        spec = vllm_speculative_config(Path(args.out).resolve(), k, parallel)
+        print(f"wrote {args.out} (vLLM flat EAGLE-3 layout). Serve with:\n"
+              f"  vllm serve {getattr(args, 'target', None) or 'TARGET'} --speculative-config '{json.dumps(spec)}'")
+    else:
+        print(f"wrote {args.out} (speculators layout, {cfg['speculators_model_type']}, K="
+              f"{cfg['speculators_config']['proposal_methods'][0]['speculative_tokens']}). Serve with:\n"
+              f"  vllm serve {Path(args.out).resolve()}   (vLLM >= 0.22)")
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m peagle.export")
+    sp = ap.add_subparsers(dest="cmd", required=True)
+    add_export_parser(sp)
+    a = ap.parse_args(["export", *sys.argv[1:]])
+    sys.exit(a.func(a))

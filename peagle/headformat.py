@@ -1,0 +1,414 @@
+"""peagle's native drafter-head format (= vLLM's flat EAGLE-3 layout) and its validation.
+
+A head is an HF-style directory with ``config.json`` and ``model.safetensors``.  Tensor names carry no
+``model.`` prefix; layer 0 is the EAGLE-3 layer (attention input 2H = [input_layernorm(embed) ||
+hidden_norm(fc(aux))]), layers 1.. are plain Llama layers.  See ``expected_shapes`` for the full list.
+
+vLLM does not check that a drafter's weights are complete (a missing tensor keeps its random init and the
+head then accepts nothing), and a wrong aux-layer id or vocabulary silently destroys acceptance.  So every
+path that writes or loads a head in peagle goes through :func:`validate_head`, which returns a list of
+human-readable problems (empty = valid).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+NATIVE_ARCH = "LlamaForCausalLMEagle3"
+# architectures vLLM's EAGLEConfig keeps as-is or rewrites to Eagle3LlamaForCausalLM (flat layout)
+ACCEPTED_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
+NUM_AUX = 3  # vLLM 0.16-0.19 hard-code three aux hidden states
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+
+LAYER0_ONLY = ("hidden_norm.weight",)
+
+
+class HeadValidationError(ValueError):
+    """Raised when a head does not satisfy the format; ``.problems`` lists every problem found."""
+
+    def __init__(self, problems: list[str], what: str = "head"):
+        self.problems = list(problems)
+        msg = f"{what} is not a valid peagle/vLLM EAGLE-3 head ({len(self.problems)} problem(s)):\n" + "\n".join(
+            f"  - {p}" for p in self.problems
+        )
+        super().__init__(msg)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def _shape(t: Any) -> tuple[int, ...] | None:
+    if t is None:
+        return None
+    if isinstance(t, torch.Tensor):
+        return tuple(t.shape)
+    if hasattr(t, "shape"):  # numpy, safetensors slices
+        s = t.shape
+        return tuple(s() if callable(s) else s)
+    return tuple(int(x) for x in t)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_parallel_head(config: Mapping, tensors: Mapping | None = None) -> bool:
+    """A head meant for parallel drafting (P-EAGLE): method "peagle", a mask-token id, or a mask_hidden."""
+    pb = config.get("peagle") or {}
+    if isinstance(pb, Mapping) and pb.get("method") in ("peagle", "eagle3"):
+        return pb["method"] == "peagle"  # peagle's own record is authoritative
+    if any(config.get(k) is not None for k in ("ptd_token_id", "pard_token", "mask_token_id")):
+        return True
+    return bool(tensors) and "mask_hidden" in tensors
+
+
+def head_dims(config: Mapping) -> dict[str, int]:
+    """The sizes the tensor shapes derive from (defaults as vLLM/transformers apply them)."""
+    H = int(config["hidden_size"])
+    nh = int(config["num_attention_heads"])
+    nkv = int(config.get("num_key_value_heads") or nh)
+    hd = config.get("head_dim")
+    hd = int(hd) if hd else H // nh
+    V = int(config["vocab_size"])
+    Vd = config.get("draft_vocab_size")
+    Vd = int(Vd) if Vd else V
+    T = config.get("target_hidden_size")
+    T = int(T) if T else H
+    return dict(H=H, T=T, nh=nh, nkv=nkv, hd=hd, I=int(config["intermediate_size"]),
+                L=int(config["num_hidden_layers"]), V=V, Vd=Vd)
+
+
+def expected_shapes(config: Mapping, parallel: bool | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor a valid head must contain, with its exact shape (``mask_hidden`` only for P-EAGLE)."""
+    d = head_dims(config)
+    H, T, nh, nkv, hd, I, L, V, Vd = (d[k] for k in ("H", "T", "nh", "nkv", "hd", "I", "L", "V", "Vd"))
+    if parallel is None:
+        parallel = is_parallel_head(config)
+    attn_bias = bool(config.get("attention_bias", False))
+    mlp_bias = bool(config.get("mlp_bias", False))
+    out: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (V, H),
+        "fc.weight": (H, NUM_AUX * T),
+    }
+    for i in range(L):
+        inp = 2 * H if i == 0 else H
+        p = f"layers.{i}."
+        out[p + "self_attn.q_proj.weight"] = (nh * hd, inp)
+        out[p + "self_attn.k_proj.weight"] = (nkv * hd, inp)
+        out[p + "self_attn.v_proj.weight"] = (nkv * hd, inp)
+        out[p + "self_attn.o_proj.weight"] = (H, nh * hd)
+        if attn_bias:
+            out[p + "self_attn.q_proj.bias"] = (nh * hd,)
+            out[p + "self_attn.k_proj.bias"] = (nkv * hd,)
+            out[p + "self_attn.v_proj.bias"] = (nkv * hd,)
+            out[p + "self_attn.o_proj.bias"] = (H,)
+        out[p + "mlp.gate_proj.weight"] = (I, H)
+        out[p + "mlp.up_proj.weight"] = (I, H)
+        out[p + "mlp.down_proj.weight"] = (H, I)
+        if mlp_bias:
+            out[p + "mlp.gate_proj.bias"] = (I,)
+            out[p + "mlp.up_proj.bias"] = (I,)
+            out[p + "mlp.down_proj.bias"] = (H,)
+        out[p + "input_layernorm.weight"] = (H,)
+        out[p + "post_attention_layernorm.weight"] = (H,)
+        if i == 0:
+            out[p + "hidden_norm.weight"] = (H,)
+    out["norm.weight"] = (H,)
+    out["lm_head.weight"] = (Vd, H)
+    out["d2t"] = (Vd,)  # may be absent for a full-vocabulary head (identity)
+    out["t2d"] = (V,)
+    if parallel:
+        out["mask_hidden"] = (1, 1, NUM_AUX * T)
+    return out
+
+
+def optional_shapes(config: Mapping) -> dict[str, tuple[int, ...]]:
+    """Tensors vLLM accepts but does not need (kept if present)."""
+    d = head_dims(config)
+    out = {f"layers.{i}.hidden_norm.weight": (d["H"],) for i in range(1, d["L"])}
+    if config.get("norm_before_fc"):
+        out["input_norm.weight"] = (NUM_AUX * d["T"],)
+    if config.get("fc_norm"):
+        out.update({f"fc_norm.{k}.weight": (d["T"],) for k in range(NUM_AUX)})
+    return out
+
+
+def target_text_config(target_config: Mapping) -> Mapping:
+    """The language-model part of a target config (multimodal configs nest it under ``text_config``)."""
+    if "hidden_size" not in target_config and isinstance(target_config.get("text_config"), Mapping):
+        return target_config["text_config"]
+    return target_config
+
+
+def default_aux_layer_ids(target_config: Mapping) -> list[int]:
+    """vLLM's default aux layers for llama-like targets: (2, L//2, L-3)."""
+    L = int(target_text_config(target_config)["num_hidden_layers"])
+    return [2, L // 2, L - 3]
+
+
+# ---------------------------------------------------------------------------------------------- validate
+_REQUIRED_INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "vocab_size", "draft_vocab_size", "target_hidden_size",
+                      "max_position_embeddings")
+
+
+def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Mapping | None = None,
+                  parallel: bool | None = None) -> list[str]:
+    """Check a head (config dict + {name: tensor or shape}) against the format, and against the target.
+
+    ``parallel=True`` checks the P-EAGLE requirements (mask token ids, ``mask_hidden``, H == T);
+    ``None`` infers it from the head (method "peagle", a ptd/pard token id, or a mask_hidden tensor).
+    Returns a list of problems; empty means valid.
+    """
+    problems: list[str] = []
+    P = problems.append
+    cfg = dict(config)
+    if parallel is None:
+        parallel = is_parallel_head(cfg, tensors)
+
+    # --- config basics ------------------------------------------------------------------------------
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ACCEPTED_ARCHS:
+        P(f"config.architectures must be [\"{NATIVE_ARCH}\"] (got {archs!r}); vLLM rejects e.g. "
+          "PeagleLlamaForCausalLM in the flat layout")
+    if cfg.get("model_type") != "llama":
+        P(f"config.model_type must be \"llama\" (got {cfg.get('model_type')!r})")
+    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
+        P("config is in the speculators layout; convert it with `peagle import` first")
+    bad_int = False
+    for k in _REQUIRED_INT_KEYS:
+        v = cfg.get(k)
+        if not _is_int(v) or v <= 0:
+            P(f"config.{k} must be a positive integer (got {v!r})")
+            bad_int = True
+    if cfg.get("head_dim") is not None and (not _is_int(cfg["head_dim"]) or cfg["head_dim"] <= 0):
+        P(f"config.head_dim must be a positive integer (got {cfg['head_dim']!r})")
+        bad_int = True
+    if cfg.get("hidden_act", "silu") != "silu":
+        P(f"config.hidden_act must be \"silu\" (got {cfg.get('hidden_act')!r})")
+    if not isinstance(cfg.get("rms_norm_eps"), (int, float)) or isinstance(cfg.get("rms_norm_eps"), bool):
+        P(f"config.rms_norm_eps must be a number (got {cfg.get('rms_norm_eps')!r})")
+    if "rope_theta" not in cfg and "rope_parameters" not in cfg:
+        P("config needs rope_theta (or rope_parameters); without it vLLM silently uses 10000")
+    if cfg.get("tie_word_embeddings", False) is not False:
+        P("config.tie_word_embeddings must be false (the head has its own lm_head over the draft vocabulary)")
+    if not isinstance(cfg.get("norm_before_residual"), bool):
+        P("config.norm_before_residual must be written explicitly as true/false "
+          f"(got {cfg.get('norm_before_residual')!r}; vLLM's defaults differ between layouts)")
+    ec = cfg.get("eagle_config")
+    if not isinstance(ec, Mapping) or ec.get("use_aux_hidden_state") is not True:
+        P("config.eagle_config must be {\"use_aux_hidden_state\": true}")
+
+    # --- aux ids ----------------------------------------------------------------------------------------
+    aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if aux is None:
+        nested = ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, Mapping) else None
+        P("config.eagle_aux_hidden_state_layer_ids is missing at top level"
+          + (" (it is only nested in eagle_config, which vLLM 0.16-0.19 ignore)" if nested else
+             " (vLLM would fall back to the target's default (2, L//2, L-3))"))
+    elif not isinstance(aux, list) or len(aux) != NUM_AUX or not all(_is_int(a) for a in aux):
+        P(f"config.eagle_aux_hidden_state_layer_ids must be a list of {NUM_AUX} integers (got {aux!r})")
+        aux = None
+    else:
+        if any(a < 0 for a in aux):
+            P(f"eagle_aux_hidden_state_layer_ids {aux} contains a negative id")
+        if list(aux) != sorted(set(aux)):
+            P(f"eagle_aux_hidden_state_layer_ids {aux} must be distinct and ascending "
+              "(vLLM concatenates the aux states in layer order, so fc columns follow ascending ids)")
+
+    # --- against the target -------------------------------------------------------------------------
+    if target_config is not None:
+        tc = target_text_config(target_config)
+        tL = tc.get("num_hidden_layers")
+        if aux is not None and _is_int(tL):
+            bad = [a for a in aux if a < 0 or a > tL]
+            if bad:
+                P(f"eagle_aux_hidden_state_layer_ids {aux}: id(s) {bad} out of range for a target with "
+                  f"{tL} layers (valid 0..{tL}; id i is the input of target layer i)")
+        tV = tc.get("vocab_size")
+        if _is_int(tV) and cfg.get("vocab_size") != tV:
+            P(f"config.vocab_size {cfg.get('vocab_size')} != target vocab_size {tV}")
+        tH = tc.get("hidden_size")
+        if _is_int(tH) and cfg.get("target_hidden_size") != tH:
+            P(f"config.target_hidden_size {cfg.get('target_hidden_size')} != target hidden_size {tH}")
+        tM = tc.get("max_position_embeddings")
+        mp = cfg.get("max_position_embeddings")
+        if _is_int(tM) and _is_int(mp) and mp < tM:
+            P(f"config.max_position_embeddings {mp} < target's {tM} (vLLM 0.16 sizes the drafter's rotary "
+              "cache from it; export raises it when given the target)")
+
+    # --- P-EAGLE ------------------------------------------------------------------------------------
+    V = cfg.get("vocab_size")
+    if parallel:
+        ptd, pard = cfg.get("ptd_token_id"), cfg.get("pard_token")
+        if ptd is None or pard is None:
+            P("P-EAGLE head needs both ptd_token_id and pard_token (the same mask-token id) in config.json "
+              f"(got ptd_token_id={ptd!r}, pard_token={pard!r})")
+        for name, v in (("ptd_token_id", ptd), ("pard_token", pard)):
+            if v is not None and (not _is_int(v) or (_is_int(V) and not 0 <= v < V)):
+                P(f"config.{name}={v!r} must be a token id in 0..{V - 1 if _is_int(V) else 'vocab_size-1'}")
+        if ptd is not None and pard is not None and ptd != pard:
+            P(f"ptd_token_id ({ptd}) != pard_token ({pard})")
+        mt = cfg.get("mask_token_id")
+        if mt is not None and mt != ptd:
+            P(f"config.mask_token_id={mt} conflicts with ptd_token_id={ptd} (vLLM >= 0.22 prefers mask_token_id)")
+        if _is_int(cfg.get("hidden_size")) and _is_int(cfg.get("target_hidden_size")) and \
+                cfg["hidden_size"] != cfg["target_hidden_size"]:
+            P(f"parallel drafting needs hidden_size == target_hidden_size on vLLM 0.16-0.19 "
+              f"(got {cfg['hidden_size']} vs {cfg['target_hidden_size']})")
+    if _is_int(cfg.get("draft_vocab_size")) and _is_int(V) and cfg["draft_vocab_size"] > V:
+        P(f"draft_vocab_size {cfg['draft_vocab_size']} > vocab_size {V}")
+
+    if bad_int:  # shapes can't be derived
+        return problems
+
+    # --- tensors ------------------------------------------------------------------------------------
+    exp = expected_shapes(cfg, parallel=parallel)
+    opt = optional_shapes(cfg)
+    full_vocab = cfg["draft_vocab_size"] == cfg["vocab_size"]
+    for name, shp in exp.items():
+        if name in ("d2t", "t2d") and full_vocab and name not in tensors:
+            continue  # identity mapping (the vLLM export drops it; the importer writes it back)
+        if name not in tensors:
+            hint = ""
+            if name == "mask_hidden":
+                hint = " (P-EAGLE heads need it; vLLM refuses parallel drafting without it)"
+            elif name == "embed_tokens.weight":
+                hint = " (import with --target to copy the target's embedding)"
+            P(f"missing tensor {name} {list(shp)}{hint}")
+            continue
+        got = _shape(tensors[name])
+        if name == "mask_hidden":
+            if got is None or _numel(got) != _numel(shp):
+                P(f"tensor mask_hidden has shape {list(got or ())}, expected {list(shp)} (numel 3*target_hidden_size)")
+        elif got != shp:
+            P(f"tensor {name} has shape {list(got or ())}, expected {list(shp)}")
+    for name in tensors:
+        if name in exp:
+            continue
+        if name in opt:
+            got = _shape(tensors[name])
+            if got != opt[name]:
+                P(f"tensor {name} has shape {list(got or ())}, expected {list(opt[name])}")
+            continue
+        if name == "mask_hidden":
+            continue  # an EAGLE-3 run simply ignores it (vLLM warns)
+        hint = ""
+        if name.startswith("model.") or name.startswith("midlayer."):
+            hint = " (published-layout name; convert with `peagle import`)"
+        P(f"unknown tensor {name} {list(_shape(tensors[name]) or ())}: vLLM refuses unknown names{hint}")
+
+    # --- values of d2t / t2d -------------------------------------------------------------------------
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    Vd = cfg["draft_vocab_size"]
+    if isinstance(d2t, torch.Tensor) and _shape(d2t) == (Vd,):
+        if d2t.dtype != torch.int64:
+            P(f"d2t must be int64 (got {d2t.dtype})")
+        tgt = torch.arange(Vd, dtype=torch.int64) + d2t.to(torch.int64)
+        oob = ((tgt < 0) | (tgt >= V)).nonzero().flatten()
+        if len(oob):
+            i = int(oob[0])
+            P(f"d2t maps {len(oob)} draft id(s) outside the target vocabulary 0..{V - 1} "
+              f"(e.g. draft {i} -> {int(tgt[i])})")
+        elif torch.unique(tgt).numel() != Vd:
+            P("d2t maps two draft ids to the same target id")
+        elif Vd == V and bool((d2t != 0).any()):
+            P("full-vocabulary head (draft_vocab_size == vocab_size) with a non-identity d2t: vLLM keeps no "
+              "draft->target map for such a head, so the permutation would be lost")
+        elif isinstance(t2d, torch.Tensor) and _shape(t2d) == (V,) and t2d.dtype == torch.bool:
+            if int(t2d.sum()) != Vd or not bool(t2d[tgt].all()):
+                P("t2d is inconsistent with d2t (t2d must be true exactly at the target ids d2t maps to)")
+    if isinstance(t2d, torch.Tensor) and t2d.dtype != torch.bool:
+        P(f"t2d must be bool (got {t2d.dtype})")
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and name not in ("d2t", "t2d") and not t.dtype.is_floating_point:
+            P(f"tensor {name} must be floating point (got {t.dtype})")
+    return problems
+
+
+def check_head(config: Mapping, tensors: Mapping, target_config: Mapping | None = None,
+               parallel: bool | None = None, what: str = "head") -> None:
+    problems = validate_head(config, tensors, target_config, parallel)
+    if problems:
+        raise HeadValidationError(problems, what)
+
+
+# ------------------------------------------------------------------------------------------------- I/O
+def read_config(path: str | os.PathLike) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / CONFIG_NAME
+    with open(p) as f:
+        return json.load(f)
+
+
+def safetensors_files(path: str | os.PathLike) -> list[Path]:
+    d = Path(path)
+    idx = d / WEIGHTS_INDEX_NAME
+    if idx.exists():
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        return [d / f for f in files]
+    if (d / WEIGHTS_NAME).exists():
+        return [d / WEIGHTS_NAME]
+    return sorted(d.glob("*.safetensors"))
+
+
+def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of an HF dir (single or sharded safetensors; pytorch_model.bin as a fallback)."""
+    from safetensors import safe_open
+
+    want = set(names) if names is not None else None
+    out: dict[str, torch.Tensor] = {}
+    files = safetensors_files(path)
+    if files:
+        for f in files:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    if want is None or k in want:
+                        out[k] = sf.get_tensor(k)
+        return out
+    binf = Path(path) / "pytorch_model.bin"
+    if binf.exists():
+        sd = torch.load(binf, map_location="cpu", weights_only=True)
+        return {k: v for k, v in sd.items() if want is None or k in want}
+    raise FileNotFoundError(f"no model.safetensors (or *.safetensors / pytorch_model.bin) in {path}")
+
+
+def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, {name: tensor}) of a head directory, as stored (no conversion, no validation)."""
+    p = Path(path)
+    if not (p / CONFIG_NAME).exists():
+        raise FileNotFoundError(f"{p / CONFIG_NAME} not found (a head dir holds config.json + model.safetensors)")
+    return read_config(p), load_tensors(p)
+
+
+def save_head_dir(path: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Write config.json + model.safetensors (contiguous tensors, metadata format=pt)."""
+    from safetensors.torch import save_file
+
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    with open(p / CONFIG_NAME, "w") as f:
+        json.dump(dict(config), f, indent=2, sort_keys=False)
+        f.write("\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(p / WEIGHTS_NAME),
+              metadata={"format": "pt"})
+
+
+def validate_head_dir(path: str | os.PathLike, target_dir: str | os.PathLike | None = None,
+                      parallel: bool | None = None) -> list[str]:
+    config, tensors = load_head_dir(path)
+    tcfg = read_config(target_dir) if target_dir is not None else None
+    return validate_head(config, tensors, tcfg, parallel)
