@@ -35,6 +35,7 @@ class Request:
     pending: tuple | None = None               # (ids list, aux [c,3T] or None, start)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    finish_time: float | None = None
     num_drafts: int = 0
     num_accepted: int = 0
 
@@ -247,6 +248,7 @@ class Engine:
             elif len(r.output_ids) >= limit:
                 r.finished, r.finish_reason = True, "length"
             if r.finished:
+                r.finish_time = time.perf_counter()
                 break
         return StepOutput(r, added, r.finished)
 

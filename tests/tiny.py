@@ -44,3 +44,34 @@ def save_tiny(family: str, path: str, seed=0, **kw) -> str:
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     return path
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def save_tiny_tokenizer(path: str, vocab=400) -> str:
+    """A small byte-level BPE with EOS/pad/ChatML/mask specials (ids 0..4), trained in well under a second."""
+    import inspect
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    specials = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = inspect.getsource(inspect) * 2
+    tok.train_from_iterator([text[i:i + 2000] for i in range(0, len(text), 2000)],
+                            trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
+                                   bos_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(path)
+    return path
+
+
+def save_tiny_text_model(path: str, family="llama", seed=0) -> str:
+    """Tiny random model + tokenizer + chat template, EOS id 0 (for text-level tests: CLI, server)."""
+    save_tiny(family, path, seed=seed, bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    save_tiny_tokenizer(path)
+    return path

@@ -86,7 +86,7 @@ class Transformer:
         c = self.cfg
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, rows, self.dtype, self.device)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, b0: int, start: torch.Tensor,
                 aux_ids: tuple = (), logits_at: torch.Tensor | None = None):
         """tokens [B,T] for cache rows b0..b0+B-1, each row's block starting at position start[b].

@@ -1,0 +1,56 @@
+"""`peagle` command line. Each subcommand lives in its own module, imported only when used:
+the module exposes add_parser(subparsers), which registers a parser with set_defaults(func=handler)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMANDS = {
+    "generate": ("peagle.generate_cmd", "generate text (plain or speculative), streaming to stdout"),
+    "serve": ("peagle.serve", "OpenAI-compatible server (vLLM's --speculative-config)"),
+    "bench": ("peagle.bench.cli", "benchmarks: baseline vs EAGLE-3 vs P-EAGLE"),
+    "datagen": ("peagle.train.datagen", "regenerate assistant turns with the target (drafter training data)"),
+    "train": ("peagle.train.cli", "train an EAGLE-3 or P-EAGLE drafter head"),
+    "train-target": ("peagle.target.train", "train the small demo target model"),
+    "export": ("peagle.export", "export a head in vLLM's flat or the speculators layout"),
+    "import": ("peagle.importer", "import a published head into peagle's layout"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="peagle", description="Lossless speculative decoding with EAGLE-3 and P-EAGLE.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (mod, help_) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_)
+            continue
+        m = importlib.import_module(mod)
+        m.add_parser(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    from .errors import PeagleError
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    cmd = next((a for a in argv if not a.startswith("-")), None)
+    ap = build_parser(cmd if cmd in COMMANDS else None)
+    args = ap.parse_args(argv)
+    if not getattr(args, "func", None):
+        ap.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except PeagleError as e:
+        print(f"peagle: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("peagle: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

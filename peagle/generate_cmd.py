@@ -1,0 +1,70 @@
+"""`peagle generate`: one prompt, tokens streamed to stdout, tokens/s (and spec metrics) at the end."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def add_parser(sub):
+    p = sub.add_parser("generate", help="generate text from a prompt, streaming to stdout")
+    p.add_argument("--model", default=None, help="HF model directory (default: the embedded demo target)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--speculative-config", default=None,
+                   help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
+                        '"parallel_drafting": true}\'')
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .errors import PeagleError
+    from .llm import LLM
+    from .sampling import SamplingParams
+    from .spec_config import parse_spec_config
+    parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
+    llm = LLM(args.model, dtype=args.dtype, seed=args.seed or 0, speculative_config=args.speculative_config,
+              max_model_len=args.max_model_len)
+    sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        max_tokens=args.max_tokens, seed=args.seed)
+    if args.chat:
+        ids = llm.apply_chat_template([{"role": "user", "content": args.prompt}])
+    else:
+        if llm.tokenizer is None:
+            raise PeagleError(f"{llm.model} has no tokenizer")
+        ids = llm.tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    eng, tok = llm.engine, llm.tokenizer
+    req = eng.add_request("cli", ids, sp, args.prompt)
+    t0 = time.perf_counter()
+    shown = ""
+    while eng.has_unfinished():
+        for o in eng.step():
+            text = tok.decode(req.output_ids, skip_special_tokens=True)
+            if req.stop_text_at is not None:
+                text = text[: req.stop_text_at]
+            if not text.endswith("\ufffd"):          # wait for a complete UTF-8 character
+                sys.stdout.write(text[len(shown):])
+                sys.stdout.flush()
+                shown = text
+    dt = time.perf_counter() - t0
+    text = tok.decode(req.output_ids, skip_special_tokens=True)
+    if req.stop_text_at is not None:
+        text = text[: req.stop_text_at]
+    n = len(req.output_ids)
+    sys.stdout.write(text[len(shown):] + "\n")
+    print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s, finish_reason={req.finish_reason}]", file=sys.stderr)
+    if llm.spec is not None:
+        m = llm.get_metrics()
+        print(f"[{llm.spec.name} K={llm.spec.num_speculative_tokens}: mean acceptance length "
+              f"{m['mean_acceptance_length']:.2f}, per-position acceptance "
+              f"{[round(x, 2) for x in m['acceptance_rate_per_pos']]}, draft {m['draft_time_s']:.2f} s, "
+              f"verify {m['verify_time_s']:.2f} s]", file=sys.stderr)
+        print(json.dumps({"metrics": m}), file=sys.stderr)
+    return 0

@@ -1,0 +1,74 @@
+"""`peagle generate`: streams text, reports tokens/s; bad input is one clear line and a non-zero exit."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from heads import save_random_head
+from tiny import save_tiny_text_model
+
+
+def peagle(*args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "peagle.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def textmodel(tmp_path_factory):
+    return save_tiny_text_model(str(tmp_path_factory.mktemp("tm") / "m"))
+
+
+def test_generate_streams_and_matches_api(textmodel):
+    from peagle import LLM, SamplingParams
+    r = peagle("generate", "--model", textmodel, "--prompt", "def foo(x):", "--max-tokens", "20")
+    assert r.returncode == 0, r.stderr
+    assert "tokens/s" in r.stderr
+    want = LLM(textmodel).generate("def foo(x):", SamplingParams(temperature=0, max_tokens=20))[0].outputs[0].text
+    assert r.stdout.rstrip("\n") == want
+
+
+def test_generate_with_speculative_config_prints_metrics(textmodel, tmp_path):
+    head = save_random_head(textmodel, str(tmp_path / "h"), layers=2)
+    spec = json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": 3, "parallel_drafting": True})
+    r = peagle("generate", "--model", textmodel, "--prompt", "hello", "--chat", "--max-tokens", "12",
+               "--speculative-config", spec)
+    assert r.returncode == 0, r.stderr
+    plain = peagle("generate", "--model", textmodel, "--prompt", "hello", "--chat", "--max-tokens", "12")
+    assert r.stdout == plain.stdout
+    assert "mean acceptance length" in r.stderr
+
+
+@pytest.mark.parametrize("case", ["missing_dir", "bad_arch", "too_long", "bad_spec_key", "bad_spec_k", "bad_head"])
+def test_bad_input_is_one_clear_line(textmodel, tmp_path, case, capsys):
+    args = ["generate", "--model", textmodel, "--prompt", "hi"]
+    if case == "missing_dir":
+        args[2] = str(tmp_path / "nope")
+    elif case == "bad_arch":
+        d = tmp_path / "gpt2"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+        args[2] = str(d)
+    elif case == "too_long":
+        args[4] = "word " * 3000
+    elif case == "bad_spec_key":
+        args += ["--speculative-config", '{"method": "eagle3", "model": "x", "num_speculative_tokens": 3, "foo": 1}']
+    elif case == "bad_spec_k":
+        args += ["--speculative-config", '{"method": "eagle3", "model": "x", "num_speculative_tokens": 0}']
+    elif case == "bad_head":
+        head = save_random_head(textmodel, str(tmp_path / "h"), layers=1, aux=[1, 2, 9])   # aux id 9 > 4 layers
+        args += ["--speculative-config", json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": 3})]
+    from peagle.cli import main
+    rc = main(args)                   # in-process: an uncaught exception would fail the test with a traceback
+    err = capsys.readouterr().err
+    assert rc != 0
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("peagle: error:"), err
+
+
+def test_bad_input_subprocess_has_no_traceback(tmp_path):
+    r = peagle("generate", "--model", str(tmp_path / "nope"), "--prompt", "hi")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith("peagle: error: model directory not found")

@@ -1,0 +1,79 @@
+"""The single cached P-EAGLE pass (and EAGLE-3's K passes) equal a reference computed without any cache:
+the whole sequence plus the draft rows through the drafter at once under a plain causal mask."""
+import torch
+
+from heads import save_random_head
+from peagle.drafters.base import DraftBatch
+from peagle.drafters.eagle3 import Eagle3Proposer
+from peagle.drafters.peagle import PEagleProposer
+from peagle.models.drafter import DrafterHead
+from peagle.models.llama import Transformer
+
+
+def setup(tiny_dirs, tmp_path, parallel):
+    t = Transformer.from_pretrained(tiny_dirs["llama"])
+    hd = save_random_head(tiny_dirs["llama"], str(tmp_path / "h"), layers=2, parallel=parallel, draft_vocab=256)
+    head = DrafterHead.from_pretrained(hd, t.cfg)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(5, 500, (1, 30), generator=g)
+    _, aux = t.forward(x, t.new_cache(1, 64), 0, torch.zeros(1, dtype=torch.long), head.aux_ids)
+    return t, head, x, aux
+
+
+def reference(head, x, aux, n, K, parallel):
+    """Drafts for 'the new token is x[n]' from scratch: rows (x[q+1], fc(aux[q])) for q < n, then K-1 mask rows
+    (P-EAGLE) or K-1 autoregressive rows (EAGLE-3, each with the previous row's prenorm output)."""
+    with torch.no_grad():
+        ids = x[:, 1:n + 1]
+        hid = head.combine(aux[:, :n])
+        if parallel:
+            m = head.combine(head.mask_hidden.reshape(1, 1, -1)).expand(1, K - 1, -1)
+            ids = torch.cat([ids, torch.full((1, K - 1), head.mask_token_id)], 1)
+            hid = torch.cat([hid, m], 1)
+            T = ids.shape[1]
+            normed, _ = head(ids, hid, torch.arange(T)[None], ctx_mask=torch.ones(T, T, dtype=torch.bool).tril())
+            return head.to_target(head.draft_logits(normed[0, n - 1:]).argmax(-1))
+        drafts = []
+        for _ in range(K):
+            T = ids.shape[1]
+            normed, pre = head(ids, hid, torch.arange(T)[None], ctx_mask=torch.ones(T, T, dtype=torch.bool).tril())
+            d = head.to_target(head.draft_logits(normed[0, -1]).argmax(-1))
+            drafts.append(d)
+            ids = torch.cat([ids, d.view(1, 1)], 1)
+            hid = torch.cat([hid, pre[:, -1:]], 1)
+        return torch.stack(drafts)
+
+
+def run_cached(prop, x, aux, steps):
+    """steps: list of n (the index of the new token) with increasing n: step 1 prefills the context,
+    later steps add the accepted rows (ragged), overwriting the stale mask / draft KV of the step before."""
+    out, done = [], 0
+    for i, n in enumerate(steps):
+        if i == 0 and n > 1:
+            prop.prefill(DraftBatch(x[:, 1:n], aux[:, :n - 1], torch.zeros(1, dtype=torch.long), torch.tensor([n - 1])))
+            done = n - 1
+        rows = slice(done, n)
+        out.append(prop.propose(DraftBatch(x[:, done + 1:n + 1], aux[:, rows], torch.tensor([done]),
+                                           torch.tensor([n - done]))))
+        done = n
+    return out
+
+
+def test_peagle_single_pass_matches_uncached_reference(tiny_dirs, tmp_path):
+    t, head, x, aux = setup(tiny_dirs, tmp_path, True)
+    K = 5
+    prop = PEagleProposer(head, K, 128)
+    steps = [12, 15, 16, 21]           # accepted 2, 0, 4 drafts between steps
+    for n, got in zip(steps, run_cached(prop, x, aux, steps)):
+        ref = reference(head, x, aux, n, K, True)
+        assert torch.equal(got[0], ref), (n, got, ref)
+
+
+def test_eagle3_k_passes_match_uncached_reference(tiny_dirs, tmp_path):
+    t, head, x, aux = setup(tiny_dirs, tmp_path, False)
+    K = 4
+    prop = Eagle3Proposer(head, K, 128)
+    steps = [9, 13, 14, 18]
+    for n, got in zip(steps, run_cached(prop, x, aux, steps)):
+        ref = reference(head, x, aux, n, K, False)
+        assert torch.equal(got[0], ref), (n, got, ref)

@@ -1,0 +1,125 @@
+"""Sampling losslessness: the first tokens sampled through speculative decoding follow the exact target
+distribution (chi-square goodness of fit at thousands of samples), and a deliberately wrong verifier fails."""
+import itertools
+
+import pytest
+import torch
+
+import peagle.engine as engine_mod
+from peagle import LLM, SamplingParams
+from peagle.drafters.base import Proposer
+from peagle.sampling import probs_from_logits, sample_from
+from tiny import save_tiny
+
+V, PROMPT, N = 8, [3, 5, 1, 6], 5000
+SP = dict(temperature=0.9, top_p=0.95, top_k=0)
+
+
+class TableProposer(Proposer):
+    """Drafts d1 = table[last], d2 = table[d1], ...: a deterministic drafter whose drafts are often right."""
+
+    def __init__(self, k, table):
+        self.k, self.table = k, table
+        self.head = type("H", (), {"aux_ids": ()})()
+        self.cache = type("C", (), {"ensure_rows": lambda s, n: None, "move_row": lambda s, a, b: None})()
+
+    def prefill(self, batch):
+        pass
+
+    def propose(self, batch):
+        last = torch.tensor([r.all_ids[-1] for r in batch.requests])
+        out = []
+        for _ in range(self.k):
+            last = self.table[last]
+            out.append(last)
+        return torch.stack(out, 1)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return save_tiny("llama", str(tmp_path_factory.mktemp("v8") / "m"), vocab=V, hidden=32, layers=2, seed=3)
+
+
+def exact_joint(llm):
+    """P(t1,t2,t3) under the processed target distribution, by enumeration."""
+    t = llm.engine.target
+    seqs = [PROMPT + list(c) for c in itertools.product(range(V), repeat=2)]
+    x = torch.tensor(seqs)
+    logits, _ = t.forward(x, t.new_cache(len(seqs), 16), 0, torch.zeros(len(seqs), dtype=torch.long))
+    p = probs_from_logits(logits, SP["temperature"], SP["top_k"], SP["top_p"])  # [64, 6, V]
+    p1 = p[0, len(PROMPT) - 1]
+    joint = torch.zeros(V, V, V)
+    for i, (a, b) in enumerate(itertools.product(range(V), repeat=2)):
+        joint[a, b] = p1[a] * p[i, len(PROMPT), b] * p[i, len(PROMPT) + 1]
+    return joint.flatten().double(), p
+
+
+def chi2_pvalue(counts, probs):
+    exp = probs * counts.sum()
+    big = exp >= 5
+    obs_c = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp_c = torch.cat([exp[big], exp[~big].sum()[None]])
+    keep = exp_c > 0
+    stat = (((obs_c - exp_c) ** 2) / exp_c)[keep].sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2)), stat, df
+
+
+def sample_counts(llm):
+    ps = [{"prompt_token_ids": PROMPT}] * N
+    outs = llm.generate(ps, SamplingParams(max_tokens=3, ignore_eos=True, **SP))
+    c = torch.zeros(V ** 3, dtype=torch.float64)
+    for o in outs:
+        a, b, d = o.outputs[0].token_ids
+        c[a * V * V + b * V + d] += 1
+    return c
+
+
+def spec_llm(path, table, k=2, seed=1):
+    llm = LLM(path, seed=seed, max_num_seqs=128)
+    e = llm.engine
+    e.proposer, e.k, e.aux_ids = TableProposer(k, table), k, ()
+    e.metrics.__init__(k)
+    e.cache = e.target.new_cache(1, e.max_model_len + 3 * k + 8)
+    return llm
+
+
+def table_for(llm):
+    t = llm.engine.target
+    x = torch.tensor([PROMPT + [v] for v in range(V)])
+    logits, _ = t.forward(x, t.new_cache(V, 8), 0, torch.zeros(V, dtype=torch.long))
+    return logits[:, -1].argmax(-1)
+
+
+def test_plain_sampling_matches_exact_distribution(small):
+    llm = LLM(small, seed=0, max_num_seqs=128)
+    joint, _ = exact_joint(llm)
+    p, stat, df = chi2_pvalue(sample_counts(llm), joint)
+    assert p > 1e-3, (stat, df)
+
+
+def test_speculative_sampling_matches_exact_distribution_and_wrong_verifier_fails(small, monkeypatch):
+    base = LLM(small, seed=0)
+    joint, _ = exact_joint(base)
+    table = table_for(base)
+    llm = spec_llm(small, table)
+    p, stat, df = chi2_pvalue(sample_counts(llm), joint)
+    m = llm.get_metrics()
+    assert 0.1 < m["draft_acceptance_rate"] < 0.95          # both accept and reject paths are exercised
+    assert p > 1e-3, (stat, df, m)
+
+    def wrong(logits, drafts, temperature, top_k, top_p, gen):   # on rejection, resample from p (not p - q)
+        probs = probs_from_logits(logits, temperature, top_k, top_p)
+        out = []
+        for i in range(drafts.shape[0]):
+            d = int(drafts[i])
+            if torch.rand((), generator=gen, dtype=torch.float64) <= probs[i, d]:
+                out.append(d)
+                continue
+            out.append(int(sample_from(probs[i:i + 1], gen)[0]))
+            return i, out
+        out.append(int(sample_from(probs[-1:], gen)[0]))
+        return drafts.shape[0], out
+    monkeypatch.setattr(engine_mod, "verify_sampled", wrong)
+    p_bad, stat, df = chi2_pvalue(sample_counts(spec_llm(small, table, seed=2)), joint)
+    assert p_bad < 1e-6, (stat, df)
