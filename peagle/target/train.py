@@ -1,0 +1,404 @@
+"""Train the embedded demo target model (a small ``LlamaForCausalLM``).
+
+    python -m peagle.target.train --out models/demo-target --time-budget-min 60
+
+Steps (each cached under ``--data-dir``): build the corpus
+(:mod:`peagle.target.corpus`), train the tokenizer
+(:mod:`peagle.target.tokenizer`), tokenize to uint16 memmaps, then train on
+packed 512-token rows (documents separated by token 0), half code and half
+chat.  Checkpoints (model + optimizer + schedule + RNG + data position) are
+written atomically to ``--run-dir`` every ``--ckpt-min`` minutes; ``--resume``
+continues from the last one.  At the end the HF model directory is written
+with the tokenizer, ``generation_config.json`` and ``training_stats.json``
+(held-out code/chat loss vs a unigram baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .corpus import build_corpus, read_jsonl_texts
+from .tokenizer import EOS_ID, PAD_ID, build_tokenizer, generation_config_dict
+
+SOURCES = ("code", "chat")
+
+
+# ---------------------------------------------------------------- model
+def demo_config(vocab_size: int = 8192, **overrides):
+    from transformers import LlamaConfig
+
+    kw = dict(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=12,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        attention_bias=False, mlp_bias=False, hidden_act="silu", initializer_range=0.02,
+    )
+    kw.update(overrides)
+    cfg = LlamaConfig(**kw)
+    return cfg
+
+
+# ----------------------------------------------------------------- data
+def tokenize_corpus(corpus_dir: Path, tok_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
+    """Tokenize every ``{source}.{split}.jsonl`` into ``{source}.{split}.bin``
+    (uint16; a 0 before and after each document)."""
+    from tokenizers import Tokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tk = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    paths = {}
+    for src in SOURCES:
+        for split in ("train", "heldout"):
+            name = f"{src}.{split}"
+            dst = out_dir / f"{name}.bin"
+            paths[name] = dst
+            if dst.exists():
+                continue
+            t0 = time.time()
+            tmp = dst.with_suffix(".tmp")
+            n = 0
+            with open(tmp, "wb") as f:
+                f.write(np.array([EOS_ID], dtype=np.uint16).tobytes())
+                n += 1
+                batch: list[str] = []
+
+                def flush():
+                    nonlocal n
+                    for enc in tk.encode_batch(batch, add_special_tokens=False):
+                        ids = np.asarray(enc.ids + [EOS_ID], dtype=np.uint16)
+                        f.write(ids.tobytes())
+                        n += len(ids)
+                    batch.clear()
+
+                for text in read_jsonl_texts(corpus_dir / f"{name}.jsonl"):
+                    batch.append(text)
+                    if len(batch) >= 256:
+                        flush()
+                flush()
+            os.replace(tmp, dst)
+            log(f"tokenized {name}: {n:,} tokens in {time.time() - t0:.0f}s")
+    return paths
+
+
+def load_tokens(path: Path) -> np.ndarray:
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def row_order(n_rows: dict[str, int], seed: int) -> np.ndarray:
+    """Interleave shuffled code and chat rows: array of (source_idx, row_idx)."""
+    rng = np.random.default_rng(seed)
+    perms = [rng.permutation(n_rows[s]) for s in SOURCES]
+    m = min(len(p) for p in perms)
+    inter = np.empty((2 * m, 2), dtype=np.int64)
+    inter[0::2, 0], inter[0::2, 1] = 0, perms[0][:m]
+    inter[1::2, 0], inter[1::2, 1] = 1, perms[1][:m]
+    rest = [np.stack([np.full(len(p) - m, i), p[m:]], 1) for i, p in enumerate(perms)]
+    return np.concatenate([inter] + rest)
+
+
+def get_rows(tokens: list[np.ndarray], order: np.ndarray, start: int, count: int, seq: int):
+    import torch
+
+    rows = []
+    for k in range(start, start + count):
+        s, r = order[k % len(order)]
+        rows.append(np.asarray(tokens[s][r * seq:(r + 1) * seq], dtype=np.int64))
+    return torch.from_numpy(np.stack(rows))
+
+
+def heldout_rows(tokens: np.ndarray, n_rows: int, seq: int) -> np.ndarray:
+    """Up to ``n_rows`` evenly spaced 512-token rows of a held-out stream."""
+    total = len(tokens) // seq
+    idx = np.linspace(0, total - 1, num=min(n_rows, total)).astype(np.int64)
+    return np.stack([np.asarray(tokens[i * seq:(i + 1) * seq], dtype=np.int64) for i in idx])
+
+
+# ---------------------------------------------------------------- eval
+def eval_loss(model, rows: np.ndarray, device, batch: int = 16) -> float:
+    import torch
+
+    model.eval()
+    tot, cnt = 0.0, 0
+    with torch.inference_mode():
+        for i in range(0, len(rows), batch):
+            x = torch.from_numpy(rows[i:i + batch]).to(device)
+            logits = model(input_ids=x).logits[:, :-1].float()
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum")
+            tot += loss.item()
+            cnt += x[:, 1:].numel()
+    model.train()
+    return tot / cnt
+
+
+def unigram_loss(train_counts: np.ndarray, rows: np.ndarray) -> float:
+    """Cross-entropy (nats) of the add-one-smoothed training unigram distribution
+    on the same predicted tokens as :func:`eval_loss`."""
+    p = (train_counts + 1.0) / (train_counts.sum() + len(train_counts))
+    return float(-np.log(p[rows[:, 1:].reshape(-1)]).mean())
+
+
+# ------------------------------------------------------------- schedule
+def lr_at(step: int, total: int, warmup: int, peak: float, min_ratio: float = 0.1) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    prog = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
+
+
+# ------------------------------------------------------------ checkpoint
+def save_checkpoint(path: Path, state: dict) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict:
+    import torch
+
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    import torch
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+# ------------------------------------------------------------------ main
+class ThreadTuner:
+    """Chooses the torch thread count.  Fixed if ``n > 0``.  Otherwise (auto)
+    it runs with the current best count and, every ``period`` steps, tries the
+    other count for up to ``probe`` steps (aborting after one step if that step
+    is clearly slower), switching when the probe's median step time beats the
+    recent median of the current count.  On a 2-vCPU machine shared with other
+    jobs, 2 OpenMP threads can be several times slower than 1."""
+
+    def __init__(self, n: int, probe: int = 3, period: int = 50):
+        import torch
+
+        self.torch = torch
+        self.fixed = n > 0
+        self.cands = [n] if n > 0 else list(range(1, min(2, os.cpu_count() or 1) + 1))
+        self.probe, self.period = probe, period
+        self.best = self.cands[0]
+        self.recent: dict[int, list[float]] = {c: [] for c in self.cands}
+        self.trial: list[float] = []
+        self.alt: int | None = None
+        self.k = 0
+        self._set(self.best)
+
+    def _set(self, n: int) -> None:
+        if self.torch.get_num_threads() != n:
+            self.torch.set_num_threads(n)
+
+    def before_step(self) -> int:
+        if self.fixed or len(self.cands) == 1:
+            return self.best
+        if self.alt is None and self.k > 0 and self.k % self.period == 0 and len(self.recent[self.best]) >= 3:
+            self.alt = next(c for c in self.cands if c != self.best)
+            self.trial = []
+        n = self.alt if self.alt is not None else self.best
+        self._set(n)
+        return n
+
+    def after_step(self, n: int, dt: float) -> None:
+        if self.fixed or len(self.cands) == 1:
+            return
+        self.k += 1
+        if self.alt is None:
+            self.recent[n] = (self.recent[n] + [dt])[-20:]
+            # Startup: the first count tried is compared against the other once.
+            if self.k == 4:
+                self.alt = next(c for c in self.cands if c != self.best)
+                self.trial = []
+            return
+        self.trial.append(dt)
+        ref = float(np.median(self.recent[self.best][-10:]))
+        if len(self.trial) >= self.probe or dt > 1.3 * ref:
+            if float(np.median(self.trial)) < ref:
+                self.best = self.alt
+                self.recent[self.best] = list(self.trial)
+            self.alt = None
+
+
+def main(argv=None) -> int:
+    import torch
+    from tqdm import tqdm
+    from transformers import LlamaForCausalLM
+
+    args = parse_args(argv)
+    tune_malloc()
+    cmd = "python -m peagle.target.train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    threads = ThreadTuner(args.threads)
+    device = torch.device("cuda" if (args.device == "auto" and torch.cuda.is_available()) else
+                          ("cpu" if args.device == "auto" else args.device))
+    data = Path(args.data_dir)
+    run_dir = Path(args.run_dir)
+    ckpt_path = run_dir / "ckpt.pt"
+
+    build_corpus(data / "corpus", seed=args.seed)
+    tok = build_tokenizer(data / "corpus", data / "tokenizer", vocab_size=args.vocab_size, seed=args.seed)
+    bins = tokenize_corpus(data / "corpus", data / "tokenizer", data / "tokens")
+
+    seq, bs = args.seq_len, args.batch_size
+    train_tok = [load_tokens(bins[f"{s}.train"]) for s in SOURCES]
+    order = row_order({s: len(t) // seq for s, t in zip(SOURCES, train_tok)}, args.seed)
+    n_train_tokens = {s: int(len(t)) for s, t in zip(SOURCES, train_tok)}
+    print(f"train tokens: {n_train_tokens}, rows: {len(order):,}", flush=True)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    cfg = demo_config(args.vocab_size, **(dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                                               num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+                                          if args.tiny else {}))
+    model = LlamaForCausalLM(cfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f}M params, device {device}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=False)
+
+    tokens_per_step = bs * seq
+    total_steps = int(args.max_tokens // tokens_per_step) if args.max_tokens else None
+    step, train_seconds, sizing = 0, 0.0, None
+    loss_ema = None
+    if args.resume and ckpt_path.exists():
+        st = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        step, train_seconds = st["step"], st["train_seconds"]
+        total_steps, sizing, loss_ema = st["total_steps"], st.get("sizing"), st.get("loss_ema")
+        set_rng_state(st["rng"])
+        print(f"resumed from {ckpt_path} at step {step} ({train_seconds:.0f}s trained)", flush=True)
+    elif args.resume:
+        print(f"--resume: no checkpoint at {ckpt_path}, starting fresh", flush=True)
+
+    budget_s = args.time_budget_min * 60 if args.time_budget_min else None
+    size_by_time = budget_s is not None and args.max_tokens is None
+    resize_at = step + 8  # first (re-)estimate of the schedule length, also after a resume
+    sched_total = total_steps  # the lr schedule keeps the old length until re-sized
+    if size_by_time:
+        total_steps = None
+    if total_steps is None and budget_s is None:
+        total_steps = 1000
+
+    def checkpoint():
+        save_checkpoint(ckpt_path, {
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+            "total_steps": total_steps, "train_seconds": train_seconds, "sizing": sizing,
+            "loss_ema": loss_ema, "rng": rng_state(), "data_position": step * bs,
+            "args": vars(args), "config": cfg.to_dict()})
+
+    model.train()
+    last_ckpt = time.time()
+    pbar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True, mininterval=5.0,
+                file=sys.stdout)
+    step_times: list[float] = []
+    stop_reason = "schedule"
+    while True:
+        if total_steps is not None and step >= total_steps:
+            break
+        if budget_s is not None and train_seconds >= budget_s:
+            stop_reason = "time budget"
+            break
+        nthr = threads.before_step()
+        t0 = time.time()
+        est_total = total_steps if total_steps is not None else (sched_total or 10 ** 9)
+        lr = lr_at(step, est_total, args.warmup_steps, args.lr, args.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x = get_rows(train_tok, order, step * bs, bs, seq).to(device)
+        out = model(input_ids=x, labels=x)
+        loss = out.loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        lv = loss.item()
+        dt = time.time() - t0
+        train_seconds += dt
+        threads.after_step(nthr, dt)
+        step += 1
+        step_times.append(dt)
+        loss_ema = lv if loss_ema is None else 0.95 * loss_ema + 0.05 * lv
+        # Size the cosine schedule to the time budget from the measured speed
+        # (first estimate after 8 steps; refined every 100 steps).
+        if size_by_time and (step == resize_at or (step > resize_at and step % 100 == 0)):
+            recent = step_times[-100:] if len(step_times) > 8 else step_times[2:]
+            per = float(np.median(recent))
+            remaining = max(0.0, budget_s - train_seconds)
+            total_steps = max(step + 1, step + int(remaining / per))
+            sizing = {"at_step": step, "sec_per_step": per, "total_steps": total_steps}
+            pbar.total = total_steps
+            pbar.refresh()
+        pbar.update(1)
+        pbar.set_postfix(loss=f"{lv:.3f}", ema=f"{loss_ema:.3f}", lr=f"{lr:.2e}",
+                         tok_s=f"{tokens_per_step / dt:,.0f}", thr=nthr, gn=f"{float(gnorm):.2f}", refresh=False)
+        if step % 50 == 0:
+            print(f"\nstep {step}/{total_steps} loss {lv:.4f} ema {loss_ema:.4f} lr {lr:.2e} "
+                  f"tok/s {tokens_per_step * len(step_times[-50:]) / sum(step_times[-50:]):,.0f} "
+                  f"tokens {step * tokens_per_step:,} train_s {train_seconds:.0f} threads {threads.best}", flush=True)
+        if time.time() - last_ckpt >= args.ckpt_min * 60:
+            checkpoint()
+            last_ckpt = time.time()
+    pbar.close()
+    checkpoint()
+    print(f"training stopped ({stop_reason}) at step {step}: {step * tokens_per_step:,} tokens, "
+          f"{train_seconds:.0f}s, {step * tokens_per_step / max(train_seconds, 1e-9):,.0f} tok/s", flush=True)
+
+    # ---- held-out evaluation vs unigram baseline
+    stats: dict = {"command": cmd, "params": n_params, "steps": step, "tokens_trained": step * tokens_per_step,
+                   "train_seconds": round(train_seconds, 1),
+                   "tokens_per_second": round(step * tokens_per_step / max(train_seconds, 1e-9), 1),
+                   "stop_reason": stop_reason, "final_train_loss_ema": loss_ema, "seq_len": seq,
+                   "batch_size": bs, "peak_lr": args.lr, "schedule_sizing": sizing, "seed": args.seed,
+                   "device": str(device), "train_corpus_tokens": n_train_tokens, "heldout": {}}
+    for i, s in enumerate(SOURCES):
+        rows = heldout_rows(load_tokens(bins[f"{s}.heldout"]), args.eval_rows, seq)
+        counts = np.bincount(np.asarray(train_tok[i]), minlength=cfg.vocab_size)
+        lm = eval_loss(model, rows, device)
+        uni = unigram_loss(counts, rows)
+        stats["heldout"][s] = {"rows": int(len(rows)), "loss": round(lm, 4), "unigram_loss": round(uni, 4),
+                               "ppl": round(math.exp(lm), 2)}
+        print(f"held-out {s}: loss {lm:.4f} (ppl {math.exp(lm):.1f}) vs unigram {uni:.4f}", flush=True)
+
+    # ---- write the HF model directory
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.use_cache = True
+    model.cpu().save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    (out / "generation_config.json").write_text(json.dumps(
+        {**generation_config_dict(), "_from_model_config": False}, indent=2))
+    (out / "training_stats.json").write_text(json.dumps(stats, indent=2))
+    print(f"wrote {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
