@@ -5,7 +5,7 @@ with document-causal attention and predicts x[q+2].  Step k >= 1 feeds the groun
 with the drafter's own pre-norm output of step k-1 as hidden state, at RoPE position pos(q)+k; it attends
 to the step-0 keys causally plus the keys of steps 1..k at the same index (diagonal extension; this is the
 inference view: draft k at position p+k sees the context up to p and the earlier drafts).  Target of step
-k is the target's distribution at q+k+1 over the draft vocabulary (soft cross-entropy), supervised where
+k is the target's distribution at q+k+1 over the draft vocabulary (soft cross-entropy, logged as KL), supervised where
 x[q+k+2] is an assistant token of the same document; loss = sum_k decay^k * CE_k / count_k."""
 from __future__ import annotations
 
@@ -77,8 +77,10 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
                 continue
             logits = head.draft_logits(normed[0, s]).float()
             logq = F.log_softmax(logits, -1)
-            p = row["tlogp"][(q + k + 1)[s]].float().exp()
-            ce = -(p * logq).sum(-1)
+            logp = row["tlogp"][(q + k + 1)[s]].float()
+            # soft cross-entropy against the target; written as KL(target || draft) = CE - H(target),
+            # which has the same gradient and reads as 0 for a perfect drafter
+            ce = (logp.exp() * (logp - logq)).sum(-1)
             loss = loss + (decay ** k) * ce.sum() / float(counts[k])
             ce_sum[k] = float(ce.detach().sum())
             with torch.no_grad():

@@ -21,8 +21,8 @@ class Teacher:
         self.target = target
         self.aux_ids = tuple(int(a) for a in aux_ids)
         self.L = target.cfg.num_hidden_layers
-        if self.L in self.aux_ids:
-            raise ValueError("aux id == num_layers is not supported by the trainer")
+        # the final residual (teacher) is requested as one more aux state unless an aux id already is it
+        self.req = self.aux_ids if self.L in self.aux_ids else self.aux_ids + (self.L,)
         self.T = target.cfg.hidden_size
         self.lm = target.lm_head[draft_ids].float()
         self.norm = target.norm.float()
@@ -43,10 +43,10 @@ class Teacher:
                 toks[j, : len(docs[g])] = docs[g]
             cache = self.target.new_cache(len(grp), Tm + 8)
             zeros = torch.zeros(len(grp), dtype=torch.long)
-            _, aux = self.target.forward(toks, cache, 0, zeros, aux_ids=self.aux_ids + (self.L,), logits_at=zeros)
+            _, aux = self.target.forward(toks, cache, 0, zeros, aux_ids=self.req, logits_at=zeros)
             for j, g in enumerate(grp):
                 n = len(docs[g])
-                out[g] = (aux[j, :n, : 3 * self.T].clone(), aux[j, :n, 3 * self.T:].clone())
+                out[g] = (aux[j, :n, : 3 * self.T].clone(), aux[j, :n, -self.T:].clone())
             i += B
         return out
 

@@ -1,0 +1,76 @@
+"""`peagle train --method eagle3|peagle`: train a drafter head for a target on `peagle datagen` data.
+
+The output directory is a head in vLLM's flat EAGLE-3 layout (config.json + model.safetensors, usable as
+speculative_config {"model": OUT}); OUT/checkpoint/ckpt.pt holds the resumable state and
+OUT/train_log.jsonl the loss / per-depth accuracy log.  Run under `torchrun --nproc-per-node N -m
+peagle.cli train ...` for data parallelism."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p):
+    p.add_argument("--method", choices=["eagle3", "peagle"], required=True)
+    p.add_argument("--target", default=None, help="target HF directory (default models/demo-target)")
+    p.add_argument("--data", required=True, help="`peagle datagen` output directory")
+    p.add_argument("--out", required=True, help="output head directory")
+    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
+    p.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: target's)")
+    p.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size (0 = full)")
+    p.add_argument("--aux-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="target aux layer ids (default vLLM's 2,L//2,L-3)")
+    p.add_argument("--depths", type=int, default=8, help="P-EAGLE parallel depths K")
+    p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 test-time-training unroll")
+    p.add_argument("--decay", type=float, default=0.8, help="EAGLE-3 per-step loss weight decay")
+    p.add_argument("--cod-r", type=float, default=0.7)
+    p.add_argument("--cod-rmin", type=float, default=0.2)
+    p.add_argument("--mask-token", type=int, default=4, help="P-EAGLE mask token id (demo target: <|mask|> = 4)")
+    p.add_argument("--segment-len", type=int, default=0, help="P-EAGLE sequence partitioning: anchors per segment (0 = flat)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="tokens per packed row")
+    p.add_argument("--batch-rows", type=int, default=1, help="packed rows per optimizer step (global batch)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=0, help="optimizer steps (overrides --epochs)")
+    p.add_argument("--max-minutes", type=float, default=0, help="stop early after this much wall time")
+    p.add_argument("--max-docs", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup", type=float, default=0.03, help="fraction of steps (< 1) or steps (>= 1)")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--feature-cache", default=None, help="directory caching target features (small runs)")
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--kill-at-step", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def run(a):
+    from .loop import Trainer
+    if a.target is None:
+        from ..llm import DEFAULT_MODEL
+        a.target = DEFAULT_MODEL
+    if a.draft_vocab == 0:
+        a.draft_vocab = None
+    a.max_docs = a.max_docs or None
+    t = Trainer(a)
+    rec = t.run()
+    if t.rank == 0:
+        print(f"saved {a.method} head to {a.out}: step {t.step}, loss {rec.get('loss')}, per-depth acc {rec.get('acc')}")
+    return 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("train", help="train an EAGLE-3 or P-EAGLE drafter head", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="peagle train")
+    add_arguments(ap)
+    return run(ap.parse_args(argv))

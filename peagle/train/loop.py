@@ -1,0 +1,316 @@
+"""Drafter training loop: AdamW, warm-up + cosine, grad clipping, fp32/bf16, atomic checkpoints (model,
+optimizer, scheduler, RNG, data position), --resume, and data parallelism under torchrun.
+
+Data order is a pure function of (seed, epoch): each epoch shuffles the documents and packs them into rows
+of <= max_tokens tokens; one optimizer step consumes `batch_rows` consecutive rows (the global batch).
+Under torchrun rank r takes rows r, r+W, ... of the step; COD sampling is seeded per (seed, epoch, row),
+so every row gets the same elements whatever rank runs it.  Losses are divided by the *global* count of
+supervised elements (all-reduced before the backward passes) and gradients are all-reduced by SUM, so the
+update equals the single-process update on the same global batch (gloo on CPU, nccl on CUDA)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+
+import torch
+
+from ..errors import PeagleError
+from . import eagle3_loss, peagle_loss
+from .data import epoch_rows, load_docs
+from .features import FeatureCache, Teacher, pack_row
+from .mask import MaskTable
+from .vocab import build_draft_vocab, mappings, token_counts
+
+MASK_TOKEN = 4  # the demo target reserves <|mask|> = 4
+
+
+# ----------------------------------------------------------------------------------------- dist
+def dist_setup():
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    if ws <= 1:
+        return 0, 1
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def all_sum(t: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        import torch.distributed as dist
+        dist.all_reduce(t)
+    return t
+
+
+def barrier(world):
+    if world > 1:
+        import torch.distributed as dist
+        dist.barrier()
+
+
+# ----------------------------------------------------------------------------------------- head
+def head_config(tcfg, layers: int, draft_vocab: int, method: str, mask_token: int | None, aux_ids=None,
+                intermediate: int | None = None) -> dict:
+    L = tcfg.num_hidden_layers
+    aux = list(aux_ids) if aux_ids else [2, L // 2, L - 3] if L >= 5 else [1, L // 2, L - 1]
+    cfg = dict(hidden_size=tcfg.hidden_size, intermediate_size=intermediate or tcfg.intermediate_size,
+               num_hidden_layers=layers, num_attention_heads=tcfg.num_attention_heads,
+               num_key_value_heads=tcfg.num_key_value_heads, head_dim=tcfg.head_dim, rms_norm_eps=tcfg.rms_norm_eps,
+               rope_theta=tcfg.rope_theta, max_position_embeddings=tcfg.max_position_embeddings,
+               vocab_size=tcfg.vocab_size, draft_vocab_size=draft_vocab, target_hidden_size=tcfg.hidden_size,
+               eagle_aux_hidden_state_layer_ids=aux, norm_before_residual=False)
+    if method == "peagle":
+        cfg.update(ptd_token_id=mask_token, pard_token=mask_token)
+    return cfg
+
+
+def init_head(cfg: dict, target, draft_ids: torch.Tensor, method: str, seed: int):
+    from ..models.drafter import DrafterHead
+    torch.manual_seed(seed)
+    head = DrafterHead(cfg)
+    V = cfg["vocab_size"]
+    d2t, t2d, _ = mappings(draft_ids, V)
+    with torch.no_grad():
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+        if head.embed_tokens.weight.shape == target.embed.shape:
+            head.embed_tokens.weight.copy_(target.embed.float())
+        if head.lm_head.weight.shape[1] == target.lm_head.shape[1]:
+            head.lm_head.weight.copy_(target.lm_head[draft_ids].float())
+            head.norm.weight.copy_(target.norm.float())
+        if head.parallel:
+            head.mask_hidden.normal_(0, 1.0)
+    # EAGLE-3 keeps the target's embedding frozen; P-EAGLE trains it (the mask row must adapt)
+    head.embed_tokens.weight.requires_grad_(method == "peagle")
+    return head
+
+
+# ----------------------------------------------------------------------------------------- trainer
+class Trainer:
+    def __init__(self, a):
+        from ..models.llama import Transformer
+        self.a = a
+        self.rank, self.world = dist_setup()
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        self.method = a.method
+        self.K = a.depths if a.method == "peagle" else a.ttt_steps
+        self.dtype = torch.bfloat16 if a.dtype in ("bf16", "bfloat16") else None
+        self.target = Transformer.from_pretrained(a.target)
+        self.docs = load_docs(a.data, a.max_docs)
+        self.lengths = [len(d[0]) for d in self.docs]
+        os.makedirs(a.out, exist_ok=True)
+        self.ckpt_dir = os.path.join(a.out, "checkpoint")
+        ck = self._load_ckpt() if a.resume else None
+        V = self.target.cfg.vocab_size
+        if ck is not None:
+            draft_ids = ck["draft_ids"]
+            cfg = ck["head_cfg"]
+        else:
+            counts = token_counts(self.docs, V)
+            draft_ids = build_draft_vocab(counts, min(a.draft_vocab or V, V))
+            cfg = head_config(self.target.cfg, a.layers, len(draft_ids), a.method,
+                              a.mask_token if a.method == "peagle" else None, a.aux_ids, a.intermediate_size)
+        self.draft_ids = draft_ids
+        _, _, self.index = mappings(draft_ids, V)
+        if a.method == "peagle":
+            mt = cfg["ptd_token_id"]
+            if not 0 <= mt < V:
+                raise PeagleError(f"mask token {mt} is not a target token id")
+        self.head = init_head(cfg, self.target, draft_ids, a.method, a.seed)
+        self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
+        self.cache = None
+        if a.feature_cache:
+            self.cache = FeatureCache(a.feature_cache)
+            if self.rank == 0:
+                self.cache.build(self.teacher, self.docs)
+            barrier(self.world)
+        self.table = MaskTable(a.max_tokens)
+        params = [p for p in self.head.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=a.weight_decay)
+        self.rows_per_epoch = len(epoch_rows(self.lengths, a.max_tokens, a.seed, 0))
+        self.steps_per_epoch = max(1, self.rows_per_epoch // a.batch_rows)
+        self.total = a.steps or int(math.ceil(a.epochs * self.steps_per_epoch))
+        warm = max(1, int(a.warmup * self.total)) if a.warmup < 1 else int(a.warmup)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if s < warm else
+                                                       a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 *
+                                                       (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, self.total - warm)))))
+        self.step = 0
+        self.elapsed = 0.0
+        self._epoch_cache = (None, None)
+        if ck is not None:
+            self.head.load_state_dict(ck["model"])
+            self.opt.load_state_dict(ck["opt"])
+            self.sched.load_state_dict(ck["sched"])
+            self.step, self.elapsed = ck["step"], ck.get("elapsed", 0.0)
+            torch.set_rng_state(ck["rng"]["torch"])
+            random.setstate(ck["rng"]["python"])
+            if self.rank == 0:
+                print(f"resumed from {self.ckpt_dir} at step {self.step}", flush=True)
+
+    # ---------------------------------------------------------------- data
+    def _rows_of_epoch(self, epoch):
+        if self._epoch_cache[0] != epoch:
+            self._epoch_cache = (epoch, epoch_rows(self.lengths, self.a.max_tokens, self.a.seed, epoch))
+        return self._epoch_cache[1]
+
+    def batch_rows(self, step):
+        """Global row ids (epoch, row index) of this step and the ones this rank runs."""
+        e, p = divmod(step, self.steps_per_epoch)
+        rows = self._rows_of_epoch(e)
+        R = self.a.batch_rows
+        ids = list(range(p * R, min((p + 1) * R, len(rows))))
+        return e, [(i, rows[i]) for i in ids[self.rank::self.world]]
+
+    def make_row(self, doc_ids):
+        docs = [self.docs[i] for i in doc_ids]
+        if self.cache is not None:
+            feats = [self.cache.get(i) for i in doc_ids]
+        else:
+            feats = self.teacher.doc_features([d[0][: self.a.max_tokens] for d in docs])
+        return pack_row(docs, feats, self.teacher, self.index, self.a.max_tokens)
+
+    # ---------------------------------------------------------------- step
+    def train_step(self, step) -> dict:
+        a, K = self.a, self.K
+        epoch, mine = self.batch_rows(step)
+        rows = [(i, self.make_row(d)) for i, d in mine]
+        self.head.train()
+        if self.method == "peagle":
+            els = []
+            for i, r in rows:
+                g = torch.Generator().manual_seed((a.seed * 1_000_003 + epoch) * 1_000_003 + i)
+                els.append(peagle_loss.make_elements(r, K, a.cod_r, a.cod_rmin, g))
+            denom = all_sum(torch.tensor([float(sum(int(e["sup"].sum()) for e in els))], dtype=torch.float64),
+                            self.world)
+            denom = max(float(denom), 1.0)
+            loss_sum, correct, total = 0.0, torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)
+            for (i, r), e in zip(rows, els):
+                st = peagle_loss.row_step(self.head, r, e, self.table, K, denom, a.segment_len,
+                                          autocast_dtype=self.dtype)
+                loss_sum += st["kl"]
+                correct += st["correct"]
+                total += st["total"]
+            stats = torch.cat([torch.tensor([loss_sum], dtype=torch.float64), correct.double(), total.double()])
+            stats = all_sum(stats, self.world)
+            loss = float(stats[0]) / denom
+        else:
+            counts = torch.zeros(K, dtype=torch.float64)
+            for _, r in rows:
+                counts += eagle3_loss.step_counts(r, K).double()
+            counts = all_sum(counts, self.world)
+            ce, correct, total = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)
+            for _, r in rows:
+                st = eagle3_loss.row_step(self.head, r, self.table, K, counts, a.decay, autocast_dtype=self.dtype)
+                ce += st["ce"].double()
+                correct += st["correct"]
+                total += st["total"]
+            stats = all_sum(torch.cat([ce, correct.double(), total.double()]), self.world)
+            ce = stats[:K]
+            loss = float(sum((a.decay ** k) * ce[k] / max(float(counts[k]), 1.0) for k in range(K)))
+            stats = torch.cat([stats[:1], stats[K:]])
+        params = [p for p in self.head.parameters() if p.requires_grad]
+        if self.world > 1:
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+            all_sum(flat, self.world)
+            o = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[o:o + n].view_as(p).clone()
+                o += n
+        gnorm = torch.nn.utils.clip_grad_norm_(params, a.clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        correct, total = stats[1:1 + K], stats[1 + K:]
+        return {"loss": loss, "gnorm": float(gnorm), "correct": correct, "total": total, "lr": self.sched.get_last_lr()[0]}
+
+    # ---------------------------------------------------------------- checkpoints
+    def _load_ckpt(self):
+        fn = os.path.join(self.ckpt_dir, "ckpt.pt")
+        if not os.path.isfile(fn):
+            return None
+        return torch.load(fn, weights_only=False)
+
+    def save_ckpt(self):
+        if self.rank != 0:
+            return
+        os.makedirs(self.ckpt_dir, exist_ok=True)
+        fn = os.path.join(self.ckpt_dir, "ckpt.pt")
+        ck = {"model": self.head.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+              "step": self.step, "elapsed": self.elapsed, "draft_ids": self.draft_ids, "head_cfg": self.head.cfg,
+              "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+              "data": {"epoch": self.step // self.steps_per_epoch, "step_in_epoch": self.step % self.steps_per_epoch,
+                       "seed": self.a.seed, "max_tokens": self.a.max_tokens, "batch_rows": self.a.batch_rows},
+              "args": vars(self.a)}
+        tmp = fn + ".tmp"
+        torch.save(ck, tmp)
+        os.replace(tmp, fn)
+
+    def save_head(self, extra_stats: dict):
+        if self.rank != 0:
+            return
+        a = self.a
+        info = {"method": self.method, "layers": a.layers, "draft_vocab_size": len(self.draft_ids),
+                "steps": self.step, "train_time_s": round(self.elapsed, 1), "max_tokens": a.max_tokens,
+                "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world, "data": os.path.abspath(a.data),
+                "docs": len(self.docs), **extra_stats}
+        if self.method == "peagle":
+            info.update(train_depths=self.K, cod_r=a.cod_r, cod_rmin=a.cod_rmin, segment_len=a.segment_len)
+        else:
+            info.update(ttt_steps=self.K, decay=a.decay)
+        self.head.save_pretrained(a.out, extra={"peagle": info})
+
+    # ---------------------------------------------------------------- run
+    def run(self):
+        a = self.a
+        bar = None
+        if self.rank == 0 and not a.quiet:
+            from tqdm import tqdm
+            bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
+        log = open(os.path.join(a.out, "train_log.jsonl"), "a") if self.rank == 0 else None
+        acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []
+        t_last = time.time()
+        stop_at = time.time() + a.max_minutes * 60 if a.max_minutes else None
+        while self.step < self.total:
+            t0 = time.time()
+            st = self.train_step(self.step)
+            self.step += 1
+            self.elapsed += time.time() - t0
+            acc_c += st["correct"]
+            acc_t += st["total"]
+            losses.append(st["loss"])
+            if self.step % a.log_every == 0 or self.step == self.total:
+                acc = (acc_c / acc_t.clamp(min=1)).tolist()
+                rec = {"step": self.step, "loss": sum(losses) / len(losses), "lr": st["lr"], "gnorm": st["gnorm"],
+                       "acc": [round(x, 4) for x in acc], "n": acc_t.tolist(), "time_s": round(self.elapsed, 1)}
+                if log:
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                if bar:
+                    bar.set_postfix(loss=f"{rec['loss']:.3f}", acc="/".join(f"{x:.2f}" for x in acc[:4]))
+                self.last_log = rec
+                acc_c.zero_()
+                acc_t.zero_()
+                losses = []
+            if bar:
+                bar.update(1)
+            if a.ckpt_every and self.step % a.ckpt_every == 0:
+                self.save_ckpt()
+            if a.kill_at_step and self.step == a.kill_at_step:  # test hook: simulate a crash after a checkpoint
+                os._exit(17)
+            if stop_at and time.time() > stop_at:
+                if self.rank == 0:
+                    print(f"\nstopping at step {self.step}: --max-minutes reached", flush=True)
+                break
+        if bar:
+            bar.close()
+        self.save_ckpt()
+        rec = getattr(self, "last_log", None) or {}
+        self.save_head({"final_loss": rec.get("loss"), "final_acc": rec.get("acc")})
+        if log:
+            log.close()
+        return rec
