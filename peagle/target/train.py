@@ -243,6 +243,52 @@ class ThreadTuner:
             self.alt = None
 
 
+def tune_malloc() -> None:
+    """Keep freed memory in the glibc heap instead of returning it to the OS
+    after every step (the step's large activation buffers otherwise cost page
+    faults each time; measured 3-4x faster training steps on the 2-vCPU VM)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 2 ** 31 - 1)  # M_TRIM_THRESHOLD
+        libc.mallopt(-2, 1 << 30)      # M_TOP_PAD
+        libc.mallopt(-3, 1 << 25)      # M_MMAP_THRESHOLD (glibc max: 32 MiB)
+    except (OSError, AttributeError):
+        pass
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="peagle train-target", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="models/demo-target", help="HF model directory to write")
+    ap.add_argument("--data-dir", default="data/target", help="cache: corpus, tokenizer, token memmaps")
+    ap.add_argument("--run-dir", default="runs/target", help="checkpoints")
+    ap.add_argument("--resume", action="store_true", help="continue from RUN_DIR/ckpt.pt")
+    ap.add_argument("--time-budget-min", type=float, default=None,
+                    help="stop cleanly after this much training time; cosine sized to it")
+    ap.add_argument("--max-tokens", type=float, default=None, help="training tokens (sizes the schedule)")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--warmup-steps", type=int, default=30)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads; 0 = auto: periodically re-pick 1 or 2 threads by measured step time "
+                         "(2 threads stall badly when other jobs share the 2 vCPUs)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--ckpt-min", type=float, default=5.0, help="minutes between checkpoints")
+    ap.add_argument("--eval-rows", type=int, default=256, help="held-out rows per source")
+    ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--tiny", action="store_true", help="tiny model (smoke tests)")
+    return ap.parse_args(argv)
+
+
 def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
