@@ -344,7 +344,7 @@ def test_disconnect_mid_stream_aborts_at_once(plain, ref_llm):
         if stream:
             resp = conn.getresponse()
             assert resp.status == 200
-            line = resp.fp.readline()          # the first SSE event: the request is running
+            line = resp.readline()             # the first SSE event: the request is running
             assert line.startswith(b"data: ")
         else:
             t0 = time.monotonic()
@@ -414,9 +414,16 @@ def test_internal_error_fails_only_that_request(plain, ref_llm):
     target = state.engine.target
     orig = target.forward
     poison = ref_llm.tokenizer("Numbers: 1 2 3", add_special_tokens=False)["input_ids"]
-    mode = {"decode_fail": False}
+    mode = {"decode_fail": False, "gate": True}
+    errors0 = state.loop.step_errors
 
     def faulty(toks, *a, **kw):
+        if mode["gate"] and "logits_at" in kw:
+            # hold the first prefill until the other requests are queued: they are then prefilled together
+            mode["gate"] = False
+            t0 = time.monotonic()
+            while len(state.loop._cmds) < 3 and time.monotonic() - t0 < 20:
+                time.sleep(0.01)
         if "logits_at" in kw and any(row[:len(poison)] == poison for row in toks.tolist()):
             raise RuntimeError("poisoned prefill")
         if mode["decode_fail"] and "logits_at" not in kw:
@@ -429,10 +436,7 @@ def test_internal_error_fails_only_that_request(plain, ref_llm):
         c = client(plain)
         ok = ref_complete(ref_llm, PROMPTS[:3], 20)
         res = {}
-        barrier = threading.Barrier(4)
-
         def one(i, p):
-            barrier.wait(10)
             try:
                 if i == 3:
                     res[i] = stream_completion(c, p, 20)[0]
@@ -441,12 +445,17 @@ def test_internal_error_fails_only_that_request(plain, ref_llm):
             except Exception as e:  # noqa: BLE001
                 res[i] = e
         ts = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(PROMPTS[:3] + ["Numbers: 1 2 3"])]
-        for t in ts:
+        ts[0].start()                    # the gate request; the other three arrive while it is held
+        while mode["gate"]:
+            time.sleep(0.01)
+        for t in ts[1:]:
             t.start()
         for t in ts:
             t.join(60)
         assert [res[i] for i in range(3)] == [o.text for o in ok]
         assert isinstance(res[3], openai.APIError) and "poisoned prefill" in str(res[3])
+        # the poisoned batch failed once, then the poisoned request alone: its neighbours were retried
+        assert state.loop.step_errors - errors0 == 2
         # a failure while decoding fails the running batch (state unknown), not the server
         mode["decode_fail"] = True
         with pytest.raises(openai.InternalServerError):

@@ -1,0 +1,107 @@
+"""`peagle serve`: an OpenAI-compatible HTTP server (completions, chat, streaming, metrics) with vLLM's
+--speculative-config. The implementation is in peagle/server/."""
+from __future__ import annotations
+
+import json
+import os
+
+ENV_SPEC = "PEAGLE_SPECULATIVE_CONFIG"
+DEMO_K = 7
+
+
+def add_parser(sub):
+    p = sub.add_parser("serve", help="OpenAI-compatible server (vLLM's --speculative-config)",
+                       description="Serve a model over an OpenAI-compatible HTTP API with continuous batching and "
+                                   "optional speculative decoding. With no MODEL: the embedded demo target with its "
+                                   f"P-EAGLE head (K={DEMO_K}, parallel drafting).")
+    p.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded demo target)")
+    p.add_argument("--model", dest="model_opt", default=None, help=argparse_suppress())
+    p.add_argument("--speculative-config", default=None,
+                   help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
+                        f'"parallel_drafting": true}}\'; also from ${ENV_SPEC} (the flag wins); "none" turns '
+                        "speculation off")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-num-seqs", type=int, default=128, help="rows in the running batch")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="requests that may wait for a row beyond --max-num-seqs (default 4x max-num-seqs); "
+                        "more get HTTP 429")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true")
+    p.set_defaults(func=run)
+
+
+def argparse_suppress():
+    import argparse
+    return argparse.SUPPRESS
+
+
+def resolve_config(model, spec_flag, env=None):
+    """-> (model_dir, served_name, spec_config or None). The flag wins over the environment; with no model
+    the demo target is served with its P-EAGLE head (if trained) unless a config says otherwise."""
+    from .errors import PeagleError
+    from .llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+    from .spec_config import parse_spec_config
+    env = os.environ if env is None else env
+    spec = spec_flag if spec_flag is not None else env.get(ENV_SPEC) or None
+    if isinstance(spec, str) and spec.strip().lower() in ("", "none", "null", "off"):
+        spec, explicit_off = None, True
+    else:
+        explicit_off = False
+    if model is None:
+        if not os.path.isdir(DEFAULT_MODEL):
+            raise PeagleError(f"no MODEL given and the embedded demo target {DEFAULT_MODEL} does not exist yet "
+                              "(train it with `peagle train-target`, or pass a model directory)")
+        model, name = DEFAULT_MODEL, "demo-target"
+        if spec is None and not explicit_off and os.path.isdir(DEFAULT_PEAGLE_HEAD):
+            spec = {"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD, "num_speculative_tokens": DEMO_K,
+                    "parallel_drafting": True}
+    else:
+        if not os.path.isdir(model):
+            raise PeagleError(f"model directory {model} does not exist")
+        name = model
+    parsed = parse_spec_config(json.dumps(spec) if isinstance(spec, dict) else spec)
+    if parsed is not None and not os.path.isdir(parsed.model):
+        raise PeagleError(f"speculative config model {parsed.model} does not exist")
+    return model, name, parsed
+
+
+def build_state(model_dir, name, spec, dtype="float32", seed=0, max_num_seqs=128, max_waiting=None,
+                max_model_len=None, max_body_bytes=8 << 20):
+    from .errors import PeagleError
+    from .llm import build_engine, load_tokenizer
+    from .server.app import ServerState
+    if max_num_seqs < 1:
+        raise PeagleError("--max-num-seqs must be >= 1")
+    if max_waiting is not None and max_waiting < 0:
+        raise PeagleError("--max-waiting must be >= 0")
+    spec_dict = None if spec is None else {"method": spec.method, "model": spec.model,
+                                           "num_speculative_tokens": spec.num_speculative_tokens,
+                                           "parallel_drafting": spec.parallel_drafting}
+    engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec_dict,
+                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
+    mw = 4 * max_num_seqs if max_waiting is None else max_waiting
+    return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, max_body_bytes=max_body_bytes)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from .server.app import create_app
+    model = args.model or args.model_opt
+    model_dir, name, spec = resolve_config(model, args.speculative_config)
+    state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
+                        args.max_num_seqs, args.max_waiting, args.max_model_len, args.max_body_bytes)
+    sp = "off" if spec is None else f"{spec.name} K={spec.num_speculative_tokens} head={spec.model}"
+    print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
+          f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "
+          f"max_model_len={state.max_model_len}", flush=True)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=args.access_log, timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,427 @@
+"""The FastAPI app: OpenAI-compatible completions and chat completions (streaming and not), models, health,
+Prometheus metrics and a debug view of the engine."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .detok import IncrementalDetokenizer
+from .loop import EngineLoop, Handle
+from .metrics import ServerMetrics
+from .protocol import (ApiError, ChatRequest, CompletionRequest, check_unsupported, error_body, parse_body,
+                       sampling_params)
+
+log = logging.getLogger("peagle.serve")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/debug/engine")
+
+
+class ServerState:
+    """Everything the app needs: the engine (owned by the loop thread), a tokenizer for the HTTP side, names."""
+
+    def __init__(self, engine, tokenizer, model_name: str, model_dir: str, spec=None, max_waiting: int = 512,
+                 max_body_bytes: int = 8 << 20, aliases=()):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.model_name, self.model_dir, self.spec = model_name, model_dir, spec
+        self.names = {model_name, model_dir, os.path.abspath(model_dir), *aliases}
+        self.max_model_len = engine.max_model_len
+        self.max_body_bytes = max_body_bytes
+        self.metrics = ServerMetrics(model_name)
+        self.loop = EngineLoop(engine, max_waiting, self.metrics)
+        self.metrics.loop = self.loop
+        self.created = int(time.time())
+        self.vocab_size = engine.target.cfg.vocab_size
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app):
+        if not state.loop.thread.is_alive():
+            state.loop.start()
+        yield
+        state.loop.stop()
+
+    app = FastAPI(title="peagle", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.peagle = state
+    m = state.metrics
+
+    # ------------------------------------------------------------ errors
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc):
+        typ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), typ, None, None), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):
+        log.exception("unhandled error")
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "internal_error"), status_code=500)
+
+    # ------------------------------------------------------------ simple routes
+    @app.get("/health")
+    async def health():
+        if not state.loop.alive:
+            return JSONResponse(error_body("engine loop is not running", "internal_error"), status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
+                                            "owned_by": "peagle", "root": os.path.abspath(state.model_dir),
+                                            "parent": None, "max_model_len": state.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/debug/engine")
+    async def debug_engine():
+        lp, s = state.loop, state.loop.snapshot
+        return {"rows_in_use": s["rows_in_use"], "running": s["running"], "waiting": s["waiting"],
+                "in_flight": lp.in_flight, "max_num_seqs": state.engine.max_num_seqs,
+                "max_waiting": lp.max_waiting, "max_model_len": state.max_model_len, "steps": lp.steps,
+                "step_errors": lp.step_errors, "last_error": lp.last_error, "loop_alive": lp.alive,
+                "speculative": None if state.spec is None else {
+                    "method": state.spec.name, "model": state.spec.model,
+                    "num_speculative_tokens": state.spec.num_speculative_tokens},
+                "spec_metrics": s["spec"]}
+
+    # ------------------------------------------------------------ generation
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse_body(await _read_body(request, state.max_body_bytes), CompletionRequest)
+        _check_model(state, req.model)
+        check_unsupported(req)
+        ids, text = _completion_prompt(state, req.prompt)
+        return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = parse_body(await _read_body(request, state.max_body_bytes), ChatRequest)
+        _check_model(state, req.model)
+        check_unsupported(req)
+        ids = _chat_prompt(state, req)
+        mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        return await _generate(state, request, req, ids, None, chat=True, max_tokens=mt)
+
+    return _StatusCounter(app, m)
+
+
+class _StatusCounter:
+    """Pure ASGI middleware counting responses by route and status (no BaseHTTPMiddleware: it breaks streaming
+    disconnect detection)."""
+
+    def __init__(self, app, metrics):
+        self.app, self.m = app, metrics
+        self.state = app.state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [0]
+
+        async def _send(msg):
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+            await send(msg)
+        try:
+            await self.app(scope, receive, _send)
+        finally:
+            path = scope.get("path", "")
+            self.m.http.labels(path if path in ROUTES else "other", str(status[0] or 499)).inc()
+
+
+# ---------------------------------------------------------------- request helpers
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, or 413. A body over the limit is still read (and dropped) up to 8x the limit, so that an
+    ordinary client gets to read the 413 instead of a broken pipe; beyond that the connection is cut."""
+    n = request.headers.get("content-length")
+    drain_cap = 8 * limit
+    if n is not None and n.isdigit() and int(n) > drain_cap:
+        raise ApiError(413, f"request body is {n} bytes; the limit is {limit}", code="request_too_large")
+    chunks, size = [], 0
+    async for c in request.stream():
+        size += len(c)
+        if size > drain_cap:
+            break
+        if size <= limit:
+            chunks.append(c)
+    if size > limit:
+        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+    return b"".join(chunks)
+
+
+def _check_model(state: ServerState, name):
+    if name is not None and name not in state.names:
+        raise ApiError(404, f"The model `{name}` does not exist. This server serves `{state.model_name}`.",
+                       "not_found_error", "model", "model_not_found")
+
+
+def _need_tokenizer(state):
+    if state.tokenizer is None:
+        raise ApiError(400, f"{state.model_name} has no tokenizer: send the prompt as a list of token ids",
+                       param="prompt")
+
+
+def _completion_prompt(state: ServerState, prompt):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise ApiError(400, "only one prompt per request is supported", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        _need_tokenizer(state)
+        if len(prompt) > 64 * state.max_model_len + 4096:     # cheap bound before tokenizing megabytes
+            raise ApiError(400, f"prompt is far longer than the context ({state.max_model_len} tokens)",
+                           param="prompt", code="context_length_exceeded")
+        ids = state.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        text = prompt
+    else:
+        ids, text = list(prompt), None
+        if ids and (min(ids) < 0 or max(ids) >= state.vocab_size):
+            raise ApiError(400, f"prompt token ids must be in 0..{state.vocab_size - 1}", param="prompt")
+    return _check_prompt_len(state, ids), text
+
+
+def _check_prompt_len(state, ids):
+    if not ids:
+        raise ApiError(400, "prompt is empty", param="prompt")
+    if len(ids) >= state.max_model_len:
+        raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, your "
+                            f"prompt has {len(ids)} tokens (the context must hold the prompt and at least one "
+                            f"generated token).", param="prompt", code="context_length_exceeded")
+    return ids
+
+
+def _chat_prompt(state: ServerState, req: ChatRequest):
+    _need_tokenizer(state)
+    tok = state.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise ApiError(400, f"{state.model_name} has no chat template", param="messages")
+    if not req.messages:
+        raise ApiError(400, "messages must not be empty", param="messages")
+    msgs = []
+    for i, mm in enumerate(req.messages):
+        c = mm.content
+        if isinstance(c, list):
+            if any(p.type != "text" or p.text is None for p in c):
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+            c = "".join(p.text for p in c)
+        msgs.append({"role": mm.role, "content": c or ""})
+    if sum(len(x["content"]) for x in msgs) > 64 * state.max_model_len + 4096:
+        raise ApiError(400, f"messages are far longer than the context ({state.max_model_len} tokens)",
+                       param="messages", code="context_length_exceeded")
+    try:     # the same call as LLM.apply_chat_template
+        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the client's
+        raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from None
+    ids = list(out["input_ids"] if hasattr(out, "keys") else out)
+    return _check_prompt_len(state, ids)
+
+
+async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens):
+    params = sampling_params(req, max_tokens, len(ids), state.max_model_len)
+    if not state.loop.alive:
+        raise ApiError(503, "engine loop is not running", "internal_error")
+    if not state.loop.try_reserve():
+        state.metrics.rejected.inc()
+        raise ApiError(429, f"server busy: {state.loop.capacity} requests in flight (max_num_seqs="
+                            f"{state.engine.max_num_seqs} + max_waiting={state.loop.max_waiting}); retry later",
+                       "rate_limit_error", None, "rate_limit_exceeded", headers={"Retry-After": "1"})
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    h = Handle(rid, ids, params, text, asyncio.get_running_loop())
+    state.metrics.prompt_tokens.inc(len(ids))
+    state.loop.submit(h)
+    gen = _Gen(state, h, req, chat)
+    if req.stream:
+        return _Stream(gen.sse(), gen.close)
+    return await gen.collect(request)
+
+
+class _Stream(StreamingResponse):
+    """SSE response that aborts its request however the response ends (even if the body never started)."""
+
+    def __init__(self, body, on_close):
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+class _Gen:
+    """Turns a Handle's engine items into an OpenAI response (one JSON, or SSE chunks)."""
+
+    def __init__(self, state: ServerState, h: Handle, req, chat: bool):
+        self.state, self.h, self.req, self.chat = state, h, req, chat
+        self.detok = IncrementalDetokenizer(state.tokenizer, h.params.stop)
+        self.finished = False
+        self.finish_reason = None
+        self.stop_text_at = None
+        self.n_out = 0
+        self.t_last = None
+        self.created = int(time.time())
+        self.obj = "chat.completion" if chat else "text_completion"
+
+    def close(self):
+        """Client gone or response over: abort in the engine unless the request already finished."""
+        if not self.finished and not self.h.done:
+            self.h.done = True
+            self.state.loop.abort(self.h.rid)
+        self.h.done = True
+
+    def _observe(self, new_ids):
+        now = time.perf_counter()
+        m = self.state.metrics
+        if self.t_last is None:
+            m.ttft.observe(now - self.h.arrival)
+        else:
+            m.itl.observe(now - self.t_last)
+        self.t_last = now
+        self.n_out += len(new_ids)
+
+    def _final(self, item):
+        _, _, finished, reason, stop_at, stats = item
+        self.finished, self.finish_reason, self.stop_text_at = True, reason, stop_at
+        self.h.done = True
+        self.state.metrics.success(reason)
+        self.state.metrics.e2e.observe(time.perf_counter() - self.h.arrival)
+
+    def _usage(self):
+        p = len(self.h.prompt_ids)
+        return {"prompt_tokens": p, "completion_tokens": self.n_out, "total_tokens": p + self.n_out}
+
+    async def _next_items(self):
+        """Wait for the next item, then take everything else already queued (coalesce a slow client's backlog)."""
+        items = [await self.h.queue.get()]
+        while not self.h.queue.empty():
+            items.append(self.h.queue.get_nowait())
+        return items
+
+    # -------------------------------------------------------- non-streaming
+    async def collect(self, request: Request):
+        watcher = asyncio.ensure_future(_watch_disconnect(request, self.h))
+        try:
+            while not self.finished:
+                for item in await self._next_items():
+                    if item[0] == "gone":
+                        raise _ClientGone()
+                    if item[0] == "error":
+                        self.finished = self.h.done = True
+                        raise ApiError(item[1], item[2], "invalid_request_error" if item[1] < 500
+                                       else "internal_error")
+                    self.detok.ids.extend(item[1])
+                    self._observe(item[1])
+                    if item[2]:
+                        self._final(item)
+        except _ClientGone:
+            return Response(status_code=499)
+        finally:
+            watcher.cancel()
+            self.close()
+        text = self.detok.final_text(self.stop_text_at)
+        choice = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if self.req.return_token_ids:
+            choice["token_ids"] = list(self.detok.ids)
+        body = {"id": self.h.rid, "object": self.obj, "created": self.created, "model": self.state.model_name,
+                "choices": [choice], "usage": self._usage()}
+        if self.req.return_token_ids:
+            body["prompt_token_ids"] = list(self.h.prompt_ids)
+        return JSONResponse(body)
+
+    # -------------------------------------------------------- streaming
+    def _chunk(self, text=None, finish_reason=None, token_ids=None, role=False, usage=None, choices=True):
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        body = {"id": self.h.rid, "object": obj, "created": self.created, "model": self.state.model_name}
+        if choices:
+            c = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+            if self.chat:
+                d = {}
+                if role:
+                    d["role"] = "assistant"
+                if text is not None:
+                    d["content"] = text
+                c["delta"] = d
+            else:
+                c["text"] = text or ""
+            if token_ids is not None:
+                c["token_ids"] = token_ids
+            body["choices"] = [c]
+        else:
+            body["choices"] = []
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def sse(self):
+        so = self.req.stream_options
+        include_usage = bool(so and so.include_usage)
+        continuous = bool(so and so.include_usage and so.continuous_usage_stats)
+        want_ids = self.req.return_token_ids
+        try:
+            if self.chat:
+                yield self._chunk("", role=True)
+            while not self.finished:
+                items = await self._next_items()
+                new, final = [], None
+                for item in items:
+                    if item[0] == "error":
+                        self.finished = self.h.done = True
+                        typ = "invalid_request_error" if item[1] < 500 else "internal_error"
+                        yield f"data: {json.dumps({'error': error_body(item[2], typ)['error']})}\n\n"
+                        yield "data: [DONE]\n\n"
+                        return
+                    new += item[1]
+                    if item[2]:
+                        final = item
+                self._observe(new)
+                if final is not None:
+                    self._final(final)
+                    delta = self.detok.finish(self.stop_text_at, new)
+                else:
+                    delta = self.detok.add(new)
+                if delta or want_ids or final is not None:
+                    yield self._chunk(delta, self.finish_reason if final is not None else None,
+                                      new if want_ids else None,
+                                      usage=self._usage() if continuous else None)
+            if include_usage:
+                yield self._chunk(choices=False, usage=self._usage())
+            yield "data: [DONE]\n\n"
+        finally:
+            self.close()
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _watch_disconnect(request: Request, h: Handle):
+    """Non-streaming requests: wake the waiting handler when the client disconnects."""
+    try:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                h.queue.put_nowait(("gone",))
+                return
+    except asyncio.CancelledError:
+        pass
+    except Exception:  # noqa: BLE001
+        pass

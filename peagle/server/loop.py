@@ -1,0 +1,252 @@
+"""The engine loop: one thread owns the engine (it is not thread-safe) and runs continuous batching.
+
+HTTP handlers (asyncio) talk to it only through a command deque (add / abort) and receive results through
+their Handle's asyncio.Queue (one call_soon_threadsafe per engine step for all outputs of that step).
+
+Admission: `try_reserve()` counts requests from acceptance until the engine is done with them (finished,
+aborted or failed); beyond max_num_seqs running + max_waiting waiting the server answers 429.
+
+Fault isolation: a bad request raises in `engine.add_request` (-> 400 for that request only). An exception
+inside `engine.step()` during prefill leaves the running rows untouched (prefill writes only the new rows),
+so the newly admitted requests are retried one per step and the one that fails alone is failed (500); an
+exception while decoding leaves the batch state unknown, so the running requests are failed (500) and
+their rows freed; waiting requests and the server carry on."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import traceback
+
+from ..errors import PeagleError
+
+log = logging.getLogger("peagle.serve")
+
+
+class Handle:
+    """One request as both sides see it. Engine-side fields are written only by the engine thread."""
+
+    def __init__(self, rid: str, prompt_ids: list, params, prompt_text: str | None, loop: asyncio.AbstractEventLoop):
+        self.rid, self.prompt_ids, self.params, self.prompt_text = rid, prompt_ids, params, prompt_text
+        self.aloop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.arrival = time.perf_counter()
+        self.done = False                 # set on the asyncio side once a final item was consumed or it aborted
+        self.retried = False              # engine side: already retried alone after a prefill failure
+
+
+# items put on Handle.queue:
+#   ("out", new_ids, finished, finish_reason, stop_text_at, stats|None)
+#   ("error", http_status, message)
+
+
+class EngineLoop:
+    def __init__(self, engine, max_waiting: int, metrics=None, idle_wait_s: float = 0.5):
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.capacity = engine.max_num_seqs + max_waiting
+        self.metrics = metrics
+        self.idle_wait_s = idle_wait_s
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._cmds: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._handles: dict[str, Handle] = {}
+        self._isolate: set[str] = set()
+        self._budget = engine.prefill_token_budget
+        self._stop = False
+        self.steps = 0
+        self.step_errors = 0
+        self.last_error: str | None = None
+        self.thread = threading.Thread(target=self._run, name="peagle-engine-loop", daemon=True)
+        self.snapshot = {"running": 0, "waiting": 0, "rows_in_use": 0, "in_flight": 0, "spec": None}
+        self._spec_on = getattr(engine, "k", 0) > 0
+
+    # ------------------------------------------------------------------ any thread
+    def start(self):
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0):
+        self._stop = True
+        self._wake.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self._stop
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def try_reserve(self) -> bool:
+        with self._lock:
+            if self._in_flight >= self.capacity:
+                return False
+            self._in_flight += 1
+            return True
+
+    def unreserve(self):
+        with self._lock:
+            self._in_flight -= 1
+
+    def submit(self, h: Handle):
+        """Hand a reserved request to the engine thread."""
+        self._cmds.append(("add", h))
+        self._wake.set()
+
+    def abort(self, rid: str):
+        self._cmds.append(("abort", rid))
+        self._wake.set()
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self):
+        while not self._stop:
+            try:
+                if not self._cmds and not self.engine.has_unfinished():
+                    self._wake.wait(self.idle_wait_s)
+                self._wake.clear()
+                self._drain()
+                if self.engine.has_unfinished():
+                    self._step()
+                self._snap()
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("engine loop error")
+                time.sleep(0.01)
+        # shutting down: fail whatever is left so no handler waits forever
+        for h in list(self._handles.values()):
+            self._fail(h, 503, "server is shutting down")
+
+    def _snap(self):
+        e = self.engine
+        self.snapshot = {"running": len(e.running), "waiting": len(e.waiting) + len(self._cmds),
+                         "rows_in_use": e.num_rows_in_use, "in_flight": self._in_flight,
+                         "spec": e.metrics.as_dict() if self._spec_on else None}
+
+    def _release(self, h: Handle):
+        self._handles.pop(h.rid, None)
+        self.unreserve()
+
+    def _post(self, items):
+        """Deliver [(handle, item)] to the asyncio side with one wake-up per event loop."""
+        by_loop: dict = {}
+        for h, item in items:
+            by_loop.setdefault(h.aloop, []).append((h, item))
+        for aloop, its in by_loop.items():
+            try:
+                aloop.call_soon_threadsafe(_deliver, its)
+            except RuntimeError:      # event loop closed (shutdown)
+                pass
+
+    def _fail(self, h: Handle, status: int, message: str):
+        if h.rid in self._handles:
+            self.engine.abort(h.rid)
+            self._release(h)
+        if self.metrics is not None and status >= 500:
+            self.metrics.failed.inc()
+        self._post([(h, ("error", status, message))])
+
+    def _drain(self):
+        while self._cmds:
+            cmd, x = self._cmds.popleft()
+            if cmd == "add":
+                h = x
+                if h.done:                       # client already gone
+                    self.unreserve()
+                    continue
+                try:
+                    self.engine.add_request(h.rid, h.prompt_ids, h.params, h.prompt_text)
+                except PeagleError as e:
+                    self.unreserve()
+                    self._post([(h, ("error", 400, str(e)))])
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    log.exception("add_request failed for %s", h.rid)
+                    self.unreserve()
+                    self._post([(h, ("error", 500, f"internal error: {type(e).__name__}: {e}"))])
+                    continue
+                self._handles[h.rid] = h
+            elif cmd == "abort":
+                h = self._handles.get(x)
+                if h is not None:
+                    self.engine.abort(x)
+                    self._release(h)
+                    self._isolate.discard(x)
+                    if self.metrics is not None:
+                        self.metrics.aborted.inc()
+
+    def _step(self):
+        e = self.engine
+        before = [r.request_id for r in e.waiting]
+        try:
+            outs = e.step()
+        except Exception as ex:  # noqa: BLE001
+            self.step_errors += 1
+            self.last_error = f"{type(ex).__name__}: {ex}"
+            log.error("engine step failed: %s\n%s", self.last_error, "".join(traceback.format_exc(limit=8)))
+            self._recover(ex, before)
+            return
+        self.steps += 1
+        items, ntok = [], 0
+        for o in outs:
+            r = o.request
+            h = self._handles.get(r.request_id)
+            if h is None:
+                continue
+            ntok += len(o.new_token_ids)
+            stats = None
+            if o.finished:
+                self._release(h)
+                stats = {"num_drafts": r.num_drafts, "num_accepted": r.num_accepted}
+            items.append((h, ("out", list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, stats)))
+        if self.metrics is not None and ntok:
+            self.metrics.generation_tokens.inc(ntok)
+        self._post(items)
+        if self._isolate:
+            waiting = {r.request_id for r in e.waiting}
+            self._isolate &= waiting
+            if not self._isolate:
+                e.prefill_token_budget = self._budget
+
+    def _recover(self, ex: Exception, before: list):
+        e = self.engine
+        frames = {f.name for f in traceback.extract_tb(ex.__traceback__)}
+        msg = f"internal error: {type(ex).__name__}: {ex}"
+        if "_prefill" in frames:
+            waiting = {r.request_id for r in e.waiting}
+            new = [rid for rid in before if rid not in waiting and rid in self._handles]
+            retry = [self._handles[rid] for rid in new if len(new) > 1 and not self._handles[rid].retried]
+            for rid in new:
+                h = self._handles[rid]
+                if h in retry:
+                    e.abort(rid)                 # drop whatever half-state it has, re-add it fresh
+                    h.retried = True
+                else:
+                    self._fail(h, 500, msg)
+            # retried requests go back to the head of the queue and are admitted one per step
+            for h in reversed(retry):
+                try:
+                    r = e.add_request(h.rid, h.prompt_ids, h.params, h.prompt_text)
+                except Exception as e2:  # noqa: BLE001
+                    self._fail(h, 500, f"internal error: {e2}")
+                    continue
+                e.waiting.remove(r)
+                e.waiting.insert(0, r)
+                self._isolate.add(h.rid)
+            if self._isolate:
+                e.prefill_token_budget = 0
+        else:
+            for r in list(e.running):
+                h = self._handles.get(r.request_id)
+                if h is not None:
+                    self._fail(h, 500, msg)
+                else:
+                    e.abort(r.request_id)
+
+
+def _deliver(items):
+    for h, item in items:
+        h.queue.put_nowait(item)

@@ -1,0 +1,171 @@
+"""OpenAI request bodies (strictly typed), OpenAI-style errors, and the mapping to SamplingParams."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import PeagleError
+from ..sampling import SamplingParams
+
+
+class ApiError(Exception):
+    """Becomes a JSON error response: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param=None, code=None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class _Strict(BaseModel):
+    # strict: "5" is not an int, true is not a number; unknown fields are ignored (as OpenAI and vLLM do)
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Common(_Strict):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None       # vLLM extension
+    ignore_eos: bool = False                       # vLLM extension
+    return_token_ids: bool = False                 # vLLM extension: token ids in the response
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16                    # OpenAI's default for completions
+    best_of: int | None = None
+    echo: bool | None = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class ContentPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    model_config = ConfigDict(strict=True, extra="allow")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict | None = None
+
+
+def parse_body(raw: bytes, cls):
+    """bytes -> request model, or ApiError(400) with the offending parameter."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err.get("loc", ())]
+        param = loc[0] if loc else None
+        where = ".".join(loc) if loc else "body"
+        raise ApiError(400, f"invalid value for '{where}': {err.get('msg')}", param=param,
+                       code="invalid_type") from None
+
+
+def _finite(name, v):
+    if v is not None and not math.isfinite(v):
+        raise ApiError(400, f"{name} must be a finite number", param=name)
+
+
+def check_unsupported(req: _Common):
+    if req.n is not None and req.n != 1:
+        raise ApiError(400, f"only n=1 is supported, got n={req.n}", param="n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(req, name)
+        if v:
+            raise ApiError(400, f"{name} is not supported (must be 0)", param=name)
+    if req.logit_bias:
+        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    if isinstance(req, CompletionRequest):
+        if req.best_of not in (None, 1):
+            raise ApiError(400, "only best_of=1 is supported", param="best_of")
+        if req.echo:
+            raise ApiError(400, "echo is not supported", param="echo")
+        if req.logprobs is not None:
+            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        if req.suffix:
+            raise ApiError(400, "suffix is not supported", param="suffix")
+    if isinstance(req, ChatRequest):
+        if req.logprobs or req.top_logprobs:
+            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        if req.tools:
+            raise ApiError(400, "tools are not supported", param="tools")
+        rf = req.response_format
+        if rf is not None and rf.get("type", "text") != "text":
+            raise ApiError(400, "only response_format type 'text' is supported", param="response_format")
+
+
+def sampling_params(req: _Common, max_tokens: int | None, prompt_len: int, max_model_len: int) -> SamplingParams:
+    """The request's sampling parameters; checks max_tokens against the context like vLLM does."""
+    for name in ("temperature", "top_p"):
+        _finite(name, getattr(req, name))
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+        if prompt_len + max_tokens > max_model_len:
+            raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
+                                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                                f"{max_tokens} in the completion). Please reduce the length of the prompt or "
+                                f"completion.", param="max_tokens", code="context_length_exceeded")
+    if req.top_k is not None and req.top_k < -1:
+        raise ApiError(400, f"top_k must be -1 (off), 0 (off) or positive, got {req.top_k}", param="top_k")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > 16 or any(len(s) > 512 for s in stop):
+        raise ApiError(400, "at most 16 stop strings of at most 512 characters", param="stop")
+    try:
+        return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
+                              top_p=1.0 if req.top_p is None else req.top_p,
+                              top_k=req.top_k or 0, max_tokens=max_tokens, stop=stop,
+                              stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=req.seed)
+    except PeagleError as e:
+        msg = str(e)
+        param = next((p for p in ("temperature", "top_p", "top_k", "max_tokens", "seed") if msg.startswith(p)), None)
+        raise ApiError(400, msg, param=param) from None
