@@ -1,0 +1,52 @@
+"""EAGLE-3 TTT trainer: the unrolled training forward gives the logits of peagle's Eagle3Proposer."""
+import torch
+
+from heads import head_config
+from peagle.models.drafter import DrafterHead
+from peagle.train.eagle3_loss import ttt_forward
+from peagle.train.mask import MaskTable
+
+
+def test_ttt_unroll_matches_inference_proposer(tiny_dirs):
+    from peagle.drafters.base import DraftBatch
+    from peagle.drafters.eagle3 import Eagle3Proposer
+    from peagle.models.llama import Transformer
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    torch.manual_seed(0)
+    head = DrafterHead(head_config(tiny_dirs["llama"], layers=2, parallel=False, draft_vocab=256))
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+    head.eval()
+    g = torch.Generator().manual_seed(3)
+    m, K = 11, 5
+    x = torch.randint(5, 500, (1, m + K + 2), generator=g)
+    _, aux = target.forward(x, target.new_cache(1, x.shape[1] + 8), 0, torch.zeros(1, dtype=torch.long),
+                            aux_ids=head.aux_ids)
+    prop = Eagle3Proposer(head, K, 64)
+    prop.prefill(DraftBatch(x[:, 1:m], aux[:, : m - 1], torch.zeros(1, dtype=torch.long), torch.tensor([m - 1])))
+    seen = []
+    orig = head.draft_logits
+    head.draft_logits = lambda h: seen.append(orig(h)) or seen[-1]
+    try:
+        drafts = prop.propose(DraftBatch(x[:, m:m + 1], aux[:, m - 1:m], torch.tensor([m - 1]), torch.tensor([1])))
+    finally:
+        del head.draft_logits
+    inf = [s.reshape(-1, s.shape[-1])[-1] for s in seen]          # logits of draft 1..K
+    # ground truth after x_m := the drafts, so teacher forcing feeds exactly what inference fed
+    x[0, m + 1: m + K] = drafts[0, : K - 1]
+    n = x.shape[1]
+    q = torch.arange(n - 1)
+    pos = q.clone()
+    table = MaskTable(8)
+    C = table.doc_causal(torch.zeros(n - 1, dtype=torch.long))
+    past, hidden = None, head.combine(aux[0, : n - 1])
+    with torch.no_grad():
+        for k in range(K):
+            ids = x[0, (q + 1 + k).clamp(max=n - 1)]
+            normed, pre, past = ttt_forward(head, ids[None], hidden[None], (pos + k)[None],
+                                            table.eagle3(C, k)[None, None], past)
+            hidden = pre[0]
+            tr = head.draft_logits(normed[0, m - 1])
+            assert torch.allclose(tr, inf[k], atol=1e-4), (k, float((tr - inf[k]).abs().max()))
