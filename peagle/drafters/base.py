@@ -26,7 +26,7 @@ class Proposer:
     def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1):
         from ..cache import KVCache
         c = head.cfg
-        self.head, self.k = head, k
+        self.head, self.k = head.prepare_inference(), k
         dtype = head.fc.weight.dtype
         self.cache = KVCache(c["num_hidden_layers"], c["num_key_value_heads"], c["head_dim"], max_len, rows, dtype)
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
-from .layers import Rope, apply_rope, attend, causal_block_mask
+from .layers import BlockCtx, Rope, apply_rope, attend, cached_attention, rms_norm, swiglu
 
 
 class RMSNorm(nn.Module):
@@ -37,19 +37,12 @@ class Attention(nn.Module):
         self.hd = hd
 
     def forward(self, x, cos, sin, ctx):
-        """ctx = ("cache", cache, layer, b0, pos, mask) or ("mask", mask[...,T,T])."""
+        """Training path: attention over this block only, restricted by ctx = ("mask", bool [..., T, T])."""
         B, T, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, T, -1, self.hd), cos, sin)
         k = apply_rope(self.k_proj(x).view(B, T, -1, self.hd), cos, sin)
         v = self.v_proj(x).view(B, T, -1, self.hd)
-        if ctx[0] == "cache":
-            _, cache, layer, b0, pos, mask = ctx
-            cache.write(layer, b0, pos, k, v)
-            k, v = cache.view(layer, b0, B, mask.shape[-1])
-        else:
-            mask = ctx[1]
-            k, v = k.transpose(1, 2), v.transpose(1, 2)
-        return self.o_proj(attend(q, k, v, mask))
+        return self.o_proj(attend(q, k.transpose(1, 2), v.transpose(1, 2), ctx[1]))
 
 
 class MLP(nn.Module):
@@ -126,18 +119,47 @@ class DrafterHead(nn.Module):
 
     def forward(self, ids, hidden, pos, ctx_mask=None, cache=None, b0=0, start=None):
         """ids [B,T], hidden [B,T,H] (fc'd target state or the drafter's own prenorm output), pos [B,T].
-        Attention: over a KV cache (cache, b0, start: causal from each row's start) or an explicit bool
-        ctx_mask [B|1, 1, T, T] over this block (training). Returns (normed, prenorm), both [B,T,H]."""
+        Attention: over a KV cache (cache, b0, start: causal from each row's start; inference, fused weights
+        from prepare_inference()) or an explicit bool ctx_mask [B|1, 1, T, T] over this block (training).
+        Returns (normed, prenorm), both [B,T,H]."""
+        if cache is not None:
+            return self._forward_cached(ids, hidden, cache, b0, start)
         cos, sin = self._rope(hidden.device, hidden.dtype)(pos)
         emb = self.embed_tokens(ids)
-        if cache is not None:
-            S = int(pos.max()) + 1
-            mask = causal_block_mask(start, ids.shape[1], S)
         x = hidden
-        for i, layer in enumerate(self.layers):
-            ctx = ("cache", cache, i, b0, pos, mask) if cache is not None else ("mask", ctx_mask)
-            x = layer(x, emb, cos, sin, ctx)
+        for layer in self.layers:
+            x = layer(x, emb, cos, sin, ("mask", ctx_mask))
         return self.norm(x), x
+
+    @torch.no_grad()
+    def prepare_inference(self):
+        """Fuse q/k/v and gate/up per layer for the cached inference path (call again after changing weights)."""
+        self._fused = []
+        for L in self.layers:
+            a, m = L.self_attn, L.mlp
+            self._fused.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
+                                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight))
+        return self
+
+    @torch.no_grad()
+    def _forward_cached(self, ids, hidden, cache, b0, start):
+        if getattr(self, "_fused", None) is None:
+            self.prepare_inference()
+        c = self.cfg
+        eps, nh, nkv, hd, inter = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]
+        ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1], b0)
+        x = hidden
+        for i, (L, (qkv_w, o_w, gu_w, d_w)) in enumerate(zip(self.layers, self._fused)):
+            if i == 0:
+                hn = rms_norm(x, L.hidden_norm.weight, eps)
+                resid = hn if L.norm_before_residual else x
+                a_in = torch.cat([rms_norm(F.embedding(ids, self.embed_tokens.weight), L.input_layernorm.weight, eps),
+                                  hn], -1)
+            else:
+                resid, a_in = x, rms_norm(x, L.input_layernorm.weight, eps)
+            x = resid + F.linear(cached_attention(ctx, cache, i, F.linear(a_in, qkv_w), nh, nkv, hd), o_w)
+            x = x + swiglu(rms_norm(x, L.post_attention_layernorm.weight, eps), gu_w, d_w, inter)
+        return rms_norm(x, self.norm.weight, eps), x
 
     def draft_logits(self, normed):
         return self.lm_head(normed)

@@ -75,6 +75,40 @@ def attend(q, k, v, mask):
     return o.transpose(1, 2).reshape(B, T, nh * hd)
 
 
+class BlockCtx:
+    """Per-forward facts shared by all layers of a pass over a KV cache: positions, rope, mask, write mode."""
+
+    def __init__(self, rope, start: torch.Tensor, T: int, b0: int = 0):
+        self.B, self.T, self.b0 = start.shape[0], T, b0
+        self.pos = start[:, None] + torch.arange(T)[None]
+        self.S = int(self.pos.max()) + 1
+        self.uniform = bool((start == start[0]).all())
+        self.s0 = int(start[0])
+        self.cos, self.sin = rope(self.pos)
+        # rows sharing one start with a single new token see every cached key: no mask needed
+        self.mask = None if (self.uniform and T == 1) else causal_block_mask(start, T, self.S)
+
+
+def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: int, nkv: int, hd: int,
+                     q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
+    """qkv [B,T,(nh+2nkv)*hd] -> attention output [B,T,nh*hd]; writes this block's k/v into the cache."""
+    B, T = qkv.shape[:2]
+    qk = qkv[..., : (nh + nkv) * hd].view(B, T, nh + nkv, hd)
+    v = qkv[..., (nh + nkv) * hd:].view(B, T, nkv, hd)
+    if q_norm is not None:
+        qk = torch.cat([rms_norm(qk[:, :, :nh], q_norm, eps), rms_norm(qk[:, :, nh:], k_norm, eps)], 2)
+    qk = apply_rope(qk, ctx.cos, ctx.sin)                 # q and k heads rotated in one go
+    q, k = qk[:, :, :nh], qk[:, :, nh:]
+    b0 = ctx.b0
+    if ctx.uniform:                                      # contiguous slice write, no index_put
+        cache.k[layer][b0:b0 + B, :, ctx.s0:ctx.s0 + T] = k.transpose(1, 2)
+        cache.v[layer][b0:b0 + B, :, ctx.s0:ctx.s0 + T] = v.transpose(1, 2)
+    else:
+        cache.write(layer, b0, ctx.pos, k, v)
+    kc, vc = cache.view(layer, b0, B, ctx.S)
+    return attend(q, kc, vc, ctx.mask)
+
+
 def swiglu(x, gate_up_w, down_w, inter):
     gu = F.linear(x, gate_up_w)
     return F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], down_w)

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from ..cache import KVCache
 from ..errors import PeagleError
 from .config import ModelConfig
-from .layers import Rope, apply_rope, attend, causal_block_mask, rms_norm, swiglu
+from .layers import BlockCtx, Rope, cached_attention, rms_norm, swiglu
 
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
@@ -94,26 +94,16 @@ class Transformer:
         Does not change cache.lens: the caller sets lengths after deciding what to keep."""
         c = self.cfg
         B, T = tokens.shape
-        pos = start[:, None] + torch.arange(T)[None]
-        S = int(pos.max()) + 1
-        cos, sin = self.rope(pos)
-        mask = causal_block_mask(start, T, S)
+        ctx = BlockCtx(self.rope, start, T, b0)
+        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         x = F.embedding(tokens, self.embed)
         aux = []
         for i, L in enumerate(self.layers):
             if i in aux_ids:
                 aux.append(x)
-            h = rms_norm(x, L.ln1, c.rms_norm_eps)
-            qkv = F.linear(h, L.qkv_w, L.qkv_b)
-            q = qkv[..., : self.nq].view(B, T, -1, c.head_dim)
-            k = qkv[..., self.nq: self.nq + self.nkv].view(B, T, -1, c.head_dim)
-            v = qkv[..., self.nq + self.nkv:].view(B, T, -1, c.head_dim)
-            if L.q_norm is not None:
-                q, k = rms_norm(q, L.q_norm, c.rms_norm_eps), rms_norm(k, L.k_norm, c.rms_norm_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            cache.write(i, b0, pos, k, v)
-            kc, vc = cache.view(i, b0, B, S)
-            x = x + F.linear(attend(q, kc, vc, mask), L.o_w, L.o_b)
+            qkv = F.linear(rms_norm(x, L.ln1, c.rms_norm_eps), L.qkv_w, L.qkv_b)
+            a = cached_attention(ctx, cache, i, qkv, nh, nkv, hd, L.q_norm, L.k_norm, c.rms_norm_eps)
+            x = x + F.linear(a, L.o_w, L.o_b)
             x = x + swiglu(rms_norm(x, L.ln2, c.rms_norm_eps), L.gate_up, L.down, c.intermediate_size)
         if len(self.layers) in aux_ids:
             aux.append(x)
