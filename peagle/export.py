@@ -20,11 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-import torch
 
 from .headformat import (
-    NUM_AUX, HeadValidationError, is_parallel_head, load_head_dir, read_config, save_head_dir, target_text_config,
-    validate_head,
+    NUM_AUX, HeadValidationError, is_parallel_head, load_head_dir, portability_notes, read_config, save_head_dir,
+    target_text_config, validate_head,
 )
 from .importer import convert_head
 
@@ -108,6 +107,7 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
         cfg["peagle"]["method"] = "peagle"
     cfg = normalise_for_vllm(cfg, tcfg, notes)
     problems = validate_head(cfg, ts, tcfg, parallel=parallel)
+    notes.extend(portability_notes(cfg, tcfg))
     k = num_speculative_tokens
     if k is None:
         pb = cfg.get("peagle") or {}
@@ -200,6 +200,10 @@ def main_export(args) -> int:
               f"{cfg['speculators_config']['proposal_methods'][0]['speculative_tokens']}). Serve with:\n"
               f"  vllm serve {Path(args.out).resolve()}   (vLLM >= 0.22)")
     return 0
+
+
+# the `peagle` CLI (peagle/cli.py) calls add_parser(subparsers) on each command module
+add_parser = add_export_parser
 
 
 if __name__ == "__main__":

@@ -337,6 +337,19 @@ def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Ma
     return problems
 
 
+def portability_notes(config: Mapping, target_config: Mapping | None = None) -> list[str]:
+    """Valid but version-dependent choices (warnings, not errors)."""
+    notes = []
+    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    if isinstance(aux, list) and target_config is not None:
+        L = target_text_config(target_config).get("num_hidden_layers")
+        edge = [a for a in aux if a == 0 or a == L]
+        if edge:
+            notes.append(f"aux id(s) {edge} (embedding output / last layer output) load in vLLM 0.32+, which "
+                         "captures ids 0..L; older releases capture inside the layer loop (ids 1..L-1 only)")
+    return notes
+
+
 def check_head(config: Mapping, tensors: Mapping, target_config: Mapping | None = None,
                parallel: bool | None = None, what: str = "head") -> None:
     problems = validate_head(config, tensors, target_config, parallel)

@@ -24,8 +24,8 @@ from typing import Mapping
 import torch
 
 from .headformat import (
-    NATIVE_ARCH, NUM_AUX, HeadValidationError, default_aux_layer_ids, is_parallel_head, load_head_dir,
-    load_tensors, read_config, safetensors_files, save_head_dir, target_text_config, validate_head,
+    NATIVE_ARCH, HeadValidationError, default_aux_layer_ids, is_parallel_head, load_head_dir, read_config,
+    safetensors_files, save_head_dir, target_text_config, validate_head,
 )
 
 # keys of a speculators config that are not Llama-layer fields but belong in the flat config
@@ -272,6 +272,10 @@ def main_import(args) -> int:
           f"{cfg['vocab_size']} aux={cfg['eagle_aux_hidden_state_layer_ids']}"
           + (f" mask_token={cfg['ptd_token_id']}" if cfg.get("ptd_token_id") is not None else ""))
     return 0
+
+
+# the `peagle` CLI (peagle/cli.py) calls add_parser(subparsers) on each command module
+add_parser = add_import_parser
 
 
 if __name__ == "__main__":

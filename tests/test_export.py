@@ -487,3 +487,19 @@ def test_cli_export_refusal_exit_code(tmp_path, target, capsys):
     err = capsys.readouterr().err
     assert "out of range" in err and "nothing written" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_export_notes_version_dependent_aux_ids(tmp_path, target):
+    src, _ = head(tmp_path, aux=(2, 3, 4))  # 4 = last layer output of the 4-layer target: vLLM 0.32+ only
+    notes = []
+    export_head(src, tmp_path / "o", target_dir=target, notes=notes)
+    assert any("0..L" in n for n in notes)
+
+
+def test_peagle_cli_entry_point(tmp_path, target, capsys):
+    from peagle.cli import main
+    src, _ = head(tmp_path)
+    assert main(["export", src, str(tmp_path / "o"), "--format", "speculators", "--target", target, "-k", "2"]) == 0
+    assert main(["import", str(tmp_path / "o"), str(tmp_path / "n")]) == 0
+    pb = load_head_dir(tmp_path / "n")[0]["peagle"]
+    assert pb["train_depths"] == 4 and pb["num_speculative_tokens"] == 2  # trained depth kept, serving K recorded
