@@ -206,6 +206,8 @@ class DrafterHead(nn.Module):
             if hasattr(head, "mask_hidden"):
                 del head.mask_hidden
         missing, unexpected = head.load_state_dict(sd, strict=False)
-        if missing or unexpected:
+        if head.cfg["draft_vocab_size"] == head.cfg["vocab_size"]:
+            missing = [m for m in missing if m not in ("d2t", "t2d")]   # full vocabulary: identity map (vLLM 0.32
+        if missing or unexpected:                                         # refuses d2t on such heads)
             raise PeagleError(f"drafter head {path}: missing tensors {missing}, unexpected tensors {unexpected}")
         return head.to(dtype).eval()
