@@ -1,0 +1,264 @@
+"""Load test for `peagle serve`: N concurrent streaming clients (default 128), greedy, checked token for token
+against plain decoding (peagle's LLM without speculation, run here on the same model directory).
+
+    # against a running server (its model directory is read from /v1/models "root"):
+    python bench/load_test.py --url http://127.0.0.1:8000
+    # start `peagle serve` in a subprocess first (and stop it afterwards):
+    python bench/load_test.py --launch models/demo-target --speculative-config '{"method": "eagle3", ...}'
+    python bench/load_test.py --launch demo                    # the demo target with its P-EAGLE head
+    # a tiny random model + tokenizer + random P-EAGLE head (built under --tiny-dir), served with speculation:
+    python bench/load_test.py --tiny
+
+Passes (exit 0) when: zero errors, every output identical to plain decoding (token ids and text), and no cache
+rows / requests left in the engine afterwards (GET /debug/engine). Prints p50/p99 end-to-end latency and time
+to first token, output tokens/s, and the server's spec-decode acceptance (from /metrics)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+TOPICS = ["the ocean", "a small robot", "speculative decoding", "the history of bread", "a rainy city",
+          "prime numbers", "an old lighthouse", "the moon", "learning to cook", "a chess game", "mountain trails",
+          "a jazz band", "the first computer", "desert plants", "a lost key", "winter mornings"]
+STYLES = ["Write a short story about {}.", "Explain {} to a child.", "List three facts about {}.",
+          "Describe {} in one paragraph.", "Write a poem about {}.", "What is interesting about {}?",
+          "Give advice related to {}.", "Summarize what you know about {}."]
+
+
+def make_prompts(n):
+    return [STYLES[(i // len(TOPICS)) % len(STYLES)].format(TOPICS[i % len(TOPICS)]) + ("" if i < 128 else f" ({i})")
+            for i in range(n)]
+
+
+def get_json(url, timeout=30):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def get_text(url, timeout=30):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+# ---------------------------------------------------------------- server launch
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(model, spec, max_num_seqs, extra=()):
+    port = free_port()
+    cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])
+    cmd += ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--log-level", "warning", *extra]
+    if spec:
+        cmd += ["--speculative-config", spec]
+    print("launch:", " ".join(cmd), flush=True)
+    p = subprocess.Popen(cmd, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 300:
+        if p.poll() is not None:
+            raise SystemExit(f"server exited with {p.returncode}")
+        try:
+            if get_json(url + "/health", 5).get("status") == "ok":
+                return p, url
+        except OSError:
+            pass
+        time.sleep(0.3)
+    p.terminate()
+    raise SystemExit("server did not come up in 300 s")
+
+
+def build_tiny(d):
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from heads import save_random_head
+    from tiny import save_tiny
+
+    from peagle.server.testing import make_tiny_tokenizer
+    if not os.path.exists(os.path.join(d, "target", "tokenizer.json")):
+        save_tiny("llama", os.path.join(d, "target"))
+        make_tiny_tokenizer(os.path.join(d, "target"))
+    if not os.path.exists(os.path.join(d, "head", "config.json")):
+        save_random_head(os.path.join(d, "target"), os.path.join(d, "head"), layers=2)
+    spec = {"method": "eagle3", "model": os.path.join(d, "head"), "num_speculative_tokens": 3,
+            "parallel_drafting": True}
+    return os.path.join(d, "target"), json.dumps(spec)
+
+
+# ---------------------------------------------------------------- reference
+def reference(model_dir, prompts, max_tokens, chat, max_num_seqs=128):
+    from peagle import LLM, SamplingParams
+    llm = LLM(model_dir, max_num_seqs=max_num_seqs)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens)
+    t0 = time.perf_counter()
+    if chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], sp)
+    else:
+        outs = llm.generate(prompts, sp)
+    dt = time.perf_counter() - t0
+    ntok = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(f"reference (plain decoding, one batch in this process): {ntok} tokens in {dt:.1f} s "
+          f"= {ntok / dt:.0f} tokens/s", flush=True)
+    return [(o.outputs[0].text, list(o.outputs[0].token_ids)) for o in outs]
+
+
+# ---------------------------------------------------------------- load
+async def one(client, model, prompt, max_tokens, chat, timeout):
+    t0 = time.perf_counter()
+    ttft, pieces, ids, fin = None, [], [], None
+    kw = dict(model=model, max_tokens=max_tokens, temperature=0, stream=True,
+              extra_body={"return_token_ids": True}, timeout=timeout)
+    if chat:
+        s = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kw)
+    else:
+        s = await client.completions.create(prompt=prompt, **kw)
+    async for ch in s:
+        if not ch.choices:
+            continue
+        c = ch.choices[0]
+        new = (c.model_extra or {}).get("token_ids") or []
+        if new and ttft is None:
+            ttft = time.perf_counter() - t0
+        ids += new
+        pieces.append((c.delta.content or "") if chat else c.text)
+        fin = c.finish_reason or fin
+    return {"text": "".join(pieces), "ids": ids, "finish": fin, "ttft": ttft, "latency": time.perf_counter() - t0}
+
+
+async def run_load(url, model, prompts, max_tokens, chat, timeout):
+    import openai
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout)
+    t0 = time.perf_counter()
+    res = await asyncio.gather(*[one(client, model, p, max_tokens, chat, timeout) for p in prompts],
+                               return_exceptions=True)
+    wall = time.perf_counter() - t0
+    await client.close()
+    return res, wall
+
+
+def wait_idle(url, timeout=60):
+    t0 = time.monotonic()
+    d = None
+    while time.monotonic() - t0 < timeout:
+        d = get_json(url + "/debug/engine")
+        if d["rows_in_use"] == 0 and d["waiting"] == 0 and d["in_flight"] == 0:
+            return True, d
+        time.sleep(0.1)
+    return False, d
+
+
+def spec_summary(url):
+    vals = {}
+    for ln in get_text(url + "/metrics").splitlines():
+        if ln.startswith("vllm:spec_decode"):
+            name, v = ln.rsplit(" ", 1)
+            vals[name] = float(v)
+    d = sum(v for k, v in vals.items() if k.startswith("vllm:spec_decode_num_drafts_total"))
+    a = sum(v for k, v in vals.items() if k.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+    return None if not d else (d, a, 1 + a / d)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
+    g.add_argument("--launch", metavar="MODEL", help="start `peagle serve MODEL` (or 'demo') in a subprocess")
+    g.add_argument("--tiny", action="store_true", help="build and serve a tiny random model with a random head")
+    ap.add_argument("--tiny-dir", default="/tmp/peagle-load-tiny")
+    ap.add_argument("--speculative-config", default=None, help="with --launch")
+    ap.add_argument("--max-num-seqs", type=int, default=128, help="with --launch/--tiny")
+    ap.add_argument("--model-dir", default=None, help="model directory for the reference (default: /v1/models root)")
+    ap.add_argument("--clients", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
+    ap.add_argument("--timeout", type=float, default=900, help="per-request timeout, seconds")
+    ap.add_argument("--no-verify", action="store_true", help="skip the plain-decoding reference")
+    a = ap.parse_args(argv)
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    proc, url = None, a.url
+    model_dir = a.model_dir
+    prompts = make_prompts(a.clients)
+    try:
+        if a.tiny:
+            model_dir, spec = build_tiny(a.tiny_dir)
+            a.launch, a.speculative_config = model_dir, spec
+        if a.launch:
+            # reference first, so the server and the reference never share the CPU
+            if not a.no_verify and a.launch != "demo":
+                refs = reference(model_dir or a.launch, prompts, a.max_tokens, a.chat, a.max_num_seqs)
+            proc, url = launch(a.launch, a.speculative_config, a.max_num_seqs)
+        if url is None:
+            url = "http://127.0.0.1:8000"
+        info = get_json(url + "/v1/models")["data"][0]
+        model = info["id"]
+        model_dir = model_dir or info.get("root")
+        dbg = get_json(url + "/debug/engine")
+        print(f"server {url}: model {model} ({model_dir}), speculative={dbg.get('speculative')}, "
+              f"max_num_seqs={dbg['max_num_seqs']}", flush=True)
+        if not a.no_verify and not (a.launch and a.launch != "demo"):
+            refs = reference(model_dir, prompts, a.max_tokens, a.chat, a.max_num_seqs)
+        spec0 = spec_summary(url)
+        print(f"load: {a.clients} concurrent streaming clients, max_tokens={a.max_tokens}, greedy, "
+              f"{'chat' if a.chat else 'completions'}", flush=True)
+        res, wall = asyncio.run(run_load(url, model, prompts, a.max_tokens, a.chat, a.timeout))
+        errors = [(i, r) for i, r in enumerate(res) if isinstance(r, BaseException)]
+        ok = [r for r in res if not isinstance(r, BaseException)]
+        mismatches = []
+        if not a.no_verify:
+            for i, r in enumerate(res):
+                if not isinstance(r, BaseException) and (r["ids"] != refs[i][1] or r["text"] != refs[i][0]):
+                    mismatches.append(i)
+        idle, dbg = wait_idle(url)
+        ntok = sum(len(r["ids"]) for r in ok)
+        lat = [r["latency"] for r in ok]
+        ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+        print(f"requests: {len(ok)} ok, {len(errors)} errors, "
+              f"{'not checked' if a.no_verify else f'{len(mismatches)} differ from plain decoding'}")
+        print(f"latency   p50 {pct(lat, 50):.2f} s   p99 {pct(lat, 99):.2f} s   max {max(lat, default=0):.2f} s")
+        print(f"TTFT      p50 {pct(ttft, 50):.2f} s   p99 {pct(ttft, 99):.2f} s")
+        print(f"output    {ntok} tokens in {wall:.2f} s = {ntok / wall:.1f} tokens/s  "
+              f"({len(ok) / wall:.2f} requests/s)")
+        s1 = spec_summary(url)
+        if s1:
+            d = s1[0] - (spec0[0] if spec0 else 0)
+            acc = s1[1] - (spec0[1] if spec0 else 0)
+            if d:
+                print(f"spec      {int(d)} drafts, mean acceptance length {1 + acc / d:.2f} (this run)")
+        print(f"engine    after: rows_in_use={dbg['rows_in_use']} waiting={dbg['waiting']} "
+              f"in_flight={dbg['in_flight']} step_errors={dbg['step_errors']}")
+        for i, e in errors[:5]:
+            print(f"  error {i}: {type(e).__name__}: {e}")
+        for i in mismatches[:5]:
+            print(f"  mismatch {i}: {prompts[i]!r}\n    got  {res[i]['ids'][:24]}\n    want {refs[i][1][:24]}")
+        passed = not errors and not mismatches and idle
+        print("PASS" if passed else "FAIL")
+        return 0 if passed else 1
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
