@@ -109,6 +109,16 @@ def build_prompts(n: int, code_fraction: float, seed: int, turns: int) -> list[d
 
 
 # ----------------------------------------------------------------------------------------- generation
+def with_bos(tok, ids) -> list:
+    """The demo target's documents follow its BOS (<|endoftext|>); prompts get it the way peagle's
+    benchmark encodes them (peagle/bench/runner.py), so training prompts look like benchmark prompts."""
+    ids = list(ids)
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    return ids
+
+
 def generate_shard(llm, items: list[dict], max_prompt: int, max_new: int, temperature: float, seed: int):
     from .. import SamplingParams
     tok = llm.get_tokenizer()
@@ -117,9 +127,9 @@ def generate_shard(llm, items: list[dict], max_prompt: int, max_new: int, temper
     convs = []  # (item, prompt ids) for turn 1
     for it in items:
         if it["kind"] == "chat":
-            ids = llm.apply_chat_template([{"role": "user", "content": it["turns"][0]}])
+            ids = with_bos(tok, llm.apply_chat_template([{"role": "user", "content": it["turns"][0]}]))
         else:
-            ids = tok(it["text"], add_special_tokens=False)["input_ids"]
+            ids = with_bos(tok, tok(it["text"], add_special_tokens=False)["input_ids"])
         if len(ids) > max_prompt or len(ids) < 2:
             skipped += 1
             continue
@@ -134,7 +144,7 @@ def generate_shard(llm, items: list[dict], max_prompt: int, max_new: int, temper
         if it["kind"] == "chat" and len(it["turns"]) > 1:
             msgs = [{"role": "user", "content": it["turns"][0]}, {"role": "assistant", "content": o.outputs[0].text},
                     {"role": "user", "content": it["turns"][1]}]
-            ids2 = llm.apply_chat_template(msgs)
+            ids2 = with_bos(tok, llm.apply_chat_template(msgs))
             if len(ids2) <= max_prompt:
                 second.append(ids2)
     if second:
@@ -172,7 +182,8 @@ def run(args) -> int:
         os.replace(tmp, plan_fn)
     S = args.shard_size
     shards = [(i, items[i * S:(i + 1) * S]) for i in range((len(items) + S - 1) // S)]
-    todo = [(i, its) for i, its in shards if not os.path.isfile(shard_path(args.out, i))]
+    pi, pn = (int(x) for x in args.part.split("/"))
+    todo = [(i, its) for i, its in shards if not os.path.isfile(shard_path(args.out, i)) and i % pn == pi]
     done_prompts = sum(len(its) for i, its in shards if os.path.isfile(shard_path(args.out, i)))
     print(f"datagen: {len(items)} prompts ({sum(it['kind'] == 'raw' for it in items)} code) in {len(shards)} "
           f"shards; {len(shards) - len(todo)} already done", flush=True)
@@ -208,6 +219,8 @@ def add_parser(sub):
     p.add_argument("--shard-size", type=int, default=128, help="prompts per shard")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument("--part", default="0/1", help="i/n: run only shards with index %% n == i (parallel workers "
+                   "on one --out; start one first so it writes the prompt plan)")
 
     def _run(a):
         if a.model is None:
