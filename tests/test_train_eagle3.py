@@ -50,3 +50,27 @@ def test_ttt_unroll_matches_inference_proposer(tiny_dirs):
             hidden = pre[0]
             tr = head.draft_logits(normed[0, m - 1])
             assert torch.allclose(tr, inf[k], atol=1e-4), (k, float((tr - inf[k]).abs().max()))
+
+
+def test_structured_ttt_equals_dense(tiny_dirs):
+    """The elementwise diagonal-extension attention gives the dense-mask SDPA's loss and gradients."""
+    from peagle.train.eagle3_loss import row_step, step_counts
+    torch.manual_seed(0)
+    head = DrafterHead(head_config(tiny_dirs["llama"], layers=2, parallel=False, draft_vocab=256))
+    g = torch.Generator().manual_seed(5)
+    docs = (20, 31, 14)
+    n = sum(docs)
+    ids = torch.randint(5, 500, (n,), generator=g)
+    row = {"ids": ids, "doc": torch.cat([torch.full((L,), j) for j, L in enumerate(docs)]),
+           "pos": torch.cat([torch.arange(L) for L in docs]), "lmask": torch.rand(n, generator=g) < 0.8,
+           "aux": torch.randn(n, 3 * 64, generator=g), "tlogp": torch.log_softmax(2 * torch.randn(n, 256, generator=g), -1),
+           "label": torch.where(ids < 256, ids, torch.full_like(ids, -1))}
+    counts = step_counts(row, 5)
+    out = []
+    for dense in (True, False):
+        head.zero_grad(set_to_none=True)
+        st = row_step(head, row, MaskTable(8), 5, counts, dense=dense)
+        out.append((st, {k: p.grad.clone() for k, p in head.named_parameters() if p.grad is not None}))
+    (sa, ga), (sb, gb) = out
+    assert torch.allclose(sa["ce"], sb["ce"], atol=1e-4) and torch.equal(sa["correct"], sb["correct"])
+    assert max(float((ga[k] - gb[k]).abs().max()) for k in ga) < 1e-5

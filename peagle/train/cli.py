@@ -25,7 +25,7 @@ def add_arguments(p):
     p.add_argument("--cod-r", type=float, default=0.7)
     p.add_argument("--cod-rmin", type=float, default=0.2)
     p.add_argument("--mask-token", type=int, default=4, help="P-EAGLE mask token id (demo target: <|mask|> = 4)")
-    p.add_argument("--segment-len", type=int, default=0, help="P-EAGLE sequence partitioning: anchors per segment (0 = flat)")
+    p.add_argument("--segment-len", type=int, default=512, help="P-EAGLE sequence partitioning: anchors per segment (0 = one flat pass)")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per packed row")
     p.add_argument("--batch-rows", type=int, default=1, help="packed rows per optimizer step (global batch)")
     p.add_argument("--epochs", type=float, default=1.0)

@@ -44,6 +44,49 @@ def ttt_forward(head, ids, hidden, pos, mask, past=None):
     return head.norm(x), x, kv
 
 
+def diag_attend(q, k0, v0, mask0, kd: list, vd: list):
+    """Attention of TTT step k >= 1 without materialising the [T, (k+1)T] mask: scores against the step-0
+    keys (document-causal mask0 [T,T]) plus, per earlier step j (and this step), the key at the SAME index
+    (the diagonal extension), as an elementwise product.  q [B,T,nh,hd]; k0/v0 [B,nkv,T,hd]; kd/vd lists
+    of [B,nkv,T,hd].  Same result as SDPA over the concatenated keys with the diagonal mask."""
+    B, T, nh, hd = q.shape
+    rep = nh // k0.shape[1]
+    ex = (lambda t: t.repeat_interleave(rep, 1)) if rep > 1 else (lambda t: t)
+    qh = q.transpose(1, 2)
+    scale = hd ** -0.5
+    s0 = (qh @ ex(k0).transpose(-1, -2)) * scale
+    s0 = s0.masked_fill(~mask0, float("-inf"))
+    sd = torch.stack([(qh * ex(k)).sum(-1) for k in kd], -1) * scale            # [B,nh,T,J]
+    p = torch.softmax(torch.cat([s0, sd], -1).float(), -1).to(q.dtype)
+    out = p[..., :T] @ ex(v0) + (p[..., T:, None] * torch.stack([ex(v) for v in vd], -2)).sum(-2)
+    return out.transpose(1, 2).reshape(B, T, nh * hd)
+
+
+def ttt_step_diag(head, ids, hidden, pos, mask0, kv0, diag):
+    """TTT step k >= 1 (structured attention): kv0 = per-layer step-0 (k, v); diag = per-layer lists of the
+    (k, v) of steps 1..k-1 (extended in place with this step's).  Returns (normed, prenorm)."""
+    cos, sin = head._rope(hidden.device, hidden.dtype)(pos)
+    emb = head.embed_tokens(ids)
+    x = hidden
+    B, T = ids.shape
+    for i, L in enumerate(head.layers):
+        if L.first:
+            hn = L.hidden_norm(x)
+            resid = hn if L.norm_before_residual else x
+            a_in = torch.cat([L.input_layernorm(emb), hn], -1)
+        else:
+            resid, a_in = x, L.input_layernorm(x)
+        A = L.self_attn
+        q = apply_rope(A.q_proj(a_in).view(B, T, -1, A.hd), cos, sin)
+        k = apply_rope(A.k_proj(a_in).view(B, T, -1, A.hd), cos, sin).transpose(1, 2)
+        v = A.v_proj(a_in).view(B, T, -1, A.hd).transpose(1, 2)
+        diag[i][0].append(k)
+        diag[i][1].append(v)
+        x = resid + A.o_proj(diag_attend(q, kv0[i][0], kv0[i][1], mask0, diag[i][0], diag[i][1]))
+        x = x + L.mlp(L.post_attention_layernorm(x))
+    return head.norm(x), x
+
+
 def step_counts(row: dict, ttt: int) -> torch.Tensor:
     """Supervised elements per unroll step [ttt]."""
     n = row["ids"].shape[0]
@@ -52,8 +95,11 @@ def step_counts(row: dict, ttt: int) -> torch.Tensor:
 
 
 def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, decay: float = 0.8,
-             backward: bool = True, autocast_dtype=None) -> dict:
-    """Forward (+ backward) of the TTT unroll on one row; counts [ttt] = batch-wide supervised counts."""
+             backward: bool = True, autocast_dtype=None, dense: bool = False) -> dict:
+    """Forward (+ backward) of the TTT unroll on one row; counts [ttt] = batch-wide supervised counts.
+    dense=True runs steps >= 1 as SDPA over all earlier steps' keys with the [T, (k+1)T] diagonal-extension
+    mask (the reference); the default computes the diagonal part elementwise (same values, ~(k+1)x less
+    attention work)."""
     n = row["ids"].shape[0]
     q = torch.arange(n - 1)
     doc = row["doc"]
@@ -62,15 +108,20 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
     total = torch.zeros(ttt, dtype=torch.long)
     ce_sum = torch.zeros(ttt)
     loss = 0.0
-    past, hidden = None, None
+    kv0, hidden = None, None
+    diag = [([], []) for _ in head.layers]
     with _autocast(autocast_dtype):
         for k in range(ttt):
             ids = row["ids"][(q + 1 + k).clamp(max=n - 1)]
+            pos = row["pos"][q] + k
             if k == 0:
                 hidden = head.combine(row["aux"][: n - 1].to(head.fc.weight.dtype))
-            pos = row["pos"][q] + k
-            mask = table.eagle3(C, k)[None, None]
-            normed, pre, past = ttt_forward(head, ids[None], hidden[None], pos[None], mask, past)
+                normed, pre, kv0 = ttt_forward(head, ids[None], hidden[None], pos[None], C[None, None])
+            elif dense:
+                mask = table.eagle3(C, k)[None, None]
+                normed, pre, kv0 = ttt_forward(head, ids[None], hidden[None], pos[None], mask, kv0)
+            else:
+                normed, pre = ttt_step_diag(head, ids[None], hidden[None], pos[None], C, kv0, diag)
             hidden = pre[0]
             s = supervised(q, torch.full_like(q, k), doc, row["lmask"])
             if not bool(s.any()) or counts[k] == 0:
