@@ -355,6 +355,7 @@ def test_disconnect_mid_stream_aborts_at_once(plain, ref_llm):
         conn.close()
         t = wait_idle(plain, timeout=10)
         assert t < 5, f"row freed only after {t:.1f}s"
+        print(f"\n{'stream' if stream else 'non-stream'} disconnect: row freed after {t * 1000:.0f} ms")
     # 900 tokens would take far more steps than were run: the requests were aborted, not finished
     assert get_json(plain, "/debug/engine")["steps"] - before < 900
     assert 'peagle:requests_aborted_total{model_name="tiny"}' in get_text(plain, "/metrics")

@@ -405,6 +405,12 @@ class _Gen:
             if include_usage:
                 yield self._chunk(choices=False, usage=self._usage())
             yield "data: [DONE]\n\n"
+        except Exception as e:  # noqa: BLE001 - fail this stream only, with an error event
+            log.exception("stream %s failed", self.h.rid)
+            self.state.metrics.failed.inc()
+            msg = f"internal error: {type(e).__name__}: {e}"
+            yield f"data: {json.dumps({'error': error_body(msg, 'internal_error')['error']})}\n\n"
+            yield "data: [DONE]\n\n"
         finally:
             self.close()
 

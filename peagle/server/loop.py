@@ -61,7 +61,7 @@ class EngineLoop:
         self.step_errors = 0
         self.last_error: str | None = None
         self.thread = threading.Thread(target=self._run, name="peagle-engine-loop", daemon=True)
-        self.snapshot = {"running": 0, "waiting": 0, "rows_in_use": 0, "in_flight": 0, "spec": None}
+        self._spec = None
         self._spec_on = getattr(engine, "k", 0) > 0
 
     # ------------------------------------------------------------------ any thread
@@ -121,10 +121,15 @@ class EngineLoop:
             self._fail(h, 503, "server is shutting down")
 
     def _snap(self):
+        self._spec = self.engine.metrics.as_dict() if self._spec_on else None
+
+    @property
+    def snapshot(self) -> dict:
+        """Live counts (len() of the engine's lists is safe to read from any thread) + spec metrics as of the
+        last step."""
         e = self.engine
-        self.snapshot = {"running": len(e.running), "waiting": len(e.waiting) + len(self._cmds),
-                         "rows_in_use": e.num_rows_in_use, "in_flight": self._in_flight,
-                         "spec": e.metrics.as_dict() if self._spec_on else None}
+        return {"running": len(e.running), "waiting": len(e.waiting) + sum(c[0] == "add" for c in list(self._cmds)),
+                "rows_in_use": e.num_rows_in_use, "in_flight": self._in_flight, "spec": self._spec}
 
     def _release(self, h: Handle):
         self._handles.pop(h.rid, None)
@@ -204,6 +209,7 @@ class EngineLoop:
             items.append((h, ("out", list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, stats)))
         if self.metrics is not None and ntok:
             self.metrics.generation_tokens.inc(ntok)
+        self._snap()                      # spec counters current before clients see this step's tokens
         self._post(items)
         if self._isolate:
             waiting = {r.request_id for r in e.waiting}
