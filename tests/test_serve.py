@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,7 +24,6 @@ from peagle import LLM, SamplingParams
 from peagle.server.detok import IncrementalDetokenizer
 from peagle.server.runner import BackgroundServer
 from peagle.server.testing import make_tiny_tokenizer
-from tiny import save_tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["Hello there", "The quick brown fox", "Speculative decoding drafts", "Once upon a time, in a land",
@@ -35,9 +35,9 @@ K = 3
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def model_dir(tiny_dirs, tmp_path_factory):
     d = str(tmp_path_factory.mktemp("serve") / "tiny")
-    save_tiny("llama", d)
+    shutil.copytree(tiny_dirs["llama"], d)       # the session's tiny Llama, plus a tokenizer with a chat template
     make_tiny_tokenizer(d)
     return d
 

@@ -100,20 +100,22 @@ def create_app(state: ServerState) -> FastAPI:
     # ------------------------------------------------------------ generation
     @app.post("/v1/completions")
     async def completions(request: Request):
+        t0 = time.perf_counter()
         req = parse_body(await _read_body(request, state.max_body_bytes), CompletionRequest)
         _check_model(state, req.model)
         check_unsupported(req)
         ids, text = _completion_prompt(state, req.prompt)
-        return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens)
+        return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens, t0=t0)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        t0 = time.perf_counter()
         req = parse_body(await _read_body(request, state.max_body_bytes), ChatRequest)
         _check_model(state, req.model)
         check_unsupported(req)
         ids = _chat_prompt(state, req)
         mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        return await _generate(state, request, req, ids, None, chat=True, max_tokens=mt)
+        return await _generate(state, request, req, ids, None, chat=True, max_tokens=mt, t0=t0)
 
     return _StatusCounter(app, m)
 
@@ -229,7 +231,7 @@ def _chat_prompt(state: ServerState, req: ChatRequest):
     return _check_prompt_len(state, ids)
 
 
-async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens):
+async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens, t0=None):
     params = sampling_params(req, max_tokens, len(ids), state.max_model_len)
     if not state.loop.alive:
         raise ApiError(503, "engine loop is not running", "internal_error")
@@ -240,6 +242,7 @@ async def _generate(state: ServerState, request: Request, req, ids, text, chat: 
                        "rate_limit_error", None, "rate_limit_exceeded", headers={"Retry-After": "1"})
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     h = Handle(rid, ids, params, text, asyncio.get_running_loop())
+    h.arrival = t0 or h.arrival          # TTFT and e2e latency count from HTTP arrival
     state.metrics.prompt_tokens.inc(len(ids))
     state.loop.submit(h)
     gen = _Gen(state, h, req, chat)
