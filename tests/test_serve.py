@@ -236,8 +236,13 @@ def test_stop_strings_seeds_and_metrics(plain, spec, ref_llm):
         r = c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=16, temperature=0.9, top_p=0.95,
                                  seed=1234, extra_body={"top_k": 50})
         assert r.choices[0].text == want
+    # seeded sampling with speculation (lossless rejection sampling): repeatable too
+    cs = client(spec)
+    got = [cs.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=16, temperature=0.9, seed=99)
+           .choices[0].text for _ in range(2)]
+    assert got[0] == got[1]
     # spec-decode counters with vLLM's names (the spec server has served requests by now, or does so here)
-    client(spec).completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    cs.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0)
     m = get_text(spec, "/metrics")
     vals = {ln.split(" ")[0]: float(ln.split(" ")[-1]) for ln in m.splitlines() if ln and not ln.startswith("#")}
     drafts = vals['vllm:spec_decode_num_drafts_total{model_name="tiny"}']
@@ -279,6 +284,7 @@ BAD = [  # (path, body, status, param)
     ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "hi", "stop": [1]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "word " * 3000}, 400, "prompt"),
     ("/v1/completions", {"prompt": [5] * 1100}, 400, "prompt"),

@@ -233,6 +233,10 @@ def _chat_prompt(state: ServerState, req: ChatRequest):
 
 async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens, t0=None):
     params = sampling_params(req, max_tokens, len(ids), state.max_model_len)
+    if params.stop and (state.tokenizer is None or state.engine.tok is None):
+        raise ApiError(400, "stop strings need a tokenizer; this model has none (use stop_token_ids)", param="stop")
+    if any(not 0 <= t < state.vocab_size for t in params.stop_token_ids):
+        raise ApiError(400, f"stop_token_ids must be in 0..{state.vocab_size - 1}", param="stop_token_ids")
     if not state.loop.alive:
         raise ApiError(503, "engine loop is not running", "internal_error")
     if not state.loop.try_reserve():
