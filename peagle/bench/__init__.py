@@ -1,0 +1,1 @@
+"""`peagle bench`: datasets, offline runner, sweep, report and plots (see cli.py)."""

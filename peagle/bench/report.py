@@ -1,0 +1,301 @@
+"""Summaries (best K, speedups, goals) and the Markdown report of a results.json."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+NAMES = {"baseline": "baseline", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "hf": "HF generate",
+         "hf-pld": "HF prompt lookup"}
+DS_NAMES = {"mtbench": "MT-Bench", "humaneval": "HumanEval", "speed": "SPEED-style mix"}
+GOALS = {"peagle_vs_eagle3_humaneval_c1": 1.5, "peagle_vs_baseline_humaneval_c1": 3.0,
+         "peagle_vs_eagle3_min_upto_c64": 1.0}
+
+
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def aggregate(runs) -> dict:
+    """(dataset, method, k, c) -> median figures over repeats."""
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault((r["dataset"], r["method"], r["k"], r["concurrency"]), []).append(r)
+    agg = {}
+    for key, rs in groups.items():
+        m = rs[0]["metrics"]
+        agg[key] = {"tok_s": _med([r["output_tok_s"] for r in rs]), "n_repeats": len(rs),
+                    "ttft_ms": _med([r["ttft_ms"]["mean"] for r in rs]), "tpot_ms": _med([r["tpot_ms"]["mean"] for r in rs]),
+                    "al": m["mean_acceptance_length"], "per_pos": m["acceptance_rate_per_pos"],
+                    "draft_ms": _med([r["timing"]["draft_ms_per_step"] for r in rs]),
+                    "verify_ms": _med([r["timing"]["verify_ms_per_step"] for r in rs]),
+                    "identical": sum(r["identity"].get("identical", 0) for r in rs),
+                    "n": sum(r["identity"].get("n", 0) for r in rs),
+                    "ties": sum(len(r["identity"].get("ties", [])) for r in rs),
+                    "mismatches": sum(len(r["identity"].get("mismatches", [])) for r in rs)}
+    return agg
+
+
+def summarize(res) -> dict:
+    agg = aggregate(res["runs"])
+    dss = list(res["datasets"])
+    cs = sorted({k[3] for k in agg})
+    ks = sorted({k[2] for k in agg if k[1] != "baseline"})
+    best, speed = {}, {}
+    for ds in dss:
+        for c in cs:
+            for m in ("baseline", "eagle3", "peagle"):
+                cands = [(v["tok_s"], k[2]) for k, v in agg.items() if k[0] == ds and k[1] == m and k[3] == c]
+                if cands:
+                    t, k = max(cands)
+                    best[(ds, m, c)] = {"k": k, **agg[(ds, m, k, c)]}
+            b, e, p = (best.get((ds, m, c)) for m in ("baseline", "eagle3", "peagle"))
+            speed[(ds, c)] = {"peagle_vs_eagle3": p["tok_s"] / e["tok_s"] if p and e else None,
+                              "peagle_vs_baseline": p["tok_s"] / b["tok_s"] if p and b else None,
+                              "eagle3_vs_baseline": e["tok_s"] / b["tok_s"] if e and b else None}
+    goals = []
+    he = "humaneval" if "humaneval" in dss else None
+    c1 = min(cs) if cs else None
+    if he and c1 == 1:
+        for key, name in (("peagle_vs_eagle3", "P-EAGLE ÷ EAGLE-3, HumanEval, c=1"),
+                          ("peagle_vs_baseline", "P-EAGLE ÷ baseline, HumanEval, c=1")):
+            v, g = speed[(he, 1)][key], GOALS[f"{key}_humaneval_c1"]
+            goals.append({"goal": f"{name} ≥ {g}", "measured": v, "target": g, "met": v is not None and v >= g})
+    low = [(speed[(ds, c)]["peagle_vs_eagle3"], ds, c) for ds in dss for c in cs
+           if c <= 64 and speed[(ds, c)]["peagle_vs_eagle3"] is not None]
+    if low:
+        v, ds, c = min(low)
+        goals.append({"goal": "P-EAGLE never slower than EAGLE-3 up to c=64 (min ratio ≥ 1.0)", "measured": v,
+                      "target": 1.0, "met": v >= 1.0, "where": f"{DS_NAMES.get(ds, ds)}, c={c}"})
+    return {"agg": agg, "best": best, "speed": speed, "goals": goals, "datasets": dss, "cs": cs, "ks": ks}
+
+
+def _f(x, nd=2, suf=""):
+    return "–" if x is None else f"{x:.{nd}f}{suf}"
+
+
+def _table(header, rows) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def headline(s) -> str:
+    """The seeds' layout: one row per dataset, one column per concurrency, each cell a ratio at best K."""
+    parts = []
+    for key, title in (("peagle_vs_eagle3", "P-EAGLE ÷ EAGLE-3"), ("peagle_vs_baseline", "P-EAGLE ÷ baseline"),
+                       ("eagle3_vs_baseline", "EAGLE-3 ÷ baseline")):
+        rows = [[DS_NAMES.get(ds, ds)] + [_f(s["speed"][(ds, c)][key], 2, "×") for c in s["cs"]] for ds in s["datasets"]]
+        parts.append(f"**{title}** (output tokens/s, each method at its best K)\n\n"
+                     + _table(["Benchmark"] + [f"c={c}" for c in s["cs"]], rows))
+    return "\n\n".join(parts)
+
+
+def goals_md(s, res) -> str:
+    rows = []
+    for g in s["goals"]:
+        short = "" if g["met"] or g["measured"] is None else f"missed by {100 * (1 - g['measured'] / g['target']):.0f}%"
+        rows.append([g["goal"], _f(g["measured"], 2, "×") + (f" ({g['where']})" if g.get("where") else ""),
+                     "met" if g["met"] else "**not met**", short])
+    out = _table(["goal", "measured", "", "shortfall"], rows) if rows else "(goals need HumanEval at c=1)"
+    out += "\n\n" + why_md(s)
+    return out
+
+
+def why_md(s) -> str:
+    """Where the time goes at c=1: per-step drafter and verification time and acceptance, best K."""
+    rows = []
+    c1 = min(s["cs"])
+    for ds in s["datasets"]:
+        b = s["best"].get((ds, "baseline", c1))
+        for m in ("eagle3", "peagle"):
+            x = s["best"].get((ds, m, c1))
+            if not x:
+                continue
+            step = 1000 * x["al"] / x["tok_s"] if x["tok_s"] else None        # ms per engine step
+            rows.append([DS_NAMES.get(ds, ds), NAMES[m], x["k"], _f(x["al"]), _f(x["draft_ms"]), _f(x["verify_ms"]),
+                         _f(step), _f(1000 / b["tok_s"] if b else None),
+                         _f(x["draft_ms"] / x["verify_ms"] if x["verify_ms"] else None)])
+    return (f"Where the time goes at c={c1} (each method at its best K; a step drafts K tokens and verifies K+1; "
+            "ideal speedup over baseline = AL × baseline step ÷ spec step):\n\n"
+            + _table(["dataset", "method", "K", "AL", "draft ms/step", "verify ms/step", "total ms/step",
+                      "baseline ms/token", "draft ÷ verify"], rows))
+
+
+def dataset_md(s, ds) -> str:
+    rows = []
+    for c in s["cs"]:
+        b, e, p = (s["best"].get((ds, m, c)) for m in ("baseline", "eagle3", "peagle"))
+        sp = s["speed"][(ds, c)]
+
+        def cell(x):
+            return "–" if not x else f"{x['tok_s']:.1f} (K={x['k']}, AL {x['al']:.2f})"
+        rows.append([c, _f(b and b["tok_s"], 1), cell(e), cell(p), _f(sp["peagle_vs_eagle3"], 2, "×"),
+                     _f(sp["peagle_vs_baseline"], 2, "×"), _f(sp["eagle3_vs_baseline"], 2, "×"),
+                     " / ".join(_f(x and x["ttft_ms"], 0) for x in (b, e, p)),
+                     " / ".join(_f(x and x["tpot_ms"], 1) for x in (b, e, p))])
+    return _table(["c", "baseline tok/s", "EAGLE-3 best", "P-EAGLE best", "P ÷ E", "P ÷ base", "E ÷ base",
+                   "TTFT ms (b/E/P)", "TPOT ms (b/E/P)"], rows)
+
+
+def acceptance_md(s) -> str:
+    c1 = min(s["cs"])
+    rows = []
+    for m in ("peagle", "eagle3"):
+        for k in s["ks"]:
+            vals = [s["agg"].get((ds, m, k, c1)) for ds in s["datasets"]]
+            if any(vals):
+                rows.append([f"{NAMES[m]} K={k}"] + [_f(v and v["al"]) for v in vals])
+    al = _table(["mean acceptance length"] + [DS_NAMES.get(d, d) for d in s["datasets"]], rows)
+    pp = []
+    for ds in s["datasets"]:
+        rows = []
+        for m in ("eagle3", "peagle"):
+            for k in s["ks"]:
+                v = s["agg"].get((ds, m, k, c1))
+                if v:
+                    rows.append([f"{NAMES[m]} K={k}"] + [f"{100 * x:.0f}%" for x in v["per_pos"]])
+        if rows:
+            kmax = max(s["ks"])
+            pp.append(f"*{DS_NAMES.get(ds, ds)}*\n\n" + _table(["per-position acceptance"] + [str(i + 1) for i in range(kmax)],
+                                                          [r + [""] * (kmax + 1 - len(r)) for r in rows]))
+    return al + "\n\n" + "\n\n".join(pp)
+
+
+def drafter_md(s) -> str:
+    c1 = min(s["cs"])
+    rows = []
+    for k in s["ks"]:
+        row = [k]
+        for m in ("eagle3", "peagle"):
+            v = [s["agg"].get((ds, m, k, c1)) for ds in s["datasets"]]
+            v = [x for x in v if x]
+            row += [_f(_med([x["draft_ms"] for x in v])), _f(_med([x["verify_ms"] for x in v]))]
+        rows.append(row)
+    return _table(["K", "EAGLE-3 draft ms/step", "EAGLE-3 verify ms/step", "P-EAGLE draft ms/step",
+                   "P-EAGLE verify ms/step"], rows)
+
+
+def peers_md(res) -> str:
+    if not res.get("peers"):
+        return "(no peers run)"
+    rows = []
+    for ds in res["datasets"]:
+        ps = [r for r in res["peers"] if r["dataset"] == ds]
+        sub = {(r["method"], r["k"]): r for r in ps if r.get("subset")}
+        full = {(r["method"], r["k"]): r for r in res["runs"] if r["dataset"] == ds and r["concurrency"] == 1}
+        ref = sub or full
+        if not ref:
+            continue
+        base = ref.get(("baseline", 0))
+        best = {m: max((r for (mm, _), r in ref.items() if mm == m), key=lambda r: r["output_tok_s"], default=None)
+                for m in ("eagle3", "peagle")}
+        for r in [x for x in ps if not x.get("subset")] + [base, best["eagle3"], best["peagle"]]:
+            if r is None:
+                continue
+            name = NAMES.get(r["method"], r["method"]) + (f" (K={r['k']})" if r["method"] in ("eagle3", "peagle") else "")
+            if r["method"] == "hf-pld":
+                name += f" (prompt_lookup_num_tokens={r['k']})"
+            idt = r.get("identity", {})
+            rows.append([DS_NAMES.get(ds, ds), name, r["n_requests"], _f(r["output_tok_s"], 1),
+                         _f(r["output_tok_s"] / base["output_tok_s"] if base else None, 2, "×"),
+                         _f(r["ttft_ms"]["mean"], 0), _f(r["tpot_ms"]["mean"], 1),
+                         f"{idt.get('identical', '–')}/{idt.get('n', '–')}" if idt else "–"])
+    return _table(["dataset", "engine", "prompts", "tok/s", "÷ peagle baseline", "TTFT ms", "TPOT ms",
+                   "same tokens as baseline"], rows)
+
+
+def identity_md(res) -> str:
+    rows = []
+    for r in res["runs"]:
+        if r["method"] == "baseline":
+            continue
+        i = r["identity"]
+        if i.get("ok") is None:
+            continue
+        rows.append((r["dataset"], r["method"], r["k"], r["concurrency"], i["identical"], i["n"], len(i["ties"]),
+                     len(i["mismatches"])))
+    if not rows:
+        return "(sampling run: no greedy identity check)"
+    n = sum(r[5] for r in rows)
+    same = sum(r[4] for r in rows)
+    ties = sum(r[6] for r in rows)
+    bad = sum(r[7] for r in rows)
+    head = (f"Greedy outputs of every speculative run compared token for token with baseline's at the same "
+            f"concurrency: **{same}/{n} identical**, {ties} divergences at floating-point ties (target top-2 "
+            f"logits within 1e-4), **{bad} real mismatches**.")
+    bad_rows = [r for r in rows if r[6] or r[7]]
+    if bad_rows:
+        head += "\n\n" + _table(["dataset", "method", "K", "c", "identical", "n", "ties", "mismatches"], bad_rows)
+    return head
+
+
+def runs_md(res) -> str:
+    rows = []
+    for r in res["runs"]:
+        m, t = r["metrics"], r["timing"]
+        rows.append([r["dataset"], r["method"], r["k"], r["concurrency"], r.get("repeat", 0), r["n_requests"],
+                     r["output_tokens"], _f(r["wall_s"], 1), _f(r["output_tok_s"], 1), _f(r["ttft_ms"]["mean"], 0),
+                     _f(r["tpot_ms"]["mean"], 1), _f(m["mean_acceptance_length"]), _f(t["draft_ms_per_step"]),
+                     _f(t["verify_ms_per_step"]), f"{r['identity'].get('identical', '–')}/{r['identity'].get('n', '–')}"])
+    return _table(["dataset", "method", "K", "c", "rep", "reqs", "out tok", "wall s", "tok/s", "TTFT ms", "TPOT ms",
+                   "AL", "draft ms/step", "verify ms/step", "same"], rows)
+
+
+def report_md(res, pngs) -> str:
+    s = summarize(res)
+    meta = res["meta"]
+    mc, v = meta["machine"], meta["versions"]
+    st = meta["settings"]
+    lines = [f"# peagle benchmark: baseline vs EAGLE-3 vs P-EAGLE\n",
+             f"Regenerate every figure below with:\n\n```\n{meta['command']}\n```\n",
+             f"Run {meta['started_utc']} → {meta.get('finished_utc')} ({_f(meta.get('duration_s', 0) / 60, 1)} min) on "
+             f"{mc['cpu']} ({mc['cores']} cores, {mc['torch_threads']} torch threads, {mc['mem_gib']} GiB; load average at "
+             f"start {mc.get('loadavg_at_start')}). Python {v['python']}, torch {v['torch']}, transformers "
+             f"{v['transformers']}, peagle {str(v['peagle_commit'])[:10]}{' (dirty)' if v['peagle_dirty'] else ''}.\n",
+             f"Target `{os.path.basename(meta['model'])}`; heads: "
+             + ", ".join(f"{NAMES[m]} `{os.path.basename(d) if d else '–'}` {meta.get('head_configs', {}).get(m, '')}"
+                         for m, d in meta["heads"].items() if d) + ".\n",
+             f"Settings: temperature {st['temperature']}, output length {st['output_len']} "
+             f"({'ignore EOS' if st['ignore_eos'] else 'stops at EOS'}), K ∈ {st['ks']}, concurrency {st['concurrency']}, "
+             f"repeats {st['repeats']}, prompts per dataset: "
+             + ", ".join(f"{DS_NAMES.get(d, d)} {x['n_prompts']}" for d, x in res["datasets"].items())
+             + f". Offline through peagle's engine, at most c requests in flight; output tokens/s = all output "
+               f"tokens ÷ wall time; TTFT/TPOT are per-request means; acceptance length = 1 + accepted ÷ drafts "
+               f"(vLLM's definition).\n",
+             "## Headline\n", headline(s), "\n## Goals\n", goals_md(s, res),
+             "\n## Losslessness\n", identity_md(res), "\n## Per dataset (best K per method and concurrency)\n"]
+    for ds in s["datasets"]:
+        lines += [f"### {DS_NAMES.get(ds, ds)}\n", dataset_md(s, ds), ""]
+    lines += [f"## Acceptance (c={min(s['cs'])})\n", acceptance_md(s),
+              f"\n## Drafter vs verification time per step (c={min(s['cs'])}, median over datasets)\n", drafter_md(s),
+              "\n## External peers (c=1, HF transformers on the same weights)\n", peers_md(res), "\n## Plots\n"]
+    lines += [f"![{p}]({p})" for p in pngs]
+    lines += ["\n## Datasets\n"]
+    for ds, x in res["datasets"].items():
+        lines.append(f"- **{DS_NAMES.get(ds, ds)}**: {x['n_prompts']} prompts ({x['n_skipped_too_long']} skipped as too "
+                     f"long), formats {x['kinds']}, mean prompt {x['prompt_tokens_mean']:.0f} tokens, categories "
+                     f"{x['categories']}.")
+    lines.append("\nSources and formats: see `peagle/bench/datasets.py` (module docstring).\n")
+    samp = [(ds, x) for ds, x in res["datasets"].items() if x.get("samples")]
+    if samp:
+        lines.append("## Sample outputs (baseline, greedy)\n")
+        for ds, x in samp:
+            for smp in x["samples"][:2]:
+                lines.append(f"*{DS_NAMES.get(ds, ds)} {smp['id']}* ({smp['category']}):\n\n```\n{smp['output']}\n```\n")
+    lines += ["## All runs\n", runs_md(res), ""]
+    return "\n".join(lines)
+
+
+def write_all(res, out) -> list:
+    from .plots import write_plots
+    os.makedirs(out, exist_ok=True)
+    jp = os.path.join(out, "results.json")
+    with open(jp, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    pngs = write_plots(res, summarize(res), out)
+    mp = os.path.join(out, "report.md")
+    with open(mp, "w") as f:
+        f.write(report_md(res, [os.path.basename(p) for p in pngs]))
+    return [jp, mp] + pngs

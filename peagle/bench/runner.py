@@ -1,0 +1,254 @@
+"""Offline benchmark runs through peagle's engine (and HF transformers peers), with vLLM-style metrics.
+
+One target is loaded once and shared; each run gets a fresh Engine (same construction as
+``peagle.llm.build_engine``) with at most ``c`` requests in flight: a request is added only when a slot
+frees, so TTFT excludes queueing, as in ``vllm bench serve --max-concurrency c``."""
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+
+import torch
+
+from ..errors import PeagleError
+from ..sampling import SamplingParams
+
+
+def _pct(xs, q):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def stats_ms(xs) -> dict:
+    xs = [x * 1000 for x in xs if x is not None]
+    if not xs:
+        return {"mean": None, "median": None, "p99": None}
+    return {"mean": statistics.fmean(xs), "median": statistics.median(xs), "p99": _pct(xs, 99)}
+
+
+def out_hash(ids) -> str:
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+class _Timed:
+    """Wraps a callable, accumulating wall time and calls (bucketed by a key function)."""
+
+    def __init__(self, fn, key=lambda *a, **k: "call"):
+        self.fn, self.key, self.t, self.n = fn, key, {}, {}
+
+    def __call__(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*a, **k)
+        finally:
+            b = self.key(*a, **k)
+            self.t[b] = self.t.get(b, 0.0) + time.perf_counter() - t0
+            self.n[b] = self.n.get(b, 0) + 1
+
+
+def encode_prompt(tok, vocab: int, p) -> list:
+    """Token ids of a Prompt. Documents in the demo target's corpus follow an <|endoftext|> (its BOS), so the
+    BOS is prepended. Without a tokenizer (tiny test models) a byte-level stand-in is used."""
+    if tok is None:
+        text = p.text if p.kind == "raw" else "".join(
+            f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in p.messages) + "<|im_start|>assistant\n"
+        return [1] + [8 + b % (vocab - 8) for b in text.encode("utf-8")]
+    if p.kind == "raw" or not getattr(tok, "chat_template", None):
+        text = p.text if p.kind == "raw" else "\n\n".join(m["content"] for m in p.messages)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        out = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+        ids = list(out["input_ids"] if hasattr(out, "keys") else out)
+    bos = tok.bos_token_id
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    return ids
+
+
+class Bench:
+    """Holds the target, tokenizer and heads; builds engines and encodes prompts."""
+
+    def __init__(self, model: str, heads: dict, dtype: str = "float32", seed: int = 0):
+        from ..llm import DTYPES, load_tokenizer
+        from ..models.llama import Transformer
+        self.model, self.heads_dirs, self.dtype, self.seed = model, heads, DTYPES[dtype], seed
+        self.target = Transformer.from_pretrained(model, self.dtype)
+        self.tok = load_tokenizer(model)
+        self._heads = {}
+
+    # ---------------------------------------------------------------- prompts
+    def encode(self, p) -> list:
+        return encode_prompt(self.tok, self.target.cfg.vocab_size, p)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True) if self.tok is not None else ""
+
+    # ---------------------------------------------------------------- engines
+    def head(self, method: str):
+        if method not in self._heads:
+            from ..models.drafter import DrafterHead
+            d = self.heads_dirs.get(method)
+            if not d:
+                raise PeagleError(f"no head directory for {method}")
+            self._heads[method] = DrafterHead.from_pretrained(d, self.target.cfg, parallel=(method == "peagle"),
+                                                              dtype=self.dtype)
+        return self._heads[method]
+
+    def engine(self, method: str, k: int, c: int, max_model_len: int):
+        from ..drafters.eagle3 import Eagle3Proposer
+        from ..drafters.peagle import PEagleProposer
+        from ..engine import Engine
+        mlen = min(max_model_len, self.target.cfg.max_position_embeddings)
+        proposer = None
+        if method != "baseline":
+            cls = PEagleProposer if method == "peagle" else Eagle3Proposer
+            proposer = cls(self.head(method), k, mlen + 3 * k + 8)
+        torch.manual_seed(self.seed)
+        eng = Engine(self.target, self.tok, proposer, k if proposer else 0, c, mlen, self.seed)
+        eng.cache.ensure_rows(c)                  # allocate outside the timed region
+        if proposer is not None:
+            proposer.cache.ensure_rows(c)
+        return eng
+
+    # ---------------------------------------------------------------- one run
+    def run(self, method: str, k: int, c: int, prompts_ids: list, params: SamplingParams, max_model_len: int) -> dict:
+        eng = self.engine(method, k, c, max_model_len)
+        tgt_fwd = _Timed(self.target.forward, key=lambda *a, **kw: "prefill" if kw.get("logits_at") is not None
+                         else "decode")
+        self.target.forward = tgt_fwd
+        prop = eng.proposer
+        if prop is not None:
+            prop.propose = _Timed(prop.propose)
+            prop.prefill = _Timed(prop.prefill)
+        try:
+            pending = list(enumerate(prompts_ids))
+            reqs, steps = [], 0
+            t0 = time.perf_counter()
+            while pending or eng.has_unfinished():
+                while pending and len(eng.running) + len(eng.waiting) < c:
+                    i, ids = pending.pop(0)
+                    reqs.append(eng.add_request(f"r{i}", ids, params))
+                eng.step()
+                steps += 1
+            wall = time.perf_counter() - t0
+        finally:
+            del self.target.forward                # back to the class method
+        m = eng.metrics.as_dict()
+        n_out = [len(r.output_ids) for r in reqs]
+        total = sum(n_out)
+        timing = {"n_steps": steps, "target_prefill_s": tgt_fwd.t.get("prefill", 0.0),
+                  "target_decode_s": tgt_fwd.t.get("decode", 0.0), "target_decode_calls": tgt_fwd.n.get("decode", 0),
+                  "drafter_prefill_s": prop.prefill.t.get("call", 0.0) if prop else 0.0,
+                  "drafter_propose_s": prop.propose.t.get("call", 0.0) if prop else 0.0,
+                  "drafter_propose_calls": prop.propose.n.get("call", 0) if prop else 0}
+        nd = max(timing["target_decode_calls"], 1)
+        timing["verify_ms_per_step"] = 1000 * timing["target_decode_s"] / nd
+        timing["draft_ms_per_step"] = 1000 * timing["drafter_propose_s"] / max(timing["drafter_propose_calls"], 1)
+        timing["other_s"] = wall - sum(timing[x] for x in ("target_prefill_s", "target_decode_s",
+                                                           "drafter_prefill_s", "drafter_propose_s"))
+        per_req = [{"id": i, "prompt_len": len(r.prompt_token_ids), "output_len": len(r.output_ids),
+                    "num_drafts": r.num_drafts, "num_accepted": r.num_accepted, "finish_reason": r.finish_reason,
+                    "ttft_s": r.first_token_time - r.arrival,
+                    "tpot_s": (r.finish_time - r.first_token_time) / (len(r.output_ids) - 1)
+                    if len(r.output_ids) > 1 else None,
+                    "e2e_s": r.finish_time - r.arrival, "hash": out_hash(r.output_ids)}
+                   for i, r in enumerate(reqs)]
+        return {"method": method, "k": k, "concurrency": c, "n_requests": len(reqs), "output_tokens": total,
+                "wall_s": wall, "output_tok_s": total / wall, "req_s": len(reqs) / wall,
+                "ttft_ms": stats_ms([r["ttft_s"] for r in per_req]),
+                "tpot_ms": stats_ms([r["tpot_s"] for r in per_req]),
+                "e2e_ms": stats_ms([r["e2e_s"] for r in per_req]),
+                "metrics": m, "timing": timing, "requests": per_req,
+                "_outputs": [list(r.output_ids) for r in reqs]}
+
+    # ---------------------------------------------------------------- losslessness
+    @torch.no_grad()
+    def top2_gap(self, ids: list) -> float:
+        """Gap between the target's two best logits for the token after ids (fresh prefill, batch 1)."""
+        cache = self.target.new_cache(1, len(ids) + 8)
+        logits, _ = self.target.forward(torch.tensor([ids]), cache, 0, torch.zeros(1, dtype=torch.long),
+                                        logits_at=torch.tensor([len(ids) - 1]))
+        top = logits[0].topk(2).values
+        return float(top[0] - top[1])
+
+    def identity(self, prompts_ids, outs, ref_outs, tie_eps: float = 1e-4) -> dict:
+        """Compare a run's greedy outputs with the baseline's, token for token. A divergence counts as a
+        floating-point tie when the target's top-2 logits at that step are within tie_eps."""
+        n_same, ties, bad = 0, [], []
+        for i, (a, b) in enumerate(zip(outs, ref_outs)):
+            if a == b:
+                n_same += 1
+                continue
+            j = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), min(len(a), len(b)))
+            gap = self.top2_gap(prompts_ids[i] + b[:j]) if j < min(len(a), len(b)) else None
+            rec = {"request": i, "first_divergence": j, "top2_gap": gap, "len": [len(a), len(b)]}
+            (ties if gap is not None and gap <= tie_eps else bad).append(rec)
+        return {"n": len(outs), "identical": n_same, "ties": ties, "mismatches": bad, "ok": not bad}
+
+
+# -------------------------------------------------------------------- HF transformers peers
+class _FirstToken:
+    """A generate() streamer that records when the first new token arrives."""
+
+    def __init__(self):
+        self.calls, self.first = 0, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2 and self.first is None:   # call 1 is the prompt
+            self.first = time.perf_counter()
+
+    def end(self):
+        pass
+
+
+class HFPeer:
+    def __init__(self, model: str, dtype=torch.float32):
+        from transformers import AutoModelForCausalLM
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
+        gc = self.model.generation_config
+        eos = gc.eos_token_id if gc.eos_token_id is not None else self.model.config.eos_token_id
+        self.eos = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+        self.pad = gc.pad_token_id if gc.pad_token_id is not None else (self.eos[0] if self.eos else 0)
+
+    @torch.no_grad()
+    def generate(self, ids: list, n: int, ignore_eos: bool, temperature: float, pld: int = 0, streamer=None):
+        kw = dict(max_new_tokens=n, pad_token_id=self.pad, eos_token_id=self.eos or None)
+        if ignore_eos:
+            kw.update(min_new_tokens=n, eos_token_id=None)
+        kw.update(do_sample=False) if temperature == 0 else kw.update(do_sample=True, temperature=temperature,
+                                                                       top_k=0, top_p=1.0)
+        if pld:
+            kw["prompt_lookup_num_tokens"] = pld
+        x = torch.tensor([ids])
+        out = self.model.generate(x, attention_mask=torch.ones_like(x), streamer=streamer, **kw)
+        res = out[0, len(ids):].tolist()
+        if not ignore_eos:                      # peagle keeps the EOS token it stopped on; so does HF
+            for t, tok in enumerate(res):
+                if tok in self.eos:
+                    return res[: t + 1]
+        return res
+
+    def run(self, name: str, prompts_ids: list, n: int, ignore_eos: bool, temperature: float, pld: int = 0) -> dict:
+        self.generate(prompts_ids[0][:16], 4, True, temperature, pld)          # warm-up
+        per_req, outs = [], []
+        t0 = time.perf_counter()
+        for i, ids in enumerate(prompts_ids):
+            s = _FirstToken()
+            a = time.perf_counter()
+            o = self.generate(ids, n, ignore_eos, temperature, pld, streamer=s)
+            b = time.perf_counter()
+            first = s.first or b
+            outs.append(o)
+            per_req.append({"id": i, "prompt_len": len(ids), "output_len": len(o), "ttft_s": first - a,
+                            "tpot_s": (b - first) / (len(o) - 1) if len(o) > 1 else None, "e2e_s": b - a,
+                            "hash": out_hash(o)})
+        wall = time.perf_counter() - t0
+        total = sum(len(o) for o in outs)
+        return {"method": name, "k": pld, "concurrency": 1, "n_requests": len(outs), "output_tokens": total,
+                "wall_s": wall, "output_tok_s": total / wall, "req_s": len(outs) / wall,
+                "ttft_ms": stats_ms([r["ttft_s"] for r in per_req]), "tpot_ms": stats_ms([r["tpot_s"] for r in per_req]),
+                "e2e_ms": stats_ms([r["e2e_s"] for r in per_req]), "requests": per_req, "_outputs": outs}

@@ -1,0 +1,184 @@
+"""The sweep: datasets x concurrency x {baseline, eagle3 K.., peagle K..} (+ HF peers at c=1), one JSON."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+from ..errors import PeagleError
+from ..sampling import SamplingParams
+from .datasets import load_dataset
+from .runner import Bench, HFPeer
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = round(int(f.readline().split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "mem_gib": mem,
+            "loadavg_at_start": load, "platform": platform.platform()}
+
+
+def versions() -> dict:
+    import transformers
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        commit = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+            "peagle_commit": commit, "peagle_dirty": dirty}
+
+
+def configs(methods, ks):
+    out = [("baseline", 0)] if "baseline" in methods else []
+    for m in ("eagle3", "peagle"):
+        if m in methods:
+            out += [(m, k) for k in ks]
+    return out
+
+
+def run_sweep(a, log=print) -> dict:
+    """a: the parsed CLI namespace (see cli.py). Returns the results dict (JSON-ready)."""
+    t_start = time.time()
+    heads = {"eagle3": a.eagle3_head, "peagle": a.peagle_head}
+    bench = Bench(a.model, heads, a.dtype, a.seed)
+    methods = list(a.methods)
+    if "baseline" not in methods:
+        methods.insert(0, "baseline")               # the identity check and the speedups need it
+    cfgs = configs(methods, a.ks)
+    params = SamplingParams(temperature=a.temperature, max_tokens=a.output_len, ignore_eos=a.ignore_eos,
+                            seed=None)
+    greedy = a.temperature == 0
+    res = {"meta": {"command": a.command, "started_utc": _dt.datetime.utcnow().isoformat(timespec="seconds") + "Z",
+                    "machine": machine_info(), "versions": versions(),
+                    "model": os.path.abspath(a.model), "heads": {m: os.path.abspath(d) if d else None
+                                                                  for m, d in heads.items()},
+                    "settings": {k: v for k, v in vars(a).items() if k not in ("func", "command")}},
+           "datasets": {}, "runs": [], "peers": []}
+    for m in ("eagle3", "peagle"):
+        if m in methods:
+            bench.head(m)                             # fail early on a missing/mismatched head
+            res["meta"].setdefault("head_configs", {})[m] = {k: bench.head(m).cfg.get(k) for k in (
+                "num_hidden_layers", "hidden_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")}
+
+    # warm-up every engine kind once (first-call allocations, kernels)
+    for m, k in cfgs:
+        bench.run(m, k, 1, [bench.encode(load_dataset("mtbench", 1)[0])[:32]],
+                  SamplingParams(temperature=a.temperature, max_tokens=8, ignore_eos=True), 256)
+
+    for ds in a.datasets:
+        prompts = load_dataset(ds, a.num_prompts, a.humaneval_format, a.mtbench_turns, a.seed)
+        enc, kept, skipped = [], [], 0
+        for p in prompts:
+            ids = bench.encode(p)
+            if len(ids) > a.max_prompt_len:
+                skipped += 1
+                continue
+            enc.append(ids)
+            kept.append(p)
+        if not enc:
+            raise PeagleError(f"{ds}: no prompt fits --max-prompt-len {a.max_prompt_len}")
+        if ds == "mtbench" and a.mtbench_turns == 2:
+            enc, kept = _second_turns(bench, kept, enc, a, log)
+        mlen = max(map(len, enc)) + a.output_len + 8
+        cats = {}
+        for p in kept:
+            cats[p.category] = cats.get(p.category, 0) + 1
+        res["datasets"][ds] = {"n_prompts": len(enc), "n_skipped_too_long": skipped, "categories": cats,
+                               "prompt_tokens_mean": sum(map(len, enc)) / len(enc),
+                               "ids": [p.id for p in kept], "kinds": sorted({p.kind for p in kept}),
+                               "categories_per_prompt": [p.category for p in kept]}
+        base_c1 = None
+        for c in a.concurrency:
+            n_req = max(len(enc), c) if a.fill_concurrency else len(enc)
+            batch = [enc[i % len(enc)] for i in range(n_req)]
+            ref = None
+            for rep in range(a.repeats):
+                for m, k in cfgs:
+                    t0 = time.time()
+                    r = bench.run(m, k, c, batch, params, mlen)
+                    outs = r.pop("_outputs")
+                    if m == "baseline" and ref is None:
+                        ref = outs
+                        if c == min(a.concurrency):
+                            base_c1 = (c, outs)
+                            res["datasets"][ds]["samples"] = [
+                                {"id": kept[i].id, "category": kept[i].category, "output": bench.decode(outs[i])[:600]}
+                                for i in range(min(3, len(outs)))]
+                    r["identity"] = bench.identity(batch, outs, ref) if greedy else {"ok": None, "note": "sampling"}
+                    r.update(dataset=ds, repeat=rep)
+                    res["runs"].append(r)
+                    idt = r["identity"]
+                    log(f"[{ds} c={c} rep={rep}] {m:8s} K={k}: {r['output_tok_s']:8.1f} tok/s  "
+                        f"AL={r['metrics']['mean_acceptance_length']:.2f}  "
+                        f"TTFT={r['ttft_ms']['mean']:.0f}ms TPOT={r['tpot_ms']['mean']:.1f}ms  "
+                        f"draft={r['timing']['draft_ms_per_step']:.1f}ms verify={r['timing']['verify_ms_per_step']:.1f}ms"
+                        f"  same={idt.get('identical', '-')}/{idt.get('n', '-')}  ({time.time() - t0:.0f}s)")
+        if a.peers and base_c1 is not None:
+            peer_ids = enc[: a.peer_prompts]
+            hf = HFPeer(a.model)
+            for name, pld in [("hf", 0), ("hf-pld", a.pld_tokens)]:
+                if name not in a.peers:
+                    continue
+                r = hf.run(name, peer_ids, a.output_len, a.ignore_eos, a.temperature, pld)
+                outs = r.pop("_outputs")
+                r["identity"] = (bench.identity(peer_ids, outs, base_c1[1][: len(peer_ids)]) if greedy
+                                 else {"ok": None, "note": "sampling"})
+                r["dataset"] = ds
+                # peagle on the same prompt subset at c=1, for a like-for-like ratio
+                res["peers"].append(r)
+                log(f"[{ds} c=1] {name:8s} pld={pld}: {r['output_tok_s']:8.1f} tok/s  "
+                    f"same={r['identity'].get('identical', '-')}/{r['identity'].get('n', '-')}")
+            del hf
+            if a.peer_prompts < len(enc):
+                for m, k in cfgs:
+                    r = bench.run(m, k, 1, peer_ids, params, mlen)
+                    r.pop("_outputs")
+                    r.update(dataset=ds, repeat=0, subset="peer_prompts")
+                    res["peers"].append(r)
+    res["meta"]["finished_utc"] = _dt.datetime.utcnow().isoformat(timespec="seconds") + "Z"
+    res["meta"]["duration_s"] = time.time() - t_start
+    return res
+
+
+def _second_turns(bench, kept, enc, a, log):
+    """MT-Bench both turns: turn-2 prompts carry the model's own greedy (baseline) first answer."""
+    from dataclasses import replace
+    log("mtbench: generating first answers for turn 2 ...")
+    outs = bench.run("baseline", 0, min(8, len(enc)), enc,
+                     SamplingParams(temperature=0, max_tokens=a.output_len), max(map(len, enc)) + a.output_len + 8)
+    outs = outs["_outputs"]
+    enc2, kept2 = list(enc), list(kept)
+    for p, o in zip(kept, outs):
+        if not p.second_turn:
+            continue
+        msgs = p.messages + [{"role": "assistant", "content": bench.decode(o)},
+                             {"role": "user", "content": p.second_turn}]
+        q = replace(p, id=p.id + "-t2", messages=msgs)
+        ids = bench.encode(q)
+        if len(ids) <= a.max_prompt_len:
+            enc2.append(ids)
+            kept2.append(q)
+    return enc2, kept2

@@ -1,0 +1,89 @@
+"""`peagle bench` end to end on a tiny target with random heads: files written, figures consistent."""
+import json
+import os
+
+import pytest
+
+from heads import save_random_head
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_dirs, tmp_path_factory):
+    from peagle.cli import main
+    root = tmp_path_factory.mktemp("bench")
+    tgt = tiny_dirs["llama"]
+    e3 = save_random_head(tgt, str(root / "e3"), parallel=False)
+    pe = save_random_head(tgt, str(root / "pe"), parallel=True)
+    out = str(root / "out")
+    rc = main(["bench", "--model", tgt, "--eagle3-head", e3, "--peagle-head", pe, "--num-prompts", "2",
+               "--output-len", "12", "--ks", "1,3", "--concurrency", "1,3", "--peer-prompts", "1",
+               "--threads", "1", "--out", out])
+    assert rc == 0
+    with open(os.path.join(out, "results.json")) as f:
+        return out, json.load(f), tgt, e3, pe
+
+
+def test_files_written(bench_run):
+    out, res, *_ = bench_run
+    for fn in ("results.json", "report.md", "throughput_vs_concurrency.png", "acceptance_vs_k.png",
+               "drafter_time_vs_k.png"):
+        p = os.path.join(out, fn)
+        assert os.path.getsize(p) > 100, fn
+    md = open(os.path.join(out, "report.md")).read()
+    assert md.splitlines()[0].startswith("# peagle benchmark")
+    assert "```\npeagle bench " in md and "--num-prompts 2" in md      # the regenerating command at the top
+    assert "## Headline" in md and "P-EAGLE ÷ EAGLE-3" in md
+    assert res["meta"]["versions"]["torch"] and res["meta"]["machine"]["cores"]
+
+
+def test_figures_consistent(bench_run):
+    _, res, *_ = bench_run
+    assert set(res["datasets"]) == {"mtbench", "humaneval", "speed"}
+    runs = res["runs"]
+    # 3 datasets x 2 concurrencies x (baseline + 2 methods x 2 K)
+    assert len(runs) == 3 * 2 * 5
+    for r in runs:
+        m = r["metrics"]
+        assert r["output_tokens"] == sum(q["output_len"] for q in r["requests"])
+        assert r["output_tok_s"] == pytest.approx(r["output_tokens"] / r["wall_s"])
+        assert r["identity"]["ok"] is True and r["identity"]["identical"] == r["n_requests"]
+        if r["method"] == "baseline":
+            assert m["num_drafts"] == 0
+            continue
+        assert m["num_drafts"] > 0
+        assert m["mean_acceptance_length"] == pytest.approx(1 + m["num_accepted_tokens"] / m["num_drafts"])
+        assert m["num_draft_tokens"] == r["k"] * m["num_drafts"]
+        assert sum(q["num_drafts"] for q in r["requests"]) == m["num_drafts"]
+        assert sum(q["num_accepted"] for q in r["requests"]) == m["num_accepted_tokens"]
+        pp = m["acceptance_rate_per_pos"]
+        assert len(pp) == r["k"] and all(a >= b for a, b in zip(pp, pp[1:]))
+        assert r["timing"]["drafter_propose_calls"] > 0 and r["timing"]["draft_ms_per_step"] > 0
+    c3 = [r for r in runs if r["concurrency"] == 3]
+    assert all(r["n_requests"] == 3 for r in c3)            # prompts repeated to fill the concurrency
+    peers = [p for p in res["peers"] if not p.get("subset")]
+    assert {p["method"] for p in peers} == {"hf", "hf-pld"}
+    assert all(p["identity"]["ok"] for p in peers)           # HF greedy == peagle greedy on the same weights
+
+
+def test_runner_matches_llm_api(bench_run):
+    """The bench builds engines itself (one shared target): its outputs equal LLM.generate's."""
+    from peagle import LLM, SamplingParams
+    from peagle.bench.datasets import load_dataset
+    from peagle.bench.runner import Bench
+    _, _, tgt, e3, pe = bench_run
+    b = Bench(tgt, {"eagle3": e3, "peagle": pe})
+    ids = [b.encode(p) for p in load_dataset("humaneval", 2)]
+    sp = SamplingParams(temperature=0, max_tokens=10)
+    r = b.run("peagle", 3, 2, ids, sp, 1024)
+    llm = LLM(tgt, speculative_config={"method": "eagle3", "model": pe, "num_speculative_tokens": 3,
+                                        "parallel_drafting": True}, max_num_seqs=2)
+    outs = llm.generate([{"prompt_token_ids": x} for x in ids], sp)
+    assert r["_outputs"] == [o.outputs[0].token_ids for o in outs]
+    assert r["metrics"]["num_accepted_tokens"] == llm.get_metrics()["num_accepted_tokens"]
+
+
+def test_rerender_from_json(bench_run, tmp_path):
+    from peagle.cli import main
+    out, *_ = bench_run
+    rc = main(["bench", "--from-json", os.path.join(out, "results.json"), "--out", str(tmp_path)])
+    assert rc == 0 and os.path.getsize(tmp_path / "report.md") > 1000
