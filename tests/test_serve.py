@@ -370,6 +370,41 @@ def test_disconnect_mid_stream_aborts_at_once(plain, ref_llm):
     assert r.choices[0].text == ref.text
 
 
+def test_abort_mid_batch_keeps_neighbours_exact(spec, ref_llm):
+    """The official client closes a stream mid-way while two neighbours keep decoding with speculation: the
+    aborted row is freed at once (rows are compacted, target and drafter caches move) and the neighbours'
+    outputs stay identical to plain decoding."""
+    mt = 60
+    refs = ref_complete(ref_llm, PROMPTS[:3], mt, ignore_eos=True)
+    c = client(spec)
+    out = {}
+
+    def full(i):
+        try:
+            out[i] = stream_completion(c, PROMPTS[i], mt, extra_body={"ignore_eos": True})
+        except Exception as e:  # noqa: BLE001
+            out[i] = e
+    ts = [threading.Thread(target=full, args=(i,)) for i in (0, 2)]
+    for t in ts:
+        t.start()
+    s = c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=900, temperature=0, stream=True,
+                             extra_body={"ignore_eos": True, "return_token_ids": True})
+    it = iter(s)
+    for _ in range(3):
+        next(it)
+    s.close()
+    t0 = time.monotonic()
+    while get_json(spec, "/debug/engine")["in_flight"] > 2 and time.monotonic() - t0 < 10:
+        time.sleep(0.02)
+    assert get_json(spec, "/debug/engine")["in_flight"] <= 2
+    for t in ts:
+        t.join(120)
+    for i in (0, 2):
+        assert isinstance(out[i], tuple), out[i]
+        assert out[i][1] == refs[i].token_ids
+    wait_idle(spec)
+
+
 # ---------------------------------------------------------------- overload and failures
 def test_overload_gets_429_and_server_stays_exact(model_dir, ref_llm):
     srv = start(model_dir, max_num_seqs=2, max_waiting=2)
