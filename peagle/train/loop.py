@@ -135,9 +135,8 @@ class Trainer:
         self.steps_per_epoch = max(1, self.rows_per_epoch // a.batch_rows)
         self.total = a.steps or int(math.ceil(a.epochs * self.steps_per_epoch))
         warm = max(1, int(a.warmup * self.total)) if a.warmup < 1 else int(a.warmup)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if s < warm else
-                                                       a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 *
-                                                       (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, self.total - warm)))))
+        self.warm = warm
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: self.lr_factor(s, s / max(1, self.total)))
         self.step = 0
         self.elapsed = 0.0
         self._epoch_cache = (None, None)
@@ -150,6 +149,29 @@ class Trainer:
             random.setstate(ck["rng"]["python"])
             if self.rank == 0:
                 print(f"resumed from {self.ckpt_dir} at step {self.step}", flush=True)
+
+    def lr_factor(self, step, frac):
+        """Linear warm-up over `warm` steps, then cosine from 1 to min_lr_ratio as frac goes to 1."""
+        a = self.a
+        if step < self.warm:
+            return min(1.0, (step + 1) / self.warm)
+        w = self.warm / max(1, self.total)
+        f = min(1.0, max(0.0, (frac - w) / max(1e-9, 1 - w)))
+        return a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * f))
+
+    def _time_schedule(self):
+        """With --max-minutes the cosine follows whichever runs out first, steps or wall time, so a run
+        stopped by the clock still ends annealed."""
+        if self.a.max_minutes:
+            el = self.elapsed
+            if self.world > 1:  # every rank must use the same lr: take rank 0's clock
+                t = torch.tensor([el], dtype=torch.float64)
+                import torch.distributed as dist
+                dist.broadcast(t, 0)
+                el = self.elapsed = float(t)
+            frac = max(self.step / max(1, self.total), el / (60 * self.a.max_minutes))
+            for g in self.opt.param_groups:
+                g["lr"] = self.a.lr * self.lr_factor(self.step, frac)
 
     # ---------------------------------------------------------------- data
     def _rows_of_epoch(self, epoch):
@@ -222,11 +244,20 @@ class Trainer:
                 p.grad = flat[o:o + n].view_as(p).clone()
                 o += n
         gnorm = torch.nn.utils.clip_grad_norm_(params, a.clip)
+        lr = self.opt.param_groups[0]["lr"]
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         correct, total = stats[1:1 + K], stats[1 + K:]
-        return {"loss": loss, "gnorm": float(gnorm), "correct": correct, "total": total, "lr": self.sched.get_last_lr()[0]}
+        return {"loss": loss, "gnorm": float(gnorm), "correct": correct, "total": total, "lr": lr}
+
+    def _bcast_flag(self, flag: bool) -> bool:
+        if self.world <= 1:
+            return flag
+        import torch.distributed as dist
+        t = torch.tensor([int(flag)])
+        dist.broadcast(t, 0)
+        return bool(t)
 
     # ---------------------------------------------------------------- checkpoints
     def _load_ckpt(self):
@@ -274,16 +305,18 @@ class Trainer:
         log = open(os.path.join(a.out, "train_log.jsonl"), "a") if self.rank == 0 else None
         acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []
         t_last = time.time()
-        stop_at = time.time() + a.max_minutes * 60 if a.max_minutes else None
+        stop_at = time.time() + a.max_minutes * 60 - self.elapsed if a.max_minutes else None
         while self.step < self.total:
             t0 = time.time()
+            self._time_schedule()
             st = self.train_step(self.step)
             self.step += 1
             self.elapsed += time.time() - t0
             acc_c += st["correct"]
             acc_t += st["total"]
             losses.append(st["loss"])
-            if self.step % a.log_every == 0 or self.step == self.total:
+            stopping = bool(stop_at) and self._bcast_flag(time.time() > stop_at)
+            if self.step % a.log_every == 0 or self.step == self.total or stopping:
                 acc = (acc_c / acc_t.clamp(min=1)).tolist()
                 rec = {"step": self.step, "loss": sum(losses) / len(losses), "lr": st["lr"], "gnorm": st["gnorm"],
                        "acc": [round(x, 4) for x in acc], "n": acc_t.tolist(), "time_s": round(self.elapsed, 1)}
@@ -302,7 +335,7 @@ class Trainer:
                 self.save_ckpt()
             if a.kill_at_step and self.step == a.kill_at_step:  # test hook: simulate a crash after a checkpoint
                 os._exit(17)
-            if stop_at and time.time() > stop_at:
+            if stopping:
                 if self.rank == 0:
                     print(f"\nstopping at step {self.step}: --max-minutes reached", flush=True)
                 break
