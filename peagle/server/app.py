@@ -239,17 +239,17 @@ async def _generate(state: ServerState, request: Request, req, ids, text, chat: 
         raise ApiError(400, f"stop_token_ids must be in 0..{state.vocab_size - 1}", param="stop_token_ids")
     if not state.loop.alive:
         raise ApiError(503, "engine loop is not running", "internal_error")
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    h = Handle(rid, ids, params, text, asyncio.get_running_loop())
+    h.arrival = t0 or h.arrival          # TTFT and e2e latency count from HTTP arrival
+    gen = _Gen(state, h, req, chat)
     if not state.loop.try_reserve():
         state.metrics.rejected.inc()
         raise ApiError(429, f"server busy: {state.loop.capacity} requests in flight (max_num_seqs="
                             f"{state.engine.max_num_seqs} + max_waiting={state.loop.max_waiting}); retry later",
                        "rate_limit_error", None, "rate_limit_exceeded", headers={"Retry-After": "1"})
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    h = Handle(rid, ids, params, text, asyncio.get_running_loop())
-    h.arrival = t0 or h.arrival          # TTFT and e2e latency count from HTTP arrival
+    state.loop.submit(h)                 # from here on the engine loop releases the reservation
     state.metrics.prompt_tokens.inc(len(ids))
-    state.loop.submit(h)
-    gen = _Gen(state, h, req, chat)
     if req.stream:
         return _Stream(gen.sse(), gen.close)
     return await gen.collect(request)
