@@ -80,7 +80,8 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     depend on deeper elements, so it is computed once (its graph kept, O(n*H*layers) memory) and serves as
     the keys/values context of every segment; segment s then runs its own deep elements (anchors in
     [s*L, (s+1)*L)) over [depth-0 keys | own keys], plus the logits of its own depth-0 elements, and does its
-    own backward.  Attention work drops from (3.4n)^2 to ~3.4n^2 and peak memory from O((3.4n)^2) to
+    own backward into the parameters and into leaf copies of the depth-0 outputs/keys/values; one final
+    backward pushes the accumulated leaf gradients through the depth-0 stream.  Attention work drops from (3.4n)^2 to ~3.4n^2 and peak memory from O((3.4n)^2) to
     O(n * 3.4L); the accumulated gradient equals the flat pass's (tests/test_train_peagle.py)."""
     if seg_len <= 0:
         return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype)
@@ -93,7 +94,12 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     a0, d0 = anchor[:n0], depth[:n0]
     with _autocast(autocast_dtype):
         ids0, hid0, pos0 = element_inputs(head, row, a0, d0)
-        normed0, _, kv0 = ttt_forward(head, ids0[None], hid0[None], pos0[None], C[a0][:, a0][None, None])
+        normed0_g, _, kv0_g = ttt_forward(head, ids0[None], hid0[None], pos0[None], C[a0][:, a0][None, None])
+    # segments read detached leaf copies of the depth-0 stream; their gradients accumulate on the leaves and
+    # flow back through the depth-0 graph ONCE at the end (not once per segment)
+    leaf = lambda t: t.detach().requires_grad_(backward)  # noqa: E731
+    normed0 = leaf(normed0_g)
+    kv0 = [(leaf(k), leaf(v)) for k, v in kv0_g]
     for _, own in owned_segments(anchor, seg_len):
         o0 = (own & sup)[:n0].nonzero().flatten()
         od = (own & sup).nonzero().flatten()
@@ -118,7 +124,15 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
                 l, k = _kl_stats(head, normed[0, keep], row, a[keep], d[keep], denom, K, acc)
                 loss, kl_sum = loss + l, kl_sum + k
         if backward:
-            loss.backward(retain_graph=True)  # the shared depth-0 stream serves the next segments
+            loss.backward()
+    if backward:
+        outs, grads = [], []
+        for g_t, l_t in zip([normed0_g] + [t for kv in kv0_g for t in kv], [normed0] + [t for kv in kv0 for t in kv]):
+            if l_t.grad is not None:
+                outs.append(g_t)
+                grads.append(l_t.grad)
+        if outs:
+            torch.autograd.backward(outs, grads)
     return {"kl": kl_sum, "correct": acc[0], "total": acc[1]}
 
 
