@@ -293,7 +293,11 @@ class Trainer:
             info.update(train_depths=self.K, cod_r=a.cod_r, cod_rmin=a.cod_rmin, segment_len=a.segment_len)
         else:
             info.update(ttt_steps=self.K, decay=a.decay)
-        self.head.save_pretrained(a.out, extra={"peagle": info})
+        if getattr(a, "save_dtype", "fp32") == "bf16":  # halves the shipped file; buffers stay int/bool
+            import copy
+            copy.deepcopy(self.head).to(torch.bfloat16).save_pretrained(a.out, extra={"peagle": info, "torch_dtype": "bfloat16"})
+        else:
+            self.head.save_pretrained(a.out, extra={"peagle": info, "torch_dtype": "float32"})
 
     # ---------------------------------------------------------------- run
     def run(self):
