@@ -1,0 +1,62 @@
+"""Drafter-training data plumbing: shards, packing, draft vocabulary, target features and their cache."""
+import ast
+
+import torch
+
+from peagle.train.data import epoch_rows, load_docs, shard_path, write_shard
+from peagle.train.vocab import build_draft_vocab, mappings, token_counts
+
+
+def test_shards_and_packing(tmp_path):
+    docs = [([1, 2, 3, 4], [0, 0, 1, 1]), ([5, 6, 7], [0, 1, 1]), ([8, 9], [0, 0])]
+    write_shard(shard_path(str(tmp_path), 0), docs)
+    got = load_docs(str(tmp_path))  # the doc without 2 supervised tokens is dropped
+    assert [d[0].tolist() for d in got] == [[1, 2, 3, 4], [5, 6, 7]]
+    assert got[0][1].tolist() == [False, False, True, True]
+    lengths = [50, 700, 300, 1200, 20, 400]
+    a, b = epoch_rows(lengths, 1024, 0, 3), epoch_rows(lengths, 1024, 0, 3)
+    assert a == b and sorted(i for r in a for i in r) == list(range(6))
+    assert all(sum(min(lengths[i], 1024) for i in r) <= 1024 for r in a)
+    assert epoch_rows(lengths, 1024, 0, 4) != a or len(a) == 1
+
+
+def test_draft_vocab():
+    docs = [(torch.tensor([7, 7, 7, 9, 9, 3, 5]), torch.tensor([0, 1, 1, 1, 1, 1, 0]).bool())]
+    c = token_counts(docs, 16)
+    assert c[7] == 2 and c[5] == 0 and c[9] == 2
+    ids = build_draft_vocab(c, 4)
+    assert ids.tolist() == [0, 3, 7, 9]  # 3 most frequent + lowest unseen id as filler, sorted
+    d2t, t2d, index = mappings(ids, 16)
+    assert torch.equal(torch.arange(4) + d2t, ids) and int(t2d.sum()) == 4 and index[9] == 3 and index[8] == -1
+    assert torch.equal(build_draft_vocab(c, 16), torch.arange(16))
+
+
+def test_teacher_features_and_cache(tiny_dirs, tmp_path):
+    from peagle.models.llama import Transformer
+    from peagle.train.features import FeatureCache, Teacher
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    ids = torch.arange(0, 512, 2)
+    teacher = Teacher(target, (1, 2, 3), ids)
+    g = torch.Generator().manual_seed(0)
+    docs = [(torch.randint(5, 500, (n,), generator=g), torch.ones(n, dtype=torch.bool)) for n in (9, 17, 5)]
+    feats = teacher.doc_features([d[0] for d in docs])
+    # one batched forward == per-document forwards; teacher == the target's own logits over the draft ids
+    for (t, _), (aux, last) in zip(docs, feats):
+        logits, aux1 = target.forward(t[None], target.new_cache(1, len(t) + 8), 0, torch.zeros(1, dtype=torch.long),
+                                      aux_ids=(1, 2, 3))
+        assert torch.allclose(aux, aux1[0], atol=1e-4)
+        assert torch.allclose(teacher.teacher_logp(last), torch.log_softmax(logits[0][:, ids], -1), atol=1e-4)
+    cache = FeatureCache(str(tmp_path / "fc"), chunk=2)
+    cache.build(teacher, docs, progress=False)
+    for i, (aux, last) in enumerate(feats):
+        ca, cl = cache.get(i)
+        assert torch.allclose(ca, aux, atol=2e-2, rtol=1e-2) and torch.allclose(cl, last, atol=2e-2, rtol=1e-2)
+
+
+def test_code_prompt_is_signature_and_docstring():
+    from peagle.train.datagen import _code_prompt
+    src = 'import os\n\n\ndef f(a, b=2):\n    """Add two numbers together, carefully."""\n    c = a + b\n    d = c * 2\n    return d\n'
+    tree = ast.parse(src)
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    p = _code_prompt(src, tree, fn)
+    assert p.startswith("import os\n\n\ndef f(a, b=2):") and p.rstrip().endswith('carefully."""') and "return" not in p
