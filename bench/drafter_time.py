@@ -64,6 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-verify", action="store_true", help="skip timing the target's verification pass")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    print("Regenerate: `.venv/bin/python " + " ".join([os.path.relpath(__file__)] + list(
+        sys.argv[1:] if argv is None else argv)) + "`")
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
     ks = [int(x) for x in a.ks.split(",")]
     scratch = os.path.join(tempfile.gettempdir(), "peagle-drafter-time")

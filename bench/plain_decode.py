@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    print("Regenerate: `.venv/bin/python " + " ".join([os.path.relpath(__file__)] + list(
+        sys.argv[1:] if argv is None else argv)) + "`")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
     model = target_or_random(a.model, os.path.join(tempfile.gettempdir(), "peagle-plain-decode"))

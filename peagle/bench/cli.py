@@ -56,6 +56,8 @@ def add_parser(sub):
                    help="sanity run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     p.add_argument("--out", default="bench-out", help="output directory (results.json, report.md, *.png)")
     p.add_argument("--from-json", default=None, help="only re-render report and plots from a results.json")
+    p.add_argument("--notes", default=None, help="a Markdown file inserted into the report after the goals "
+                                                 "(analysis written after the run)")
     p.set_defaults(func=run)
 
 
@@ -97,6 +99,8 @@ def canonical_command(a) -> str:
         parts += ["--threads", str(a.threads)]
     if a.random_heads:
         parts.append("--random-heads")
+    if a.notes:
+        parts += ["--notes", rel(a.notes)]
     parts += ["--out", rel(a.out)]
     return " ".join(shlex.quote(x) for x in parts)
 
@@ -127,7 +131,7 @@ def run(a) -> int:
         with open(a.from_json) as f:
             res = json.load(f)
         os.makedirs(a.out, exist_ok=True)
-        write_all(res, a.out)
+        write_all(res, a.out, a.notes)
         print(f"bench: report re-rendered in {a.out}")
         return 0
     apply_defaults(a)
@@ -138,7 +142,7 @@ def run(a) -> int:
     ensure_heads(a)
     from .sweep import run_sweep
     t0 = time.time()
-    res = run_sweep(a)
-    paths = write_all(res, a.out)
+    res = run_sweep(a, on_dataset=lambda r: write_all(dict(r, partial=True), a.out))
+    paths = write_all(res, a.out, a.notes)
     print(f"bench: done in {time.time() - t0:.0f}s -> " + ", ".join(paths))
     return 0

@@ -15,7 +15,7 @@ def _plt():
     return plt
 
 
-def throughput(s, out) -> str:
+def throughput(s, out, peers=()) -> str:
     plt = _plt()
     dss = s["datasets"]
     fig, axes = plt.subplots(1, len(dss), figsize=(4.6 * len(dss), 3.8), squeeze=False)
@@ -29,6 +29,11 @@ def throughput(s, out) -> str:
             if m != "baseline":
                 for c, x in pts:
                     ax.annotate(f"K{x['k']}", (c, x["tok_s"]), fontsize=6, xytext=(2, 3), textcoords="offset points")
+        for r in peers:
+            if r["dataset"] == ds and not r.get("subset"):
+                ax.plot([1], [r["output_tok_s"]], "*", ms=9, color=COLORS.get(r["method"], "k"),
+                        label={"hf": "HF generate", "hf-pld": "HF prompt lookup"}.get(r["method"], r["method"])
+                        + f" ({r['n_requests']} prompts)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(s["cs"])
         ax.set_xticklabels([str(c) for c in s["cs"]])
@@ -111,7 +116,7 @@ def drafter_time(s, out) -> str:
 
 
 def write_plots(res, s, out) -> list:
-    ps = [throughput(s, out)]
+    ps = [throughput(s, out, res.get("peers", []))]
     if s["ks"]:
         ps += [acceptance(s, out), drafter_time(s, out)]
     return ps

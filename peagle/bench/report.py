@@ -177,33 +177,49 @@ def drafter_md(s) -> str:
                    "P-EAGLE verify ms/step"], rows)
 
 
+def _subset(r, n):
+    """A c=1 run's figures over its first n requests (sequential at c=1: tokens ÷ summed latency)."""
+    rq = r["requests"][:n]
+    tot, t = sum(q["output_len"] for q in rq), sum(q["e2e_s"] for q in rq)
+    return {"method": r["method"], "k": r["k"], "n_requests": len(rq), "output_tok_s": tot / t if t else None,
+            "ttft_ms": {"mean": 1000 * statistics.fmean(q["ttft_s"] for q in rq)},
+            "tpot_ms": {"mean": _med([1000 * q["tpot_s"] for q in rq if q["tpot_s"] is not None])},
+            "identity": {"identical": "reference", "n": len(rq)}
+            if r["method"] == "baseline" else {"identical": sum(1 for i in range(len(rq)) if i not in {
+                x["request"] for x in r["identity"].get("ties", []) + r["identity"].get("mismatches", [])}),
+                "n": len(rq)}}
+
+
 def peers_md(res) -> str:
     if not res.get("peers"):
         return "(no peers run)"
     rows = []
     for ds in res["datasets"]:
-        ps = [r for r in res["peers"] if r["dataset"] == ds]
-        sub = {(r["method"], r["k"]): r for r in ps if r.get("subset")}
-        full = {(r["method"], r["k"]): r for r in res["runs"] if r["dataset"] == ds and r["concurrency"] == 1}
-        ref = sub or full
-        if not ref:
+        ps = [r for r in res["peers"] if r["dataset"] == ds and not r.get("subset")]
+        if not ps:
             continue
-        base = ref.get(("baseline", 0))
-        best = {m: max((r for (mm, _), r in ref.items() if mm == m), key=lambda r: r["output_tok_s"], default=None)
-                for m in ("eagle3", "peagle")}
-        for r in [x for x in ps if not x.get("subset")] + [base, best["eagle3"], best["peagle"]]:
+        n = ps[0]["n_requests"]
+        c1 = [r for r in res["runs"] if r["dataset"] == ds and r["concurrency"] == 1 and r.get("repeat", 0) == 0]
+        sub = {(r["method"], r["k"]): _subset(r, n) for r in c1}
+        base = sub.get(("baseline", 0))
+        best = {m: max((r for (mm, _), r in sub.items() if mm == m), key=lambda r: r["output_tok_s"] or 0,
+                       default=None) for m in ("eagle3", "peagle")}
+        for r in ps + [base, best["eagle3"], best["peagle"]]:
             if r is None:
                 continue
             name = NAMES.get(r["method"], r["method"]) + (f" (K={r['k']})" if r["method"] in ("eagle3", "peagle") else "")
+            if r["method"] in ("baseline", "eagle3", "peagle"):
+                name = "peagle " + name
             if r["method"] == "hf-pld":
                 name += f" (prompt_lookup_num_tokens={r['k']})"
             idt = r.get("identity", {})
             rows.append([DS_NAMES.get(ds, ds), name, r["n_requests"], _f(r["output_tok_s"], 1),
-                         _f(r["output_tok_s"] / base["output_tok_s"] if base else None, 2, "×"),
+                         _f(r["output_tok_s"] / base["output_tok_s"] if base and r["output_tok_s"] else None, 2, "×"),
                          _f(r["ttft_ms"]["mean"], 0), _f(r["tpot_ms"]["mean"], 1),
                          f"{idt.get('identical', '–')}/{idt.get('n', '–')}" if idt else "–"])
-    return _table(["dataset", "engine", "prompts", "tok/s", "÷ peagle baseline", "TTFT ms", "TPOT ms",
-                   "same tokens as baseline"], rows)
+    return ("Same prompts (the first of each dataset), one at a time; peagle's figures are its c=1 run's over "
+            "those prompts.\n\n" + _table(["dataset", "engine", "prompts", "tok/s", "÷ peagle baseline", "TTFT ms",
+                                           "TPOT ms", "same tokens as peagle baseline"], rows))
 
 
 def identity_md(res) -> str:
@@ -243,12 +259,14 @@ def runs_md(res) -> str:
                    "AL", "draft ms/step", "verify ms/step", "same"], rows)
 
 
-def report_md(res, pngs) -> str:
+def report_md(res, pngs, notes: str | None = None) -> str:
     s = summarize(res)
     meta = res["meta"]
     mc, v = meta["machine"], meta["versions"]
     st = meta["settings"]
-    lines = [f"# peagle benchmark: baseline vs EAGLE-3 vs P-EAGLE\n",
+    lines = [f"# peagle benchmark: baseline vs EAGLE-3 vs P-EAGLE\n"
+             + ("\n**PARTIAL RESULTS: the run was still going (or was cut short) when this was written.**\n"
+                if res.get("partial") else ""),
              f"Regenerate every figure below with:\n\n```\n{meta['command']}\n```\n",
              f"Run {meta['started_utc']} → {meta.get('finished_utc')} ({_f(meta.get('duration_s', 0) / 60, 1)} min) on "
              f"{mc['cpu']} ({mc['cores']} cores, {mc['torch_threads']} torch threads, {mc['mem_gib']} GiB; load average at "
@@ -265,6 +283,7 @@ def report_md(res, pngs) -> str:
                f"tokens ÷ wall time; TTFT/TPOT are per-request means; acceptance length = 1 + accepted ÷ drafts "
                f"(vLLM's definition).\n",
              "## Headline\n", headline(s), "\n## Goals\n", goals_md(s, res),
+             *(["\n## Analysis\n", notes.strip(), ""] if notes else []),
              "\n## Losslessness\n", identity_md(res), "\n## Per dataset (best K per method and concurrency)\n"]
     for ds in s["datasets"]:
         lines += [f"### {DS_NAMES.get(ds, ds)}\n", dataset_md(s, ds), ""]
@@ -288,7 +307,7 @@ def report_md(res, pngs) -> str:
     return "\n".join(lines)
 
 
-def write_all(res, out) -> list:
+def write_all(res, out, notes_path: str | None = None) -> list:
     from .plots import write_plots
     os.makedirs(out, exist_ok=True)
     jp = os.path.join(out, "results.json")
@@ -297,5 +316,6 @@ def write_all(res, out) -> list:
     pngs = write_plots(res, summarize(res), out)
     mp = os.path.join(out, "report.md")
     with open(mp, "w") as f:
-        f.write(report_md(res, [os.path.basename(p) for p in pngs]))
+        notes = open(notes_path).read() if notes_path else None
+        f.write(report_md(res, [os.path.basename(p) for p in pngs], notes))
     return [jp, mp] + pngs

@@ -59,8 +59,9 @@ def configs(methods, ks):
     return out
 
 
-def run_sweep(a, log=print) -> dict:
-    """a: the parsed CLI namespace (see cli.py). Returns the results dict (JSON-ready)."""
+def run_sweep(a, log=print, on_dataset=None) -> dict:
+    """a: the parsed CLI namespace (see cli.py). Returns the results dict (JSON-ready); on_dataset(res) is
+    called after each dataset (the CLI writes partial results there)."""
     t_start = time.time()
     heads = {"eagle3": a.eagle3_head, "peagle": a.peagle_head}
     bench = Bench(a.model, heads, a.dtype, a.seed)
@@ -147,17 +148,12 @@ def run_sweep(a, log=print) -> dict:
                 r["identity"] = (bench.identity(peer_ids, outs, base_c1[1][: len(peer_ids)]) if greedy
                                  else {"ok": None, "note": "sampling"})
                 r["dataset"] = ds
-                # peagle on the same prompt subset at c=1, for a like-for-like ratio
                 res["peers"].append(r)
                 log(f"[{ds} c=1] {name:8s} pld={pld}: {r['output_tok_s']:8.1f} tok/s  "
                     f"same={r['identity'].get('identical', '-')}/{r['identity'].get('n', '-')}")
             del hf
-            if a.peer_prompts < len(enc):
-                for m, k in cfgs:
-                    r = bench.run(m, k, 1, peer_ids, params, mlen)
-                    r.pop("_outputs")
-                    r.update(dataset=ds, repeat=0, subset="peer_prompts")
-                    res["peers"].append(r)
+        if on_dataset is not None:
+            on_dataset(res)
     res["meta"]["finished_utc"] = _dt.datetime.utcnow().isoformat(timespec="seconds") + "Z"
     res["meta"]["duration_s"] = time.time() - t_start
     return res
