@@ -88,6 +88,8 @@ def main(argv=None) -> int:
         ids = torch.randint(6, target.cfg.vocab_size, (a.batch, a.context), generator=gen)
         target.forward(ids, cache, 0, torch.zeros(a.batch, dtype=torch.long))
         aux = loaded["peagle"].aux_ids
+        one = torch.randint(6, target.cfg.vocab_size, (a.batch, 1), generator=gen)
+        verify[0] = lambda: target.forward(one, cache, 0, torch.full((a.batch,), a.context))   # plain decode step
         for k in ks:
             blk = torch.randint(6, target.cfg.vocab_size, (a.batch, k + 1), generator=gen)
             verify[k] = lambda blk=blk: target.forward(blk, cache, 0, torch.full((a.batch,), a.context), aux)
@@ -113,6 +115,8 @@ def main(argv=None) -> int:
     hdr = "| K | EAGLE-3 ms | P-EAGLE ms | EAGLE-3 ÷ P-EAGLE |" + (" target verify (K+1 tokens) ms |" if vmed else "")
     print(hdr)
     print("|---|---|---|---|" + ("---|" if vmed else ""))
+    if vmed:
+        print(f"| 0 (plain decode step, 1 token) | – | – | – | {vmed[0]:.2f} |")
     for k in ks:
         e, p = med[("eagle3", k)], med[("peagle", k)]
         print(f"| {k} | {e:.2f} | {p:.2f} | {e / p:.2f}× |" + (f" {vmed[k]:.2f} |" if vmed else ""))

@@ -92,7 +92,7 @@ def canonical_command(a) -> str:
     if not a.fill_concurrency:
         parts.append("--no-fill-concurrency")
     parts += ["--repeats", str(a.repeats), "--humaneval-format", a.humaneval_format, "--mtbench-turns",
-              str(a.mtbench_turns), "--max-prompt-len", str(a.max_prompt_len), "--peers", ",".join(a.peers) or "''",
+              str(a.mtbench_turns), "--max-prompt-len", str(a.max_prompt_len), "--peers", ",".join(a.peers),
               "--peer-prompts", str(a.peer_prompts), "--pld-tokens", str(a.pld_tokens), "--dtype", a.dtype,
               "--seed", str(a.seed)]
     if a.threads:

@@ -163,6 +163,30 @@ def acceptance_md(s) -> str:
     return al + "\n\n" + "\n\n".join(pp)
 
 
+def category_md(res, s) -> str:
+    """Acceptance length per prompt category at c=1 (SPEED-Bench reports per category)."""
+    c1 = min(s["cs"])
+    out = []
+    for ds, info in res["datasets"].items():
+        cats = info.get("categories_per_prompt") or []
+        if len(set(cats)) < 2:
+            continue
+        runs = [r for r in res["runs"] if r["dataset"] == ds and r["concurrency"] == c1 and r.get("repeat", 0) == 0
+                and r["method"] != "baseline"]
+        runs.sort(key=lambda r: (r["method"], r["k"]))
+        rows = []
+        for cat in dict.fromkeys(cats):
+            row = [cat]
+            for r in runs:
+                rq = [q for q in r["requests"] if cats[q["id"] % len(cats)] == cat]
+                d = sum(q["num_drafts"] for q in rq)
+                row.append(_f(1 + sum(q["num_accepted"] for q in rq) / d if d else None))
+            rows.append(row)
+        out.append(f"*{DS_NAMES.get(ds, ds)}*\n\n" + _table(["category"] + [f"{NAMES[r['method']]} K={r['k']}" for r in runs],
+                                                          rows))
+    return "\n\n".join(out)
+
+
 def drafter_md(s) -> str:
     c1 = min(s["cs"])
     rows = []
@@ -288,6 +312,7 @@ def report_md(res, pngs, notes: str | None = None) -> str:
     for ds in s["datasets"]:
         lines += [f"### {DS_NAMES.get(ds, ds)}\n", dataset_md(s, ds), ""]
     lines += [f"## Acceptance (c={min(s['cs'])})\n", acceptance_md(s),
+              f"\n## Acceptance length per category (c={min(s['cs'])})\n", category_md(res, s),
               f"\n## Drafter vs verification time per step (c={min(s['cs'])}, median over datasets)\n", drafter_md(s),
               "\n## External peers (c=1, HF transformers on the same weights)\n", peers_md(res), "\n## Plots\n"]
     lines += [f"![{p}]({p})" for p in pngs]
