@@ -189,7 +189,9 @@ def run(args) -> int:
           f"shards; {len(shards) - len(todo)} already done", flush=True)
     if not todo:
         return 0
-    llm = LLM(model=args.model, max_num_seqs=args.batch, seed=args.seed)
+    # KV cache rows sized for prompt + generation (not the target's full context): much less memory
+    llm = LLM(model=args.model, max_num_seqs=args.batch, seed=args.seed,
+              max_model_len=args.max_prompt_tokens * args.turns + args.max_new_tokens * args.turns + 16)
     from tqdm import tqdm
     bar = tqdm(total=len(items), initial=done_prompts, desc="datagen", unit="prompt")
     t0, ntok = time.time(), 0
