@@ -119,6 +119,11 @@ class EngineLoop:
         # shutting down: fail whatever is left so no handler waits forever
         for h in list(self._handles.values()):
             self._fail(h, 503, "server is shutting down")
+        while self._cmds:
+            cmd, x = self._cmds.popleft()
+            if cmd == "add":
+                self.unreserve()
+                self._post([(x, ("error", 503, "server is shutting down"))])
 
     def _snap(self):
         self._spec = self.engine.metrics.as_dict() if self._spec_on else None
