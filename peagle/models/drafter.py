@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
-from .layers import BlockCtx, Rope, apply_rope, attend, cached_attention, rms_norm, swiglu
+from .layers import BlockCtx, Rope, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
 
 
 class RMSNorm(nn.Module):
@@ -115,6 +115,8 @@ class DrafterHead(nn.Module):
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """Target aux states [.., 3T] -> drafter width H (vLLM: combine_hidden_states)."""
+        if not self.training and getattr(self, "_fc_t", None) is not None and not torch.is_grad_enabled():
+            return mm(aux, self._fc_t)
         return self.fc(aux)
 
     def forward(self, ids, hidden, pos, ctx_mask=None, cache=None, b0=0, start=None):
@@ -137,8 +139,11 @@ class DrafterHead(nn.Module):
         self._fused = []
         for L in self.layers:
             a, m = L.self_attn, L.mlp
-            self._fused.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
-                                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight))
+            self._fused.append(tuple(w.t().contiguous() for w in (
+                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
+                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight)))
+        self._fc_t = self.fc.weight.t().contiguous()
+        self._lm_head_t = self.lm_head.weight.t().contiguous()
         return self
 
     @torch.no_grad()
@@ -157,11 +162,13 @@ class DrafterHead(nn.Module):
                                   hn], -1)
             else:
                 resid, a_in = x, rms_norm(x, L.input_layernorm.weight, eps)
-            x = resid + F.linear(cached_attention(ctx, cache, i, F.linear(a_in, qkv_w), nh, nkv, hd), o_w)
+            x = resid + mm(cached_attention(ctx, cache, i, mm(a_in, qkv_w), nh, nkv, hd), o_w)
             x = x + swiglu(rms_norm(x, L.post_attention_layernorm.weight, eps), gu_w, d_w, inter)
         return rms_norm(x, self.norm.weight, eps), x
 
     def draft_logits(self, normed):
+        if not self.training and getattr(self, "_lm_head_t", None) is not None and not torch.is_grad_enabled():
+            return mm(normed, self._lm_head_t)
         return self.lm_head(normed)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -109,6 +109,14 @@ def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: in
     return attend(q, kc, vc, ctx.mask)
 
 
-def swiglu(x, gate_up_w, down_w, inter):
-    gu = F.linear(x, gate_up_w)
-    return F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], down_w)
+def mm(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W^T with W stored pre-transposed ([in, out], contiguous): on this CPU's MKL, 1.3-2.5x faster than
+    F.linear for the few-row products of decode and verification (measured: M=8 x [1376,256] 151 -> 56 us)."""
+    y = torch.matmul(x, wt)
+    return y if b is None else y + b
+
+
+def swiglu(x, gate_up_t, down_t, inter):
+    """gate_up_t [H, 2I] and down_t [I, H], pre-transposed."""
+    gu = mm(x, gate_up_t)
+    return mm(F.silu(gu[..., :inter]) * gu[..., inter:], down_t)

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from ..cache import KVCache
 from ..errors import PeagleError
 from .config import ModelConfig
-from .layers import BlockCtx, Rope, cached_attention, rms_norm, swiglu
+from .layers import BlockCtx, Rope, cached_attention, mm, rms_norm, swiglu
 
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
@@ -42,17 +42,19 @@ class Layer:
     def __init__(self, w: dict, i: int, cfg: ModelConfig):
         p = f"model.layers.{i}."
         g = lambda n: w[p + n]  # noqa: E731
-        self.qkv_w = torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"), g("self_attn.v_proj.weight")])
+        # weights are stored pre-transposed [in, out] for layers.mm
+        self.qkv_w = torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
+                                g("self_attn.v_proj.weight")]).t().contiguous()
         self.qkv_b = (torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"), g("self_attn.v_proj.bias")])
                       if cfg.qkv_bias else None)
-        self.o_w = g("self_attn.o_proj.weight")
+        self.o_w = g("self_attn.o_proj.weight").t().contiguous()
         self.o_b = g("self_attn.o_proj.bias") if cfg.o_bias else None
         self.q_norm = g("self_attn.q_norm.weight") if cfg.qk_norm else None
         self.k_norm = g("self_attn.k_norm.weight") if cfg.qk_norm else None
         self.ln1 = g("input_layernorm.weight")
         self.ln2 = g("post_attention_layernorm.weight")
-        self.gate_up = torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")])
-        self.down = g("mlp.down_proj.weight")
+        self.gate_up = torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]).t().contiguous()
+        self.down = g("mlp.down_proj.weight").t().contiguous()
         if cfg.mlp_bias:
             raise PeagleError("mlp_bias=true is not supported")
 
@@ -65,7 +67,9 @@ class Transformer:
         try:
             self.embed = weights["model.embed_tokens.weight"]
             self.norm = weights["model.norm.weight"]
-            self.lm_head = self.embed if cfg.tie_word_embeddings else weights.get("lm_head.weight", self.embed)
+            head = self.embed if cfg.tie_word_embeddings else weights.get("lm_head.weight", self.embed)
+            self.lm_head = head
+            self.lm_head_t = head.t().contiguous()
             self.layers = [Layer(weights, i, cfg) for i in range(cfg.num_hidden_layers)]
         except KeyError as e:
             raise PeagleError(f"weights are missing tensor {e.args[0]!r}") from None
@@ -101,13 +105,13 @@ class Transformer:
         for i, L in enumerate(self.layers):
             if i in aux_ids:
                 aux.append(x)
-            qkv = F.linear(rms_norm(x, L.ln1, c.rms_norm_eps), L.qkv_w, L.qkv_b)
+            qkv = mm(rms_norm(x, L.ln1, c.rms_norm_eps), L.qkv_w, L.qkv_b)
             a = cached_attention(ctx, cache, i, qkv, nh, nkv, hd, L.q_norm, L.k_norm, c.rms_norm_eps)
-            x = x + F.linear(a, L.o_w, L.o_b)
+            x = x + mm(a, L.o_w, L.o_b)
             x = x + swiglu(rms_norm(x, L.ln2, c.rms_norm_eps), L.gate_up, L.down, c.intermediate_size)
         if len(self.layers) in aux_ids:
             aux.append(x)
         if logits_at is not None:
             x = x[torch.arange(B), logits_at]
-        logits = F.linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)
+        logits = mm(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head_t)
         return logits.float(), (torch.cat(aux, -1) if aux else None)
