@@ -163,6 +163,17 @@ def wait_idle(url, timeout=60):
     return False, d
 
 
+def server_hist(url):
+    """(sum, count) of the server's TTFT / ITL / e2e histograms (measured from HTTP arrival)."""
+    out = {}
+    for ln in get_text(url + "/metrics").splitlines():
+        for key in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+            for part in ("_sum", "_count"):
+                if ln.startswith(f"vllm:{key}{part}"):
+                    out[key + part] = out.get(key + part, 0.0) + float(ln.rsplit(" ", 1)[1])
+    return out
+
+
 def spec_summary(url):
     vals = {}
     for ln in get_text(url + "/metrics").splitlines():
@@ -216,6 +227,7 @@ def main(argv=None):
         if not a.no_verify and not (a.launch and a.launch != "demo"):
             refs = reference(model_dir, prompts, a.max_tokens, a.chat, a.max_num_seqs)
         spec0 = spec_summary(url)
+        h0 = server_hist(url)
         print(f"load: {a.clients} concurrent streaming clients, max_tokens={a.max_tokens}, greedy, "
               f"{'chat' if a.chat else 'completions'}", flush=True)
         res, wall = asyncio.run(run_load(url, model, prompts, a.max_tokens, a.chat, a.timeout))
@@ -236,6 +248,14 @@ def main(argv=None):
         print(f"TTFT      p50 {pct(ttft, 50):.2f} s   p99 {pct(ttft, 99):.2f} s")
         print(f"output    {ntok} tokens in {wall:.2f} s = {ntok / wall:.1f} tokens/s  "
               f"({len(ok) / wall:.2f} requests/s)")
+        h1 = server_hist(url)
+
+        def mean(k):
+            n = h1.get(k + "_count", 0) - h0.get(k + "_count", 0)
+            return (h1.get(k + "_sum", 0) - h0.get(k + "_sum", 0)) / n if n else float("nan")
+        print(f"server    mean TTFT {mean('time_to_first_token_seconds'):.2f} s, mean inter-token latency "
+              f"{mean('inter_token_latency_seconds') * 1000:.0f} ms, mean e2e {mean('e2e_request_latency_seconds'):.2f} s"
+              f" (from HTTP arrival)")
         s1 = spec_summary(url)
         if s1:
             d = s1[0] - (spec0[0] if spec0 else 0)
