@@ -185,8 +185,9 @@ def run(args) -> int:
     pi, pn = (int(x) for x in args.part.split("/"))
     todo = [(i, its) for i, its in shards if not os.path.isfile(shard_path(args.out, i)) and i % pn == pi]
     done_prompts = sum(len(its) for i, its in shards if os.path.isfile(shard_path(args.out, i)))
+    n_done = sum(os.path.isfile(shard_path(args.out, i)) for i, _ in shards)
     print(f"datagen: {len(items)} prompts ({sum(it['kind'] == 'raw' for it in items)} code) in {len(shards)} "
-          f"shards; {len(shards) - len(todo)} already done", flush=True)
+          f"shards; {n_done} already done; this worker (part {args.part}) runs {len(todo)}", flush=True)
     if not todo:
         return 0
     # KV cache rows sized for prompt + generation (not the target's full context): much less memory
