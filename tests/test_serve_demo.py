@@ -1,0 +1,22 @@
+"""Slow: the acceptance load test against the embedded demo target with its P-EAGLE head (`peagle serve` with
+no model): 128 concurrent streaming clients, zero errors, every greedy output identical to plain decoding, no
+rows leaked. Skipped until models/demo-target and models/demo-target-peagle exist."""
+import os
+import sys
+
+import pytest
+
+from peagle.llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (os.path.isdir(DEFAULT_MODEL) and os.path.isdir(DEFAULT_PEAGLE_HEAD)),
+                    reason="needs the demo target and its P-EAGLE head")
+@pytest.mark.parametrize("chat", [False, True])
+def test_demo_128_streaming_clients(chat):
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import load_test
+    argv = ["--launch", "demo", "--clients", "128", "--max-tokens", "64"] + (["--chat"] if chat else [])
+    assert load_test.main(argv) == 0
