@@ -9,22 +9,27 @@ Runs under ``.venv-vllm/bin/python`` (vLLM pins its own torch/transformers), as 
   .venv-vllm/bin/python scripts/vllm_check.py --target DIR --prompts prompts.json --max-tokens 32 \
       --matrix runs.json [--out result.json]
 
-``prompts.json``: a JSON list of token-id lists.  ``runs.json``: a JSON list of runs, each
-``{"name": str, "head": DIR|null, "parallel": bool, "k": int, "serve": bool}`` (``head`` null = no
-speculation; ``serve`` true = load a speculators-layout head as the main model, as ``vllm serve HEAD`` does,
-so vLLM takes the verifier, K and parallel drafting from the head's config).  All runs share one process
-(one ``import vllm``); each run builds its own engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
-distributed_executor_backend="uni", enforce_eager, fp32, max_model_len 512, 1 GiB KV cache).
+``prompts.json``: a JSON list of token-id lists, or an object {set name: list of token-id lists}.
+``runs.json``: a JSON list of runs, each ``{"name": str, "head": DIR|null, "parallel": bool, "k": int,
+"serve": bool}`` and optionally ``"target": DIR``, ``"prompts": set name``, ``"max_tokens": N`` overriding
+the command line (``head`` null = no speculation; ``serve`` true = load a speculators-layout head as the
+main model, as ``vllm serve HEAD`` does, so vLLM takes the verifier, K and parallel drafting from the head's
+config).  All runs share one process (one ``import vllm``, ~10 s, and one first-engine warm-up, ~30 s on
+2 cores), so several targets are best checked in one matrix; each run builds its own engine in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0, distributed_executor_backend="uni", enforce_eager, fp32, max_model_len
+512, 1 GiB KV cache).
 
 Output (stdout, last line; also written to --out):
   {"vllm_version": ..., "target": ..., "max_tokens": N, "prompts": [[...]],
-   "runs": [{"name", "head", "parallel", "k", "serve", "ok", "error", "outputs": [[ids]],
+   "runs": [{"name", "head", "parallel", "k", "serve", "target", "prompts", "max_tokens", "ok", "error",
+             "outputs": [[ids]],
              "matches_baseline": bool|null, "first_mismatch": [prompt, position]|null,
              "metrics": {"num_drafts", "num_draft_tokens", "num_accepted_tokens",
                          "num_accepted_tokens_per_pos": [...], "acceptance_rate_per_pos": [...],
                          "mean_acceptance_length", "draft_acceptance_rate"},
-             "engine_start_s", "generate_s", "output_tokens_per_s"}]}
-``matches_baseline`` compares with the first run without a head (``--baseline`` adds one).
+             "engine_start_s", "generate_s", "output_tokens_per_s", "cpu_s"}], "cpu_s", "import_s"}
+``matches_baseline`` compares with the first run without a head on the same target, prompt set and
+max_tokens (``--baseline`` adds one).  ``prompts`` in the output is the default set (or the object).
 Exit status 0 even if a run fails (its ``ok`` is false and ``error`` holds the message), 2 on bad arguments.
 """
 from __future__ import annotations
@@ -101,7 +106,7 @@ def _shutdown(llm) -> None:
         pass
 
 
-def run_one(run: dict, args, prompts: list[list[int]]) -> dict:
+def run_one(run: dict, args, prompts: list[list[int]], target: str, max_tokens: int) -> dict:
     from vllm import LLM, SamplingParams
 
     res = dict(run)
@@ -110,7 +115,7 @@ def run_one(run: dict, args, prompts: list[list[int]]) -> dict:
     kw = dict(distributed_executor_backend="uni", enforce_eager=True, max_model_len=args.max_model_len,
               dtype=args.dtype, max_num_seqs=args.max_num_seqs, skip_tokenizer_init=True,
               disable_log_stats=False, seed=0, gpu_memory_utilization=0.9)
-    model = args.target
+    model = target
     if head and serve:
         model = head  # speculators layout: vLLM reads verifier, K and parallel drafting from the head
         if k is not None:
@@ -121,11 +126,12 @@ def run_one(run: dict, args, prompts: list[list[int]]) -> dict:
         kw["speculative_config"] = {"method": "eagle3", "model": head, "num_speculative_tokens": int(k),
                                     "parallel_drafting": parallel}
     llm = None
+    c0 = time.process_time()
     try:
         t0 = time.perf_counter()
         llm = LLM(model=model, **kw)
         res["engine_start_s"] = round(time.perf_counter() - t0, 2)
-        sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         before = _spec_snapshot(llm)
         t0 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
@@ -152,6 +158,7 @@ def run_one(run: dict, args, prompts: list[list[int]]) -> dict:
             _shutdown(llm)
         del llm
         gc.collect()
+        res["cpu_s"] = round(time.process_time() - c0, 2)  # all threads: a load-independent cost measure
     return res
 
 
@@ -167,12 +174,12 @@ def _first_mismatch(a: list[list[int]], b: list[list[int]]):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", required=True, help="target model dir (HF, save_pretrained)")
+    ap.add_argument("--target", default=None, help="target model dir (HF, save_pretrained); runs may name their own")
     ap.add_argument("--head", default=None, help="drafter head dir (flat or speculators layout)")
     ap.add_argument("--parallel", action="store_true", help="parallel_drafting (P-EAGLE)")
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=None, dest="k")
     ap.add_argument("--serve", action="store_true", help="load a speculators-layout --head as the main model")
-    ap.add_argument("--prompts", required=True, help="JSON file: list of token-id lists")
+    ap.add_argument("--prompts", required=True, help="JSON file: list of token-id lists, or {set: list}")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--baseline", action="store_true", help="also run without speculation (first) and compare")
     ap.add_argument("--matrix", default=None, help="JSON file: list of runs (see module doc); overrides --head")
@@ -184,16 +191,23 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def _valid_set(ps) -> bool:
+    return isinstance(ps, list) and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p)
+                                        for p in ps)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     scratch = args.scratch or tempfile.mkdtemp(prefix="vllm-check-")
     _setup_env(scratch)
     with open(args.prompts) as f:
         prompts = json.load(f)
-    if not (isinstance(prompts, list) and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p)
-                                              for p in prompts)):
-        print("error: --prompts must be a JSON list of non-empty token-id lists", file=sys.stderr)
+    sets = prompts if isinstance(prompts, dict) else {"default": prompts}
+    if not sets or not all(_valid_set(ps) for ps in sets.values()):
+        print("error: --prompts must hold a JSON list of non-empty token-id lists (or an object of such lists)",
+              file=sys.stderr)
         return 2
+    default_set = "default" if "default" in sets else next(iter(sets))
     if args.matrix:
         with open(args.matrix) as f:
             runs = json.load(f)
@@ -204,17 +218,27 @@ def main(argv=None) -> int:
         if args.head:
             runs.append({"name": "spec", "head": args.head, "parallel": args.parallel, "k": args.k,
                          "serve": args.serve})
+    for run in runs:
+        if run.get("prompts", default_set) not in sets:
+            print(f"error: run {run.get('name')}: no prompt set {run.get('prompts')!r} in {args.prompts}",
+                  file=sys.stderr)
+            return 2
     t_import = time.perf_counter()
     import vllm  # noqa: F401  (after the env is set)
     import_s = round(time.perf_counter() - t_import, 2)
 
-    results, baseline = [], None
+    results, baselines = [], {}
     for run in runs:
-        r = run_one(run, args, prompts)
-        if run.get("head") is None and r["ok"] and baseline is None:
-            baseline = r["outputs"]
-        if run.get("head") is not None and r["ok"] and baseline is not None:
-            mm = _first_mismatch(r["outputs"], baseline)
+        target = run.get("target") or args.target
+        pset = run.get("prompts", default_set)
+        max_tokens = int(run.get("max_tokens") or args.max_tokens)
+        key = (target, pset, max_tokens)
+        r = run_one(run, args, sets[pset], target, max_tokens)
+        r.update(target=target, prompts=pset, max_tokens=max_tokens)
+        if run.get("head") is None and r["ok"] and key not in baselines:
+            baselines[key] = r["outputs"]
+        if run.get("head") is not None and r["ok"] and key in baselines:
+            mm = _first_mismatch(r["outputs"], baselines[key])
             r["matches_baseline"], r["first_mismatch"] = mm is None, mm
         else:
             r.setdefault("matches_baseline", None)
@@ -224,7 +248,7 @@ def main(argv=None) -> int:
               f"drafts={(r.get('metrics') or {}).get('num_drafts')} err={r.get('error')}", file=sys.stderr)
         results.append(r)
     doc = {"vllm_version": vllm.__version__, "target": args.target, "max_tokens": args.max_tokens,
-           "import_s": import_s, "prompts": prompts, "runs": results}
+           "import_s": import_s, "cpu_s": round(time.process_time(), 2), "prompts": prompts, "runs": results}
     text = json.dumps(doc)
     if args.out:
         with open(args.out, "w") as f:

