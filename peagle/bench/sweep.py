@@ -112,12 +112,14 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                                "ids": [p.id for p in kept], "kinds": sorted({p.kind for p in kept}),
                                "categories_per_prompt": [p.category for p in kept]}
         base_c1 = None
-        for c in a.concurrency:
+        for ci, c in enumerate(a.concurrency):
             n_req = max(len(enc), c) if a.fill_concurrency else len(enc)
             batch = [enc[i % len(enc)] for i in range(n_req)]
             ref = None
             for rep in range(a.repeats):
-                for m, k in cfgs:
+                # baseline first (the identity reference); the others alternate direction to spread drift
+                order = cfgs[:1] + (cfgs[1:] if (ci + rep) % 2 == 0 else cfgs[:0:-1])
+                for m, k in order:
                     t0 = time.time()
                     r = bench.run(m, k, c, batch, params, mlen)
                     outs = r.pop("_outputs")
