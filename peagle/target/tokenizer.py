@@ -63,9 +63,9 @@ def wrap(tok):
     return hf
 
 
-def generation_config_dict(max_length: int = 2048) -> dict:
+def generation_config_dict() -> dict:
     return {"bos_token_id": EOS_ID, "eos_token_id": [EOS_ID, IM_END_ID], "pad_token_id": PAD_ID,
-            "do_sample": False, "max_length": max_length}
+            "do_sample": False}
 
 
 def save_tokenizer(tok, out_dir: str | Path) -> None:
