@@ -13,15 +13,20 @@ COMMANDS = {
     "bench": ("peagle.bench.cli", "benchmarks: baseline vs EAGLE-3 vs P-EAGLE"),
     "datagen": ("peagle.train.datagen", "regenerate assistant turns with the target (drafter training data)"),
     "train": ("peagle.train.cli", "train an EAGLE-3 or P-EAGLE drafter head"),
-    "train-target": ("peagle.target.train", "train the small demo target model"),
     "export": ("peagle.export", "export a head in vLLM's flat or the speculators layout"),
     "import": ("peagle.importer", "import a published head into peagle's layout"),
 }
 
 
+# commands whose module owns its whole argument parsing: main(argv) gets everything after the command name
+PASSTHROUGH = {"train-target": "peagle.target.train", "eval-target": "peagle.target.evaluate"}
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="peagle", description="Lossless speculative decoding with EAGLE-3 and P-EAGLE.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for name in PASSTHROUGH:
+        sub.add_parser(name, help=f"see `peagle {name} --help`")
     for name, (mod, help_) in COMMANDS.items():
         if only is not None and name != only:
             sub.add_parser(name, help=help_)
@@ -37,6 +42,13 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     cmd = next((a for a in argv if not a.startswith("-")), None)
+    if cmd in PASSTHROUGH:
+        rest = argv[argv.index(cmd) + 1:]
+        try:
+            return int(importlib.import_module(PASSTHROUGH[cmd]).main(rest) or 0)
+        except PeagleError as e:
+            print(f"peagle: error: {e}", file=sys.stderr)
+            return 1
     ap = build_parser(cmd if cmd in COMMANDS else None)
     args = ap.parse_args(argv)
     if not getattr(args, "func", None):
