@@ -12,7 +12,9 @@ import torch
 from .llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
 from .sampling import SamplingParams
 
-CODE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+# no trailing newline: this byte-level BPE merges "\n" with the next line's indentation, so a prompt that
+# ends in a bare "\n" is off-distribution (see models/demo-target/README.md)
+CODE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""'
 CHAT = [{"role": "user", "content": "How do I read a CSV file in Python and print each row?"}]
 K = 7
 
@@ -51,7 +53,7 @@ def main() -> int:
     for title, ids in (("code prompt", base.tokenizer(CODE, add_special_tokens=False)["input_ids"]),
                        ("chat prompt", base.apply_chat_template(CHAT))):
         print(f"\n=== {title} ===")
-        print(base.tokenizer.decode(ids, skip_special_tokens=False) if title == "chat prompt" else CODE, end="")
+        print(base.tokenizer.decode(ids, skip_special_tokens=False) if title == "chat prompt" else CODE)
         ref, tps = _run(base, ids, sp, "plain decoding")
         print(ref.text)
         print("---")
