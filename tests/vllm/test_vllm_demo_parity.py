@@ -143,7 +143,9 @@ def test_acceptance_parity(demo_vllm, peagle_runs, demo_world):
         if len(vr) != len(pr) or drate > RATE_TOL or dmal > MAL_TOL:
             bad.append(f"{name}: per-pos rate diff {drate:.4f} (tol {RATE_TOL}), MAL diff {dmal:.4f} (tol {MAL_TOL})")
     heads = "shipped" if demo_world["shipped"] else "RANDOM STAND-IN (shipped heads not built)"
-    lines = [f"Demo target, {heads} heads, {len(demo_world['prompts'])} prompts x {DEMO_MAX_TOKENS} tokens, greedy, fp32.",
+    sha = ", ".join(f"{h} {x}" for h, x in demo_world["head_sha256"].items())
+    lines = [f"Demo target, {heads} heads (model.safetensors sha256 {sha}), {len(demo_world['prompts'])} prompts "
+             f"x {DEMO_MAX_TOKENS} tokens, greedy, fp32.",
              "", "| head | mode | K | engine | drafts | accepted per position | acceptance rate per position | MAL |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -159,7 +161,8 @@ def test_acceptance_parity(demo_vllm, peagle_runs, demo_world):
     table = "\n".join(lines)
     print("\n[vllm-demo] acceptance parity, peagle vs vLLM\n" + table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    doc = {"shipped_heads": demo_world["shipped"], "prompts": demo_world["labels"],
+    doc = {"shipped_heads": demo_world["shipped"], "head_sha256": demo_world["head_sha256"],
+           "prompts": demo_world["labels"],
            "prompt_lengths": [len(p) for p in demo_world["prompts"]], "max_tokens": DEMO_MAX_TOKENS,
            "rate_tol": RATE_TOL, "mal_tol": MAL_TOL, "rows": rows,
            "peagle_per_prompt": {n: peagle_runs[n]["per_prompt"] for n in SPEC_RUNS}}

@@ -7,6 +7,7 @@ of test_vllm_demo_parity.py).  The session fixtures in conftest.py call these fu
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -143,10 +144,12 @@ def build_demo_world(root: Path) -> dict:
         assert r.returncode == 0, f"peagle export {src} failed:\n{r.stdout}{r.stderr}"
         exported[name], notes[name] = out, r.stdout.strip()
     prompts, labels = demo_prompts(target)
-    print(f"\n[vllm-demo] {'shipped' if shipped else 'RANDOM STAND-IN'} heads exported in "
+    sha = {name: hashlib.sha256(b"".join(f.read_bytes() for f in sorted(Path(src).glob("*.safetensors"))))
+           .hexdigest()[:12] for name, src in native.items()}
+    print(f"\n[vllm-demo] {'shipped' if shipped else 'RANDOM STAND-IN'} heads {sha} exported in "
           f"{time.perf_counter() - t0:.1f}s; {len(prompts)} prompts, lengths {[len(p) for p in prompts]}")
     return {"root": root, "target": target, "shipped": shipped, "native": native, "exported": exported,
-            "export_notes": notes, "prompts": prompts, "labels": labels}
+            "export_notes": notes, "prompts": prompts, "labels": labels, "head_sha256": sha}
 
 
 def demo_matrix(world: dict) -> list[dict]:
