@@ -141,7 +141,7 @@ def run(a) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > 0.5 * (os.cpu_count() or 1):
         print(f"bench: warning: load average {load:.1f} on {os.cpu_count()} cores: other processes compete for the "
-              f"CPU, timings will be noisy (and {torch.get_num_threads()} torch threads may thrash; try --threads 1)")
+              f"CPU, timings will be noisy" + (f" ({torch.get_num_threads()} torch threads may thrash; try --threads 1)" if torch.get_num_threads() > 1 else ""))
     os.makedirs(a.out, exist_ok=True)
     ensure_heads(a)
     from .sweep import run_sweep
