@@ -187,8 +187,9 @@ class Engine:
     def _decode(self) -> list[StepOutput]:
         rows = self.running
         B, K = len(rows), self.k
-        last = torch.tensor([r.all_ids[-1] for r in rows])
-        start = torch.tensor([len(r.all_ids) - 1 for r in rows])
+        # every running request has sampled at least one token (in prefill): no list concatenation per step
+        last = torch.tensor([r.output_ids[-1] for r in rows])
+        start = torch.tensor([len(r.prompt_token_ids) + len(r.output_ids) - 1 for r in rows])
         if K:
             t0 = time.perf_counter()
             db = self._draft_batch([(r.pending[0], r.pending[1]) for r in rows],

@@ -36,13 +36,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(nh * hd, H, bias=False)
         self.hd = hd
 
-    def forward(self, x, cos, sin, ctx):
-        """Training path: attention over this block only, restricted by ctx = ("mask", bool [..., T, T])."""
+    def qkv(self, x, cos, sin):
+        """Training path projections: q [B,T,nh,hd] (rotated), k/v [B,nkv,T,hd] (k rotated)."""
         B, T, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, T, -1, self.hd), cos, sin)
         k = apply_rope(self.k_proj(x).view(B, T, -1, self.hd), cos, sin)
         v = self.v_proj(x).view(B, T, -1, self.hd)
-        return self.o_proj(attend(q, k.transpose(1, 2), v.transpose(1, 2), ctx[1]))
+        return q, k.transpose(1, 2), v.transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -68,14 +68,17 @@ class DrafterLayer(nn.Module):
         self.mlp = MLP(H, cfg["intermediate_size"])
         self.norm_before_residual = bool(cfg.get("norm_before_residual", False))
 
-    def forward(self, x, emb, cos, sin, ctx):
+    def attn_input(self, x, emb):
+        """(residual, attention input): layer 0 attends over [input_layernorm(embed) || hidden_norm(h)]."""
         if self.first:
             hn = self.hidden_norm(x)
-            resid = hn if self.norm_before_residual else x
-            a_in = torch.cat([self.input_layernorm(emb), hn], -1)
-        else:
-            resid, a_in = x, self.input_layernorm(x)
-        x = resid + self.self_attn(a_in, cos, sin, ctx)
+            return (hn if self.norm_before_residual else x), torch.cat([self.input_layernorm(emb), hn], -1)
+        return x, self.input_layernorm(x)
+
+    def forward(self, x, emb, cos, sin, attend_fn):
+        """attend_fn(q, k, v) -> [B,T,nh*hd] decides what the block's queries see (mask, past keys, ...)."""
+        resid, a_in = self.attn_input(x, emb)
+        x = resid + self.self_attn.o_proj(attend_fn(*self.self_attn.qkv(a_in, cos, sin)))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -126,11 +129,15 @@ class DrafterHead(nn.Module):
         Returns (normed, prenorm), both [B,T,H]."""
         if cache is not None:
             return self._forward_cached(ids, hidden, cache, b0, start)
+        return self.run_layers(ids, hidden, pos, lambda i: lambda q, k, v: attend(q, k, v, ctx_mask))
+
+    def run_layers(self, ids, hidden, pos, attend_for_layer):
+        """The training-path pass; attend_for_layer(i) gives layer i's attend_fn. Returns (normed, prenorm)."""
         cos, sin = self._rope(hidden.device, hidden.dtype)(pos)
         emb = self.embed_tokens(ids)
         x = hidden
-        for layer in self.layers:
-            x = layer(x, emb, cos, sin, ("mask", ctx_mask))
+        for i, layer in enumerate(self.layers):
+            x = layer(x, emb, cos, sin, attend_for_layer(i))
         return self.norm(x), x
 
     @torch.no_grad()
@@ -153,15 +160,10 @@ class DrafterHead(nn.Module):
         c = self.cfg
         eps, nh, nkv, hd, inter = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]
         ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1], b0)
+        emb = F.embedding(ids, self.embed_tokens.weight)
         x = hidden
         for i, (L, (qkv_w, o_w, gu_w, d_w)) in enumerate(zip(self.layers, self._fused)):
-            if i == 0:
-                hn = rms_norm(x, L.hidden_norm.weight, eps)
-                resid = hn if L.norm_before_residual else x
-                a_in = torch.cat([rms_norm(F.embedding(ids, self.embed_tokens.weight), L.input_layernorm.weight, eps),
-                                  hn], -1)
-            else:
-                resid, a_in = x, rms_norm(x, L.input_layernorm.weight, eps)
+            resid, a_in = L.attn_input(x, emb)
             x = resid + mm(cached_attention(ctx, cache, i, mm(a_in, qkv_w), nh, nkv, hd), o_w)
             x = x + swiglu(rms_norm(x, L.post_attention_layernorm.weight, eps), gu_w, d_w, inter)
         return rms_norm(x, self.norm.weight, eps), x

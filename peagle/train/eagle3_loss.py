@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..models.layers import apply_rope, attend
+from ..models.layers import attend
 from .cod import supervised
 from .mask import MaskTable
 from .peagle_loss import _autocast
@@ -21,27 +21,17 @@ from .peagle_loss import _autocast
 def ttt_forward(head, ids, hidden, pos, mask, past=None):
     """One unroll step for all elements: ids [B,T], hidden [B,T,H], pos [B,T], mask [B|1,1,T,S_past+T].
     past = per-layer (k, v) [B,nkv,S_past,hd] of earlier steps.  Returns (normed, prenorm, kv)."""
-    cos, sin = head._rope(hidden.device, hidden.dtype)(pos)
-    emb = head.embed_tokens(ids)
-    x, kv = hidden, []
-    B, T = ids.shape
-    for i, L in enumerate(head.layers):
-        if L.first:
-            hn = L.hidden_norm(x)
-            resid = hn if L.norm_before_residual else x
-            a_in = torch.cat([L.input_layernorm(emb), hn], -1)
-        else:
-            resid, a_in = x, L.input_layernorm(x)
-        A = L.self_attn
-        q = apply_rope(A.q_proj(a_in).view(B, T, -1, A.hd), cos, sin)
-        k = apply_rope(A.k_proj(a_in).view(B, T, -1, A.hd), cos, sin).transpose(1, 2)
-        v = A.v_proj(a_in).view(B, T, -1, A.hd).transpose(1, 2)
-        if past is not None:
-            k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
-        kv.append((k, v))
-        x = resid + A.o_proj(attend(q, k, v, mask))
-        x = x + L.mlp(L.post_attention_layernorm(x))
-    return head.norm(x), x, kv
+    kv = []
+
+    def attend_for_layer(i):
+        def fn(q, k, v):
+            if past is not None:
+                k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
+            kv.append((k, v))
+            return attend(q, k, v, mask)
+        return fn
+    normed, pre = head.run_layers(ids, hidden, pos, attend_for_layer)
+    return normed, pre, kv
 
 
 def diag_attend(q, k0, v0, mask0, kd: list, vd: list):
@@ -65,26 +55,13 @@ def diag_attend(q, k0, v0, mask0, kd: list, vd: list):
 def ttt_step_diag(head, ids, hidden, pos, mask0, kv0, diag):
     """TTT step k >= 1 (structured attention): kv0 = per-layer step-0 (k, v); diag = per-layer lists of the
     (k, v) of steps 1..k-1 (extended in place with this step's).  Returns (normed, prenorm)."""
-    cos, sin = head._rope(hidden.device, hidden.dtype)(pos)
-    emb = head.embed_tokens(ids)
-    x = hidden
-    B, T = ids.shape
-    for i, L in enumerate(head.layers):
-        if L.first:
-            hn = L.hidden_norm(x)
-            resid = hn if L.norm_before_residual else x
-            a_in = torch.cat([L.input_layernorm(emb), hn], -1)
-        else:
-            resid, a_in = x, L.input_layernorm(x)
-        A = L.self_attn
-        q = apply_rope(A.q_proj(a_in).view(B, T, -1, A.hd), cos, sin)
-        k = apply_rope(A.k_proj(a_in).view(B, T, -1, A.hd), cos, sin).transpose(1, 2)
-        v = A.v_proj(a_in).view(B, T, -1, A.hd).transpose(1, 2)
-        diag[i][0].append(k)
-        diag[i][1].append(v)
-        x = resid + A.o_proj(diag_attend(q, kv0[i][0], kv0[i][1], mask0, diag[i][0], diag[i][1]))
-        x = x + L.mlp(L.post_attention_layernorm(x))
-    return head.norm(x), x
+    def attend_for_layer(i):
+        def fn(q, k, v):
+            diag[i][0].append(k)
+            diag[i][1].append(v)
+            return diag_attend(q, kv0[i][0], kv0[i][1], mask0, diag[i][0], diag[i][1])
+        return fn
+    return head.run_layers(ids, hidden, pos, attend_for_layer)
 
 
 def step_counts(row: dict, ttt: int) -> torch.Tensor:
