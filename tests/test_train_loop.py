@@ -55,3 +55,25 @@ def test_training_improves_and_head_is_lossless(tiny_data, tmp_path, method, K):
     llm = LLM(target, speculative_config=spec)
     assert [o.outputs[0].token_ids for o in llm.generate(ps, sp)] == ref
     assert llm.get_metrics()["mean_acceptance_length"] > 1.5
+
+
+def test_init_continues_a_head_and_reads_several_data_dirs(tiny_data, tmp_path):
+    """--init starts from an existing head (its weights, config and draft vocabulary); --data takes a comma
+    list of datagen directories; a head of the other method is refused."""
+    from safetensors.torch import load_file
+    from peagle.errors import PeagleError
+    target, data, _ = tiny_data
+    first = str(tmp_path / "first")
+    log0 = _train(target, data, first, "eagle3", 60, ["--ttt-steps", "2"])
+    cont = str(tmp_path / "cont")
+    log1 = _train(target, f"{data},{data}", cont, "eagle3", 10,
+                  ["--ttt-steps", "2", "--init", first, "--draft-vocab", "100"])
+    assert log1[0]["loss"] < 0.7 * log0[0]["loss"], (log0[0], log1[0])   # starts where the first run got to
+    a, b = load_file(os.path.join(first, "model.safetensors")), load_file(os.path.join(cont, "model.safetensors"))
+    assert torch.equal(a["d2t"], b["d2t"])                                # draft vocabulary of --init, not 100
+    with open(os.path.join(cont, "config.json")) as f:
+        info = json.load(f)
+    assert info["draft_vocab_size"] == 384
+    assert info["peagle"]["docs"] == 2 * len(load_docs(data))
+    with pytest.raises(PeagleError, match="parallel"):
+        _train(target, data, str(tmp_path / "bad"), "peagle", 2, ["--init", first])

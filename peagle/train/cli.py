@@ -12,7 +12,7 @@ import argparse
 def add_arguments(p):
     p.add_argument("--method", choices=["eagle3", "peagle"], required=True)
     p.add_argument("--target", default=None, help="target HF directory (default models/demo-target)")
-    p.add_argument("--data", required=True, help="`peagle datagen` output directory")
+    p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated)")
     p.add_argument("--out", required=True, help="output head directory")
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
     p.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: target's)")
@@ -45,6 +45,8 @@ def add_arguments(p):
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--init", default=None,
+                   help="continue training an existing head directory (its config and draft vocabulary; fresh optimizer)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--kill-at-step", type=int, default=0, help=argparse.SUPPRESS)
 

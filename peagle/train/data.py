@@ -39,11 +39,14 @@ def read_shard(path: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """All documents of a datagen directory (shards in order); documents with < min_supervised assistant
-    tokens are dropped."""
-    files = sorted(glob.glob(os.path.join(data_dir, "shard-*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no shard-*.safetensors in {data_dir}")
+    """All documents of a datagen directory, or of several given as "dir1,dir2" (shards in order); documents
+    with < min_supervised assistant tokens are dropped."""
+    files = []
+    for d in data_dir.split(","):
+        found = sorted(glob.glob(os.path.join(d, "shard-*.safetensors")))
+        if not found:
+            raise FileNotFoundError(f"no shard-*.safetensors in {d}")
+        files += found
     docs = []
     for fn in files:
         docs += [d for d in read_shard(fn) if int(d[1].sum()) >= min_supervised]

@@ -88,6 +88,19 @@ def init_head(cfg: dict, target, draft_ids: torch.Tensor, method: str, seed: int
     return head
 
 
+def warm_start(path: str, target, method: str):
+    """--init: an existing head (same target) to continue training from, with its config and draft vocabulary;
+    the optimizer and schedule start fresh."""
+    from ..models.drafter import DrafterHead
+    src = DrafterHead.from_pretrained(path, target.cfg)
+    if (method == "peagle") != src.parallel:
+        raise PeagleError(f"--init {path} is {'a parallel' if src.parallel else 'an EAGLE-3'} head; "
+                          f"--method {method} needs {'a parallel' if method == 'peagle' else 'an EAGLE-3'} one")
+    cfg = {k: v for k, v in src.cfg.items()
+           if k not in ("architectures", "model_type", "tie_word_embeddings", "eagle_config", "hidden_act")}
+    return src, cfg, torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
+
+
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, a):
@@ -106,9 +119,12 @@ class Trainer:
         self.ckpt_dir = os.path.join(a.out, "checkpoint")
         ck = self._load_ckpt() if a.resume else None
         V = self.target.cfg.vocab_size
+        src = None
         if ck is not None:
             draft_ids = ck["draft_ids"]
             cfg = ck["head_cfg"]
+        elif a.init:
+            src, cfg, draft_ids = warm_start(a.init, self.target, a.method)
         else:
             counts = token_counts(self.docs, V)
             draft_ids = build_draft_vocab(counts, min(a.draft_vocab or V, V))
@@ -121,6 +137,8 @@ class Trainer:
             if not 0 <= mt < V:
                 raise PeagleError(f"mask token {mt} is not a target token id")
         self.head = init_head(cfg, self.target, draft_ids, a.method, a.seed)
+        if src is not None:
+            self.head.load_state_dict(src.state_dict())
         self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
         self.cache = None
         if a.feature_cache:
@@ -287,8 +305,9 @@ class Trainer:
         a = self.a
         info = {"method": self.method, "layers": a.layers, "draft_vocab_size": len(self.draft_ids),
                 "steps": self.step, "train_time_s": round(self.elapsed, 1), "max_tokens": a.max_tokens,
-                "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world, "data": os.path.abspath(a.data),
-                "docs": len(self.docs), **extra_stats}
+                "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world,
+                "data": ",".join(os.path.abspath(d) for d in a.data.split(",")), "docs": len(self.docs),
+                "init": a.init, **extra_stats}
         if self.method == "peagle":
             info.update(train_depths=self.K, cod_r=a.cod_r, cod_rmin=a.cod_rmin, segment_len=a.segment_len)
         else:
