@@ -18,14 +18,13 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from peagle.server.client import get_json, get_text, launch, spec_counters, stop, stream_one, wait_idle  # noqa: E402
 
 TOPICS = ["the ocean", "a small robot", "speculative decoding", "the history of bread", "a rainy city",
           "prime numbers", "an old lighthouse", "the moon", "learning to cook", "a chess game", "mountain trails",
@@ -40,49 +39,9 @@ def make_prompts(n):
             for i in range(n)]
 
 
-def get_json(url, timeout=30):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def get_text(url, timeout=30):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
-
-
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
-
-
-# ---------------------------------------------------------------- server launch
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(model, spec, max_num_seqs, extra=()):
-    port = free_port()
-    cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])
-    cmd += ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--log-level", "warning", *extra]
-    if spec:
-        cmd += ["--speculative-config", spec]
-    print("launch:", " ".join(cmd), flush=True)
-    p = subprocess.Popen(cmd, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 300:
-        if p.poll() is not None:
-            raise SystemExit(f"server exited with {p.returncode}")
-        try:
-            if get_json(url + "/health", 5).get("status") == "ok":
-                return p, url
-        except OSError:
-            pass
-        time.sleep(0.3)
-    p.terminate()
-    raise SystemExit("server did not come up in 300 s")
 
 
 def build_tiny(d):
@@ -119,48 +78,15 @@ def reference(model_dir, prompts, max_tokens, chat, max_num_seqs=128):
 
 
 # ---------------------------------------------------------------- load
-async def one(client, model, prompt, max_tokens, chat, timeout):
-    t0 = time.perf_counter()
-    ttft, pieces, ids, fin = None, [], [], None
-    kw = dict(model=model, max_tokens=max_tokens, temperature=0, stream=True,
-              extra_body={"return_token_ids": True}, timeout=timeout)
-    if chat:
-        s = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **kw)
-    else:
-        s = await client.completions.create(prompt=prompt, **kw)
-    async for ch in s:
-        if not ch.choices:
-            continue
-        c = ch.choices[0]
-        new = (c.model_extra or {}).get("token_ids") or []
-        if new and ttft is None:
-            ttft = time.perf_counter() - t0
-        ids += new
-        pieces.append((c.delta.content or "") if chat else c.text)
-        fin = c.finish_reason or fin
-    return {"text": "".join(pieces), "ids": ids, "finish": fin, "ttft": ttft, "latency": time.perf_counter() - t0}
-
-
 async def run_load(url, model, prompts, max_tokens, chat, timeout):
     import openai
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout)
     t0 = time.perf_counter()
-    res = await asyncio.gather(*[one(client, model, p, max_tokens, chat, timeout) for p in prompts],
+    res = await asyncio.gather(*[stream_one(client, model, p, max_tokens, chat, timeout) for p in prompts],
                                return_exceptions=True)
     wall = time.perf_counter() - t0
     await client.close()
     return res, wall
-
-
-def wait_idle(url, timeout=60):
-    t0 = time.monotonic()
-    d = None
-    while time.monotonic() - t0 < timeout:
-        d = get_json(url + "/debug/engine")
-        if d["rows_in_use"] == 0 and d["waiting"] == 0 and d["in_flight"] == 0:
-            return True, d
-        time.sleep(0.1)
-    return False, d
 
 
 def server_hist(url):
@@ -175,14 +101,9 @@ def server_hist(url):
 
 
 def spec_summary(url):
-    vals = {}
-    for ln in get_text(url + "/metrics").splitlines():
-        if ln.startswith("vllm:spec_decode"):
-            name, v = ln.rsplit(" ", 1)
-            vals[name] = float(v)
-    d = sum(v for k, v in vals.items() if k.startswith("vllm:spec_decode_num_drafts_total"))
-    a = sum(v for k, v in vals.items() if k.startswith("vllm:spec_decode_num_accepted_tokens_total"))
-    return None if not d else (d, a, 1 + a / d)
+    c = spec_counters(url)
+    return None if not c or not c["num_drafts"] else (c["num_drafts"], c["num_accepted_tokens"],
+                                                      1 + c["num_accepted_tokens"] / c["num_drafts"])
 
 
 def main(argv=None):
@@ -215,6 +136,7 @@ def main(argv=None):
             # reference first, so the server and the reference never share the CPU
             if not a.no_verify and a.launch != "demo":
                 refs = reference(model_dir or a.launch, prompts, a.max_tokens, a.chat, a.max_num_seqs)
+            print(f"launch: peagle serve {a.launch} --max-num-seqs {a.max_num_seqs}", flush=True)
             proc, url = launch(a.launch, a.speculative_config, a.max_num_seqs)
         if url is None:
             url = "http://127.0.0.1:8000"
@@ -272,12 +194,7 @@ def main(argv=None):
         print("PASS" if passed else "FAIL")
         return 0 if passed else 1
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(proc)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def _strs(s):
 
 def add_parser(sub):
     from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE-3 vs P-EAGLE (offline, through the engine)",
+    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE-3 vs P-EAGLE (offline through the engine, or online through the server)",
                        description="Sweeps datasets x methods x K x concurrency in one run and writes "
                                    "results.json, report.md and PNG plots.")
     p.add_argument("--model", default=DEFAULT_MODEL, help="target HF directory (default: the demo target)")
@@ -35,6 +35,9 @@ def add_parser(sub):
     p.add_argument("--concurrency", type=_ints, default=None, help="default 1,2,4,8,16,32,64,128")
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per dataset (default: all; speed: 80)")
     p.add_argument("--output-len", type=int, default=None, help="max output tokens (default 256)")
+    p.add_argument("--mode", choices=["offline", "online", "both"], default="offline",
+                   help="offline: through the engine in this process; online: through `peagle serve` subprocesses "
+                        "(one per method/K) with c concurrent streaming openai clients; both")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
     p.add_argument("--fill-concurrency", action=argparse_bool(), default=True,
@@ -86,6 +89,8 @@ def canonical_command(a) -> str:
               "--ks", ",".join(map(str, a.ks)), "--concurrency", ",".join(map(str, a.concurrency))]
     if a.num_prompts:
         parts += ["--num-prompts", str(a.num_prompts)]
+    if a.mode != "offline":
+        parts += ["--mode", a.mode]
     parts += ["--output-len", str(a.output_len), "--temperature", str(a.temperature)]
     if a.ignore_eos:
         parts.append("--ignore-eos")

@@ -93,6 +93,7 @@ def drafter_time(s, out) -> str:
         d, v = [], []
         for k in ks:
             xs = [s["agg"][(ds, m, k, c1)] for ds in s["datasets"] if (ds, m, k, c1) in s["agg"]]
+            xs = [x for x in xs if x["draft_ms"] is not None]     # online runs have no drafter timing
             if xs:
                 xs_d = sorted(x["draft_ms"] for x in xs)
                 xs_v = sorted(x["verify_ms"] for x in xs)

@@ -28,8 +28,8 @@ def aggregate(runs) -> dict:
         agg[key] = {"tok_s": _med([r["output_tok_s"] for r in rs]), "n_repeats": len(rs),
                     "ttft_ms": _med([r["ttft_ms"]["mean"] for r in rs]), "tpot_ms": _med([r["tpot_ms"]["mean"] for r in rs]),
                     "al": m["mean_acceptance_length"], "per_pos": m["acceptance_rate_per_pos"],
-                    "draft_ms": _med([r["timing"]["draft_ms_per_step"] for r in rs]),
-                    "verify_ms": _med([r["timing"]["verify_ms_per_step"] for r in rs]),
+                    "draft_ms": _med([r.get("timing", {}).get("draft_ms_per_step") for r in rs]),
+                    "verify_ms": _med([r.get("timing", {}).get("verify_ms_per_step") for r in rs]),
                     "identical": sum(r["identity"].get("identical", 0) for r in rs),
                     "n": sum(r["identity"].get("n", 0) for r in rs),
                     "ties": sum(len(r["identity"].get("ties", [])) for r in rs),
@@ -37,8 +37,13 @@ def aggregate(runs) -> dict:
     return agg
 
 
-def summarize(res) -> dict:
-    agg = aggregate(res["runs"])
+def main_runs(res) -> list:
+    """The runs the report is about: offline ones, or the online ones of an online-only sweep."""
+    return res["runs"] or res.get("online_runs", [])
+
+
+def summarize(res, runs=None) -> dict:
+    agg = aggregate(main_runs(res) if runs is None else runs)
     dss = list(res["datasets"])
     cs = sorted({k[3] for k in agg})
     ks = sorted({k[2] for k in agg if k[1] != "baseline"})
@@ -176,8 +181,9 @@ def category_md(res, s) -> str:
         cats = info.get("categories_per_prompt") or []
         if len(set(cats)) < 2:
             continue
-        runs = [r for r in res["runs"] if r["dataset"] == ds and r["concurrency"] == c1 and r.get("repeat", 0) == 0
+        runs = [r for r in main_runs(res) if r["dataset"] == ds and r["concurrency"] == c1 and r.get("repeat", 0) == 0
                 and r["method"] != "baseline"]
+        runs = [r for r in runs if r["requests"] and "num_drafts" in r["requests"][0]]    # offline only
         runs.sort(key=lambda r: (r["method"], r["k"]))
         rows = []
         for cat in dict.fromkeys(cats):
@@ -253,7 +259,7 @@ def peers_md(res) -> str:
 
 def identity_md(res) -> str:
     rows = []
-    for r in res["runs"]:
+    for r in main_runs(res):
         if r["method"] == "baseline":
             continue
         i = r["identity"]
@@ -276,14 +282,36 @@ def identity_md(res) -> str:
     return head
 
 
+def online_md(res) -> str:
+    """The online (through `peagle serve`) sweep next to the offline one: the headline ratios and errors."""
+    runs = res.get("online_runs") or []
+    s = summarize(res, runs)
+    errs = sum(len(r.get("errors", [])) for r in runs)
+    idt = [r["identity"] for r in runs if r["method"] != "baseline" and r["identity"].get("ok") is not None]
+    rows = []
+    for ds in s["datasets"]:
+        for c in s["cs"]:
+            b, e, p = (s["best"].get((ds, m, c)) for m in ("baseline", "eagle3", "peagle"))
+            rows.append([DS_NAMES.get(ds, ds), c] + [_f(x and x["tok_s"], 1) + (f" (K={x['k']})" if x and x["k"] else "")
+                                                     for x in (b, e, p)]
+                        + [_f(s["speed"][(ds, c)][k], 2, "×") for k in ("peagle_vs_eagle3", "peagle_vs_baseline")]
+                        + [" / ".join(_f(x and x["ttft_ms"], 0) for x in (b, e, p))])
+    return (f"Every (method, K) served by its own `peagle serve` subprocess; c streaming `openai` clients; "
+            f"{len(runs)} runs, {errs} request errors; greedy outputs identical to the baseline's: "
+            f"{sum(i['identical'] for i in idt)}/{sum(i['n'] for i in idt)} "
+            f"({sum(len(i['mismatches']) for i in idt)} real mismatches).\n\n"
+            + _table(["dataset", "c", "baseline tok/s", "EAGLE-3 best", "P-EAGLE best", "P ÷ E", "P ÷ base",
+                      "TTFT ms (b/E/P)"], rows))
+
+
 def runs_md(res) -> str:
     rows = []
-    for r in res["runs"]:
-        m, t = r["metrics"], r["timing"]
+    for r in main_runs(res):
+        m, t = r["metrics"], r.get("timing", {})
         rows.append([r["dataset"], r["method"], r["k"], r["concurrency"], r.get("repeat", 0), r["n_requests"],
                      r["output_tokens"], _f(r["wall_s"], 1), _f(r["output_tok_s"], 1), _f(r["ttft_ms"]["mean"], 0),
-                     _f(r["tpot_ms"]["mean"], 1), _f(m["mean_acceptance_length"]), _f(t["draft_ms_per_step"]),
-                     _f(t["verify_ms_per_step"]), f"{r['identity'].get('identical', '–')}/{r['identity'].get('n', '–')}"])
+                     _f(r["tpot_ms"]["mean"], 1), _f(m["mean_acceptance_length"]), _f(t.get("draft_ms_per_step")),
+                     _f(t.get("verify_ms_per_step")), f"{r['identity'].get('identical', '–')}/{r['identity'].get('n', '–')}"])
     return _table(["dataset", "method", "K", "c", "rep", "reqs", "out tok", "wall s", "tok/s", "TTFT ms", "TPOT ms",
                    "AL", "draft ms/step", "verify ms/step", "same"], rows)
 
@@ -308,7 +336,8 @@ def report_md(res, pngs, notes: str | None = None) -> str:
              f"({'ignore EOS' if st['ignore_eos'] else 'stops at EOS'}), K ∈ {st['ks']}, concurrency {st['concurrency']}, "
              f"repeats {st['repeats']}, prompts per dataset: "
              + ", ".join(f"{DS_NAMES.get(d, d)} {x['n_prompts']}" for d, x in res["datasets"].items())
-             + f". Offline through peagle's engine, at most c requests in flight; output tokens/s = all output "
+             + (". Offline through peagle's engine" if res["runs"] else ". Online through `peagle serve`")
+             + f", at most c requests in flight; output tokens/s = all output "
                f"tokens ÷ wall time; TTFT/TPOT are per-request means; acceptance length = 1 + accepted ÷ drafts "
                f"(vLLM's definition).\n",
              "## Headline\n", headline(s), "\n## Goals\n", goals_md(s, res),
@@ -319,7 +348,10 @@ def report_md(res, pngs, notes: str | None = None) -> str:
     lines += [f"## Acceptance (c={min(s['cs'])})\n", acceptance_md(s),
               f"\n## Acceptance length per category (c={min(s['cs'])})\n", category_md(res, s),
               f"\n## Drafter vs verification time per step (c={min(s['cs'])}, median over datasets)\n", drafter_md(s),
-              "\n## External peers (c=1, HF transformers on the same weights)\n", peers_md(res), "\n## Plots\n"]
+              "\n## External peers (c=1, HF transformers on the same weights)\n", peers_md(res)]
+    if res["runs"] and res.get("online_runs"):
+        lines += ["\n## Online: through the server (best K per method)\n", online_md(res)]
+    lines += ["\n## Plots\n"]
     lines += [f"![{p}]({p})" for p in pngs]
     lines += ["\n## Datasets\n"]
     for ds, x in res["datasets"].items():

@@ -85,10 +85,12 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                 "num_hidden_layers", "hidden_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")}
 
     # warm-up every engine kind once (first-call allocations, kernels)
-    for m, k in cfgs:
+    for m, k in (cfgs if a.mode in ("offline", "both") else []):
         bench.run(m, k, 1, [bench.encode(load_dataset("mtbench", 1)[0])[:32]],
                   SamplingParams(temperature=a.temperature, max_tokens=8, ignore_eos=True), 256)
 
+    online, offline = a.mode in ("online", "both"), a.mode in ("offline", "both")
+    batches = {}                                      # (dataset, c) -> (prompt ids, offline baseline outputs)
     for ds in a.datasets:
         prompts = load_dataset(ds, a.num_prompts, a.humaneval_format, a.mtbench_turns, a.seed)
         enc, kept, skipped = [], [], 0
@@ -111,10 +113,14 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                                "prompt_tokens_mean": sum(map(len, enc)) / len(enc),
                                "ids": [p.id for p in kept], "kinds": sorted({p.kind for p in kept}),
                                "categories_per_prompt": [p.category for p in kept]}
+        res["datasets"][ds]["max_model_len"] = mlen
         base_c1 = None
         for ci, c in enumerate(a.concurrency):
             n_req = max(len(enc), c) if a.fill_concurrency else len(enc)
             batch = [enc[i % len(enc)] for i in range(n_req)]
+            batches[(ds, c)] = (batch, None)
+            if not offline:
+                continue
             ref = None
             for rep in range(a.repeats):
                 # baseline first (the identity reference); the others alternate direction to spread drift
@@ -125,6 +131,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                     outs = r.pop("_outputs")
                     if m == "baseline" and ref is None:
                         ref = outs
+                        batches[(ds, c)] = (batch, outs)
                         if c == min(a.concurrency):
                             base_c1 = (c, outs)
                             res["datasets"][ds]["samples"] = [
@@ -139,7 +146,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                         f"TTFT={r['ttft_ms']['mean']:.0f}ms TPOT={r['tpot_ms']['mean']:.1f}ms  "
                         f"draft={r['timing']['draft_ms_per_step']:.1f}ms verify={r['timing']['verify_ms_per_step']:.1f}ms"
                         f"  same={idt.get('identical', '-')}/{idt.get('n', '-')}  ({time.time() - t0:.0f}s)")
-        if a.peers and base_c1 is not None:
+        if a.peers and base_c1 is not None and offline:
             peer_ids = enc[: a.peer_prompts]
             hf = HFPeer(a.model)
             for name, pld in [("hf", 0), ("hf-pld", a.pld_tokens)]:
@@ -156,6 +163,9 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
             del hf
         if on_dataset is not None:
             on_dataset(res)
+    if online:
+        res["online_runs"] = []
+        _online_sweep(a, bench, cfgs, batches, res, log, on_dataset)
     res["meta"]["finished_utc"] = _dt.datetime.utcnow().isoformat(timespec="seconds") + "Z"
     res["meta"]["duration_s"] = time.time() - t_start
     return res
@@ -180,3 +190,34 @@ def _second_turns(bench, kept, enc, a, log):
             enc2.append(ids)
             kept2.append(q)
     return enc2, kept2
+
+
+def _online_sweep(a, bench, cfgs, batches, res, log, on_dataset):
+    """Every (method, K) as its own `peagle serve` subprocess; all datasets and concurrencies against it.
+    Greedy outputs are checked against the offline baseline's (or, online only, the online baseline's)."""
+    from .online import OnlineServer, run_online
+    mlen = max(d["max_model_len"] for d in res["datasets"].values())
+    refs = {key: ref for key, (_, ref) in batches.items()}
+    greedy = a.temperature == 0
+    for m, k in cfgs:
+        t0 = time.time()
+        with OnlineServer(a.model, m, k, bench.heads_dirs.get(m), max(a.concurrency), mlen, a.dtype, a.seed) as srv:
+            log(f"[online] {m} K={k}: peagle serve at {srv.url} (up in {time.time() - t0:.0f}s)")
+            run_online(srv, m, k, 1, [batches[next(iter(batches))][0][0][:32]], 8, a.temperature, True)  # warm-up
+            for (ds, c), (batch, _) in batches.items():
+                t1 = time.time()
+                r = run_online(srv, m, k, c, batch, a.output_len, a.temperature, a.ignore_eos)
+                outs = r.pop("_outputs")
+                if m == "baseline" and refs.get((ds, c)) is None:
+                    refs[(ds, c)] = outs
+                ok_outs = [o if o is not None else [] for o in outs]
+                r["identity"] = (bench.identity(batch, ok_outs, refs[(ds, c)]) if greedy
+                                 else {"ok": None, "note": "sampling"})
+                r.update(dataset=ds, repeat=0)
+                res["online_runs"].append(r)
+                log(f"[online {ds} c={c}] {m:8s} K={k}: {r['output_tok_s']:8.1f} tok/s  "
+                    f"AL={r['metrics']['mean_acceptance_length']:.2f}  TTFT={r['ttft_ms']['mean'] or 0:.0f}ms "
+                    f"TPOT={r['tpot_ms']['mean'] or 0:.1f}ms  errors={len(r['errors'])}  "
+                    f"same={r['identity'].get('identical', '-')}/{r['identity'].get('n', '-')}  ({time.time() - t1:.0f}s)")
+        if on_dataset is not None:
+            on_dataset(res)
