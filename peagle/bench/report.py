@@ -130,7 +130,28 @@ def why_md(s) -> str:
     return (f"Where the time goes at c={c1} (each method at its best K; a step drafts K tokens and verifies K+1; "
             "ideal speedup over baseline = AL × baseline step ÷ spec step):\n\n"
             + _table(["dataset", "method", "K", "AL", "draft ms/step", "verify ms/step", "total ms/step",
-                      "baseline ms/token", "draft ÷ verify"], rows))
+                      "baseline ms/token", "draft ÷ verify"], rows) + "\n\n" + needed_md(s))
+
+
+def needed_md(s) -> str:
+    """The acceptance length P-EAGLE would need, at its measured cost per step, to meet the c=1 goals
+    (tokens/s = AL ÷ step time): AL ≥ goal × (rival tokens/s) × P-EAGLE step time."""
+    c1, rows = min(s["cs"]), []
+    g_e, g_b = GOALS["peagle_vs_eagle3_humaneval_c1"], GOALS["peagle_vs_baseline_humaneval_c1"]
+    for ds in s["datasets"]:
+        b, e = s["best"].get((ds, "baseline", c1)), s["best"].get((ds, "eagle3", c1))
+        for k in s["ks"]:
+            p = s["agg"].get((ds, "peagle", k, c1))
+            if not p or not p["tok_s"]:
+                continue
+            step = p["al"] / p["tok_s"]                                    # s per step, measured
+            rows.append([DS_NAMES.get(ds, ds), k, _f(1000 * step), _f(p["al"]),
+                         _f(g_e * e["tok_s"] * step if e else None), _f(g_b * b["tok_s"] * step if b else None), k + 1])
+    return (f"What P-EAGLE's acceptance length would have to be, at its measured step time, for the c={c1} goals "
+            f"(P-EAGLE tokens/s = AL ÷ step time; needed AL = goal × rival's tokens/s × step time; a step can "
+            "never yield more than K+1 tokens):\n\n"
+            + _table(["dataset", "P-EAGLE K", "step ms", "AL measured", f"AL for {g_e}× EAGLE-3 (best K)",
+                      f"AL for {g_b}× baseline", "max AL"], rows))
 
 
 def dataset_md(s, ds) -> str:
