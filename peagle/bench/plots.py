@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 
+from .summary import DS_NAMES, NAMES
+
 COLORS = {"baseline": "#555555", "eagle3": "#1f77b4", "peagle": "#d62728", "hf": "#2ca02c", "hf-pld": "#9467bd"}
-NAMES = {"baseline": "baseline", "eagle3": "EAGLE-3", "peagle": "P-EAGLE"}
-DS_NAMES = {"mtbench": "MT-Bench", "humaneval": "HumanEval", "speed": "SPEED-style mix"}
 
 
 def _plt():

@@ -1,92 +1,12 @@
-"""Summaries (best K, speedups, goals) and the Markdown report of a results.json."""
+"""The Markdown report of a results.json (and its plots)."""
 from __future__ import annotations
 
 import json
 import os
 import statistics
 
-NAMES = {"baseline": "baseline", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "hf": "HF generate",
-         "hf-pld": "HF prompt lookup"}
-DS_NAMES = {"mtbench": "MT-Bench", "humaneval": "HumanEval", "speed": "SPEED-style mix"}
-GOALS = {"peagle_vs_eagle3_humaneval_c1": 1.5, "peagle_vs_baseline_humaneval_c1": 3.0,
-         "peagle_vs_eagle3_min_upto_c64": 1.0}
-
-
-def _med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def aggregate(runs) -> dict:
-    """(dataset, method, k, c) -> median figures over repeats."""
-    groups: dict = {}
-    for r in runs:
-        groups.setdefault((r["dataset"], r["method"], r["k"], r["concurrency"]), []).append(r)
-    agg = {}
-    for key, rs in groups.items():
-        m = rs[0]["metrics"]
-        agg[key] = {"tok_s": _med([r["output_tok_s"] for r in rs]), "n_repeats": len(rs),
-                    "ttft_ms": _med([r["ttft_ms"]["mean"] for r in rs]), "tpot_ms": _med([r["tpot_ms"]["mean"] for r in rs]),
-                    "al": m["mean_acceptance_length"], "per_pos": m["acceptance_rate_per_pos"],
-                    "draft_ms": _med([r.get("timing", {}).get("draft_ms_per_step") for r in rs]),
-                    "verify_ms": _med([r.get("timing", {}).get("verify_ms_per_step") for r in rs]),
-                    "identical": sum(r["identity"].get("identical", 0) for r in rs),
-                    "n": sum(r["identity"].get("n", 0) for r in rs),
-                    "ties": sum(len(r["identity"].get("ties", [])) for r in rs),
-                    "mismatches": sum(len(r["identity"].get("mismatches", [])) for r in rs)}
-    return agg
-
-
-def main_runs(res) -> list:
-    """The runs the report is about: offline ones, or the online ones of an online-only sweep."""
-    return res["runs"] or res.get("online_runs", [])
-
-
-def summarize(res, runs=None) -> dict:
-    agg = aggregate(main_runs(res) if runs is None else runs)
-    dss = list(res["datasets"])
-    cs = sorted({k[3] for k in agg})
-    ks = sorted({k[2] for k in agg if k[1] != "baseline"})
-    best, speed = {}, {}
-    for ds in dss:
-        for c in cs:
-            for m in ("baseline", "eagle3", "peagle"):
-                cands = [(v["tok_s"], k[2]) for k, v in agg.items() if k[0] == ds and k[1] == m and k[3] == c]
-                if cands:
-                    t, k = max(cands)
-                    best[(ds, m, c)] = {"k": k, **agg[(ds, m, k, c)]}
-            b, e, p = (best.get((ds, m, c)) for m in ("baseline", "eagle3", "peagle"))
-            speed[(ds, c)] = {"peagle_vs_eagle3": p["tok_s"] / e["tok_s"] if p and e else None,
-                              "peagle_vs_baseline": p["tok_s"] / b["tok_s"] if p and b else None,
-                              "eagle3_vs_baseline": e["tok_s"] / b["tok_s"] if e and b else None}
-    goals = []
-    he = "humaneval" if "humaneval" in dss else None
-    c1 = min(cs) if cs else None
-    if he and c1 == 1:
-        for key, name in (("peagle_vs_eagle3", "P-EAGLE ÷ EAGLE-3, HumanEval, c=1"),
-                          ("peagle_vs_baseline", "P-EAGLE ÷ baseline, HumanEval, c=1")):
-            v, g = speed[(he, 1)][key], GOALS[f"{key}_humaneval_c1"]
-            goals.append({"goal": f"{name} ≥ {g}", "measured": v, "target": g, "met": v is not None and v >= g})
-    low = [(speed[(ds, c)]["peagle_vs_eagle3"], ds, c) for ds in dss for c in cs
-           if c <= 64 and speed[(ds, c)]["peagle_vs_eagle3"] is not None]
-    if low:
-        v, ds, c = min(low)
-        part = max(c for c in cs if c <= 64) < 64
-        goals.append({"goal": "P-EAGLE never slower than EAGLE-3 up to c=64 (min ratio ≥ 1.0)", "measured": v,
-                      "target": 1.0, "met": v >= 1.0 and not part,
-                      "where": f"{DS_NAMES.get(ds, ds)}, c={c}" + (f"; only c ≤ {max(cs)} measured: undecided"
-                                                                    if part else "")})
-    return {"agg": agg, "best": best, "speed": speed, "goals": goals, "datasets": dss, "cs": cs, "ks": ks}
-
-
-def _f(x, nd=2, suf=""):
-    return "–" if x is None else f"{x:.{nd}f}{suf}"
-
-
-def _table(header, rows) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
+from .goals import goals_md
+from .summary import DS_NAMES, NAMES, _f, _med, _table, main_runs, summarize
 
 
 def headline(s) -> str:
@@ -98,60 +18,6 @@ def headline(s) -> str:
         parts.append(f"**{title}** (output tokens/s, each method at its best K)\n\n"
                      + _table(["Benchmark"] + [f"c={c}" for c in s["cs"]], rows))
     return "\n\n".join(parts)
-
-
-def goals_md(s, res) -> str:
-    rows = []
-    for g in s["goals"]:
-        short = ("" if g["met"] or g["measured"] is None or g["measured"] >= g["target"]
-                 else f"missed by {100 * (1 - g['measured'] / g['target']):.0f}%")
-        rows.append([g["goal"], _f(g["measured"], 2, "×") + (f" ({g['where']})" if g.get("where") else ""),
-                     "met" if g["met"] else ("undecided" if "undecided" in g.get("where", "") else "**not met**"),
-                     short])
-    out = _table(["goal", "measured", "", "shortfall"], rows) if rows else "(goals need HumanEval at c=1)"
-    out += "\n\n" + why_md(s)
-    return out
-
-
-def why_md(s) -> str:
-    """Where the time goes at c=1: per-step drafter and verification time and acceptance, best K."""
-    rows = []
-    c1 = min(s["cs"])
-    for ds in s["datasets"]:
-        b = s["best"].get((ds, "baseline", c1))
-        for m in ("eagle3", "peagle"):
-            x = s["best"].get((ds, m, c1))
-            if not x:
-                continue
-            step = 1000 * x["al"] / x["tok_s"] if x["tok_s"] else None        # ms per engine step
-            rows.append([DS_NAMES.get(ds, ds), NAMES[m], x["k"], _f(x["al"]), _f(x["draft_ms"]), _f(x["verify_ms"]),
-                         _f(step), _f(1000 / b["tok_s"] if b else None),
-                         _f(x["draft_ms"] / x["verify_ms"] if x["verify_ms"] else None)])
-    return (f"Where the time goes at c={c1} (each method at its best K; a step drafts K tokens and verifies K+1; "
-            "ideal speedup over baseline = AL × baseline step ÷ spec step):\n\n"
-            + _table(["dataset", "method", "K", "AL", "draft ms/step", "verify ms/step", "total ms/step",
-                      "baseline ms/token", "draft ÷ verify"], rows) + "\n\n" + needed_md(s))
-
-
-def needed_md(s) -> str:
-    """The acceptance length P-EAGLE would need, at its measured cost per step, to meet the c=1 goals
-    (tokens/s = AL ÷ step time): AL ≥ goal × (rival tokens/s) × P-EAGLE step time."""
-    c1, rows = min(s["cs"]), []
-    g_e, g_b = GOALS["peagle_vs_eagle3_humaneval_c1"], GOALS["peagle_vs_baseline_humaneval_c1"]
-    for ds in s["datasets"]:
-        b, e = s["best"].get((ds, "baseline", c1)), s["best"].get((ds, "eagle3", c1))
-        for k in s["ks"]:
-            p = s["agg"].get((ds, "peagle", k, c1))
-            if not p or not p["tok_s"]:
-                continue
-            step = p["al"] / p["tok_s"]                                    # s per step, measured
-            rows.append([DS_NAMES.get(ds, ds), k, _f(1000 * step), _f(p["al"]),
-                         _f(g_e * e["tok_s"] * step if e else None), _f(g_b * b["tok_s"] * step if b else None), k + 1])
-    return (f"What P-EAGLE's acceptance length would have to be, at its measured step time, for the c={c1} goals "
-            f"(P-EAGLE tokens/s = AL ÷ step time; needed AL = goal × rival's tokens/s × step time; a step can "
-            "never yield more than K+1 tokens):\n\n"
-            + _table(["dataset", "P-EAGLE K", "step ms", "AL measured", f"AL for {g_e}× EAGLE-3 (best K)",
-                      f"AL for {g_b}× baseline", "max AL"], rows))
 
 
 def dataset_md(s, ds) -> str:
