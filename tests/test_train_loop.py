@@ -67,13 +67,14 @@ def test_init_continues_a_head_and_reads_several_data_dirs(tiny_data, tmp_path):
     log0 = _train(target, data, first, "eagle3", 60, ["--ttt-steps", "2"])
     cont = str(tmp_path / "cont")
     log1 = _train(target, f"{data},{data}", cont, "eagle3", 10,
-                  ["--ttt-steps", "2", "--init", first, "--draft-vocab", "100"])
+                  ["--ttt-steps", "2", "--init", first, "--draft-vocab", "100", "--layers", "3"])
     assert log1[0]["loss"] < 0.7 * log0[0]["loss"], (log0[0], log1[0])   # starts where the first run got to
     a, b = load_file(os.path.join(first, "model.safetensors")), load_file(os.path.join(cont, "model.safetensors"))
-    assert torch.equal(a["d2t"], b["d2t"])                                # draft vocabulary of --init, not 100
+    assert torch.equal(a["d2t"], b["d2t"])                # draft vocabulary and layers of --init, not 100 / 3
     with open(os.path.join(cont, "config.json")) as f:
         info = json.load(f)
-    assert info["draft_vocab_size"] == 384
+    assert info["draft_vocab_size"] == 384 and info["peagle"]["layers"] == info["num_hidden_layers"] == 1
+    assert info["peagle"]["init"] == first
     assert info["peagle"]["docs"] == 2 * len(load_docs(data))
     with pytest.raises(PeagleError, match="parallel"):
         _train(target, data, str(tmp_path / "bad"), "peagle", 2, ["--init", first])

@@ -303,7 +303,7 @@ class Trainer:
         if self.rank != 0:
             return
         a = self.a
-        info = {"method": self.method, "layers": a.layers, "draft_vocab_size": len(self.draft_ids),
+        info = {"method": self.method, "layers": self.head.cfg["num_hidden_layers"], "draft_vocab_size": len(self.draft_ids),
                 "steps": self.step, "train_time_s": round(self.elapsed, 1), "max_tokens": a.max_tokens,
                 "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world,
                 "data": ",".join(os.path.abspath(d) for d in a.data.split(",")), "docs": len(self.docs),
