@@ -14,7 +14,7 @@ def goals_md(s, res) -> str:
                      "met" if g["met"] else ("undecided" if "undecided" in g.get("where", "") else "**not met**"),
                      short])
     out = _table(["goal", "measured", "", "shortfall"], rows) if rows else "(goals need HumanEval at c=1)"
-    out += "\n\n" + why_md(s, min(s["cs"])) + "\n\n" + needed_md(s)
+    out += "\n\n" + why_md(s, min(s["cs"])) + "\n\n" + needed_md(s) + "\n\n" + same_k_md(s)
     hi = max((c for c in s["cs"] if c <= 64), default=None)
     if hi and hi != min(s["cs"]):
         out += "\n\n" + why_md(s, hi)
@@ -59,3 +59,18 @@ def needed_md(s) -> str:
             "never yield more than K+1 tokens):\n\n"
             + _table(["dataset", "P-EAGLE K", "step ms", "AL measured", f"AL for {g_e}× EAGLE-3 (best K)",
                       f"AL for {g_b}× baseline", "max AL"], rows))
+
+
+def same_k_md(s) -> str:
+    """P-EAGLE ÷ EAGLE-3 at equal K: the drafting-cost effect without the choice of K."""
+    rows = []
+    for ds in s["datasets"]:
+        for c in sorted({min(s["cs"]), max(s["cs"])}):
+            row = [DS_NAMES.get(ds, ds), c]
+            for k in s["ks"]:
+                e, p = s["agg"].get((ds, "eagle3", k, c)), s["agg"].get((ds, "peagle", k, c))
+                row.append(f"{_f(p['tok_s'] / e['tok_s'], 2, '×')} ({_f(p['al'])} vs {_f(e['al'])})"
+                           if e and p and e["tok_s"] else "–")
+            rows.append(row)
+    return ("P-EAGLE ÷ EAGLE-3 output tokens/s at the same K (in brackets: acceptance length, P-EAGLE vs EAGLE-3):\n\n"
+            + _table(["dataset", "c"] + [f"K={k}" for k in s["ks"]], rows))
