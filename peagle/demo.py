@@ -11,16 +11,13 @@ import torch
 
 from .llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
 from .sampling import SamplingParams
+from .spec_config import speculative_config
 
 # no trailing newline: this byte-level BPE merges "\n" with the next line's indentation, so a prompt that
 # ends in a bare "\n" is off-distribution (see models/demo-target/README.md)
 CODE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""'
 CHAT = [{"role": "user", "content": "How do I read a CSV file in Python and print each row?"}]
 K = 7
-
-
-def _spec(head, parallel):
-    return {"method": "eagle3", "model": head, "num_speculative_tokens": K, "parallel_drafting": parallel}
 
 
 def _run(llm, ids, sp, label, repeats=3):
@@ -54,7 +51,7 @@ def main() -> int:
     base = LLM(model)
     heads = [(n, h, p) for n, h, p in (("P-EAGLE", DEFAULT_PEAGLE_HEAD, True), ("EAGLE-3", DEFAULT_EAGLE3_HEAD, False))
              if model == DEFAULT_MODEL and os.path.isfile(os.path.join(h, "config.json"))]
-    spec = {n: LLM(model, speculative_config=_spec(h, p)) for n, h, p in heads}
+    spec = {n: LLM(model, speculative_config=speculative_config(h, K, p)) for n, h, p in heads}
     for title, ids in (("code prompt", base.tokenizer(CODE, add_special_tokens=False)["input_ids"]),
                        ("chat prompt", base.apply_chat_template(CHAT))):
         print(f"\n=== {title} ===")

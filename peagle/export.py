@@ -26,6 +26,7 @@ from .headformat import (
     target_text_config, validate_head,
 )
 from .importer import convert_head
+from .spec_config import speculative_config
 
 FORMATS = ("vllm", "speculators")
 # flat-config keys that describe the head rather than its transformer layer (speculators top level)
@@ -157,8 +158,6 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
     return out_cfg
 
 
-def vllm_speculative_config(out_dir, k: int, parallel: bool) -> dict:
-    return {"method": "eagle3", "model": str(out_dir), "num_speculative_tokens": int(k), "parallel_drafting": bool(parallel)}
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -192,7 +191,7 @@ def main_export(args) -> int:
     if args.format == "vllm":
         parallel = cfg.get("ptd_token_id") is not None
         k = cfg.get("peagle", {}).get("num_speculative_tokens", 3)
-        spec = vllm_speculative_config(Path(args.out).resolve(), k, parallel)
+        spec = speculative_config(Path(args.out).resolve(), k, parallel)
         print(f"wrote {args.out} (vLLM flat EAGLE-3 layout). Serve with:\n"
               f"  vllm serve {getattr(args, 'target', None) or 'TARGET'} --speculative-config '{json.dumps(spec)}'")
     else:

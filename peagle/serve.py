@@ -46,7 +46,7 @@ def resolve_config(model, spec_flag, env=None):
     the demo target is served with its P-EAGLE head (if trained) unless a config says otherwise."""
     from .errors import PeagleError
     from .llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-    from .spec_config import parse_spec_config
+    from .spec_config import parse_spec_config, speculative_config
     env = os.environ if env is None else env
     spec = spec_flag if spec_flag is not None else env.get(ENV_SPEC) or None
     if isinstance(spec, str) and spec.strip().lower() in ("", "none", "null", "off"):
@@ -59,8 +59,7 @@ def resolve_config(model, spec_flag, env=None):
                               "(train it with `peagle train-target`, or pass a model directory)")
         model, name = DEFAULT_MODEL, "demo-target"
         if spec is None and not explicit_off and os.path.isdir(DEFAULT_PEAGLE_HEAD):
-            spec = {"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD, "num_speculative_tokens": DEMO_K,
-                    "parallel_drafting": True}
+            spec = speculative_config(DEFAULT_PEAGLE_HEAD, DEMO_K, True)
     else:
         if not os.path.isdir(model):
             raise PeagleError(f"model directory {model} does not exist")

@@ -10,6 +10,11 @@ KNOWN = {"method", "model", "num_speculative_tokens", "parallel_drafting", "draf
          "max_model_len", "disable_padded_drafter_batch"}
 
 
+def speculative_config(head, k: int, parallel: bool) -> dict:
+    """vLLM's speculative config for a head in the EAGLE-3 layout (P-EAGLE: parallel_drafting)."""
+    return {"method": "eagle3", "model": str(head), "num_speculative_tokens": int(k), "parallel_drafting": bool(parallel)}
+
+
 @dataclass
 class SpecConfig:
     method: str

@@ -9,14 +9,12 @@ import json
 import time
 
 from ..server import client as C
+from ..spec_config import speculative_config
 from .runner import out_hash, stats_ms
 
 
 def spec_json(method: str, k: int, head: str | None) -> str | None:
-    if method == "baseline":
-        return None
-    return json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": k,
-                       "parallel_drafting": method == "peagle"})
+    return None if method == "baseline" else json.dumps(speculative_config(head, k, method == "peagle"))
 
 
 class OnlineServer:

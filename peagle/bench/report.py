@@ -144,9 +144,9 @@ def peers_md(res) -> str:
                                            "TPOT ms", "same tokens as peagle baseline"], rows))
 
 
-def identity_md(res) -> str:
+def identity_md(res, runs=None) -> str:
     rows = []
-    for r in main_runs(res):
+    for r in main_runs(res) if runs is None else runs:
         if r["method"] == "baseline":
             continue
         i = r["identity"]
@@ -170,25 +170,13 @@ def identity_md(res) -> str:
 
 
 def online_md(res) -> str:
-    """The online (through `peagle serve`) sweep next to the offline one: the headline ratios and errors."""
-    runs = res.get("online_runs") or []
+    """The online (through `peagle serve`) sweep next to the offline one, in the per-dataset layout."""
+    runs = res["online_runs"]
     s = summarize(res, runs)
-    errs = sum(len(r.get("errors", [])) for r in runs)
-    idt = [r["identity"] for r in runs if r["method"] != "baseline" and r["identity"].get("ok") is not None]
-    rows = []
-    for ds in s["datasets"]:
-        for c in s["cs"]:
-            b, e, p = (s["best"].get((ds, m, c)) for m in ("baseline", "eagle3", "peagle"))
-            rows.append([DS_NAMES.get(ds, ds), c] + [_f(x and x["tok_s"], 1) + (f" (K={x['k']})" if x and x["k"] else "")
-                                                     for x in (b, e, p)]
-                        + [_f(s["speed"][(ds, c)][k], 2, "×") for k in ("peagle_vs_eagle3", "peagle_vs_baseline")]
-                        + [" / ".join(_f(x and x["ttft_ms"], 0) for x in (b, e, p))])
-    return (f"Every (method, K) served by its own `peagle serve` subprocess; c streaming `openai` clients; "
-            f"{len(runs)} runs, {errs} request errors; greedy outputs identical to the baseline's: "
-            f"{sum(i['identical'] for i in idt)}/{sum(i['n'] for i in idt)} "
-            f"({sum(len(i['mismatches']) for i in idt)} real mismatches).\n\n"
-            + _table(["dataset", "c", "baseline tok/s", "EAGLE-3 best", "P-EAGLE best", "P ÷ E", "P ÷ base",
-                      "TTFT ms (b/E/P)"], rows))
+    head = (f"Every (method, K) served by its own `peagle serve` subprocess; c streaming `openai` clients; "
+            f"{len(runs)} runs, {sum(len(r.get('errors', [])) for r in runs)} request errors. "
+            + identity_md(res, runs))
+    return "\n\n".join([head] + [f"### {DS_NAMES.get(ds, ds)} (online)\n\n" + dataset_md(s, ds) for ds in s["datasets"]])
 
 
 def runs_md(res) -> str:

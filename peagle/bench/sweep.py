@@ -84,12 +84,12 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
             res["meta"].setdefault("head_configs", {})[m] = {k: bench.head(m).cfg.get(k) for k in (
                 "num_hidden_layers", "hidden_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")}
 
+    online, offline = a.mode in ("online", "both"), a.mode in ("offline", "both")
     # warm-up every engine kind once (first-call allocations, kernels)
-    for m, k in (cfgs if a.mode in ("offline", "both") else []):
+    for m, k in (cfgs if offline else []):
         bench.run(m, k, 1, [bench.encode(load_dataset("mtbench", 1)[0])[:32]],
                   SamplingParams(temperature=a.temperature, max_tokens=8, ignore_eos=True), 256)
 
-    online, offline = a.mode in ("online", "both"), a.mode in ("offline", "both")
     batches = {}                                      # (dataset, c) -> (prompt ids, offline baseline outputs)
     for ds in a.datasets:
         prompts = load_dataset(ds, a.num_prompts, a.humaneval_format, a.mtbench_turns, a.seed)

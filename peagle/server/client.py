@@ -100,14 +100,15 @@ def spec_counters(url) -> dict | None:
 def counters_delta(after: dict | None, before: dict | None) -> dict | None:
     if after is None:
         return None
+    from ..metrics import SpecMetrics
     b = before or {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": []}
-    pp = [a - (b["num_accepted_tokens_per_pos"][i] if i < len(b["num_accepted_tokens_per_pos"]) else 0)
-          for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
-    d = {k: after[k] - b[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-    n = d["num_drafts"]
-    d.update(num_accepted_tokens_per_pos=pp, mean_acceptance_length=1 + d["num_accepted_tokens"] / n if n else 1.0,
-             acceptance_rate_per_pos=[x / n if n else 0.0 for x in pp])
-    return d
+    pp_b = b["num_accepted_tokens_per_pos"]
+    m = SpecMetrics(len(after["num_accepted_tokens_per_pos"]))
+    m.num_accepted_tokens_per_pos = [a - (pp_b[i] if i < len(pp_b) else 0)
+                                     for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
+    m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens = (
+        after[k] - b[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+    return m.as_dict()
 
 
 async def stream_one(client, model, prompt, max_tokens, chat=False, timeout=900, **extra) -> dict:

@@ -30,6 +30,7 @@ def main(argv=None):
     from .. import LLM, SamplingParams
     from ..bench.datasets import load_dataset
     from ..bench.runner import Bench
+    from ..spec_config import speculative_config
     heads = dict(h.split("=", 1) for h in a.head)
     enc = Bench(a.target, {})
     data = {"mtbench": [enc.encode(p) for p in load_dataset("mtbench", a.mtbench or None)],
@@ -47,7 +48,7 @@ def main(argv=None):
         print(ds, res["datasets"][ds], flush=True)
     llms = {}
     for name, d in heads.items():
-        spec = {"method": "eagle3", "model": d, "num_speculative_tokens": a.k, "parallel_drafting": name.startswith("peagle")}
+        spec = speculative_config(d, a.k, name.startswith("peagle"))
         llm = llms[name] = LLM(a.target, speculative_config=spec)
         for ds, ps in data.items():
             llm.reset_metrics()

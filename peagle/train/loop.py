@@ -96,9 +96,7 @@ def warm_start(path: str, target, method: str):
     if (method == "peagle") != src.parallel:
         raise PeagleError(f"--init {path} is {'a parallel' if src.parallel else 'an EAGLE-3'} head; "
                           f"--method {method} needs {'a parallel' if method == 'peagle' else 'an EAGLE-3'} one")
-    cfg = {k: v for k, v in src.cfg.items()
-           if k not in ("architectures", "model_type", "tie_word_embeddings", "eagle_config", "hidden_act")}
-    return src, cfg, torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
+    return src, dict(src.cfg), torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
 
 
 # ----------------------------------------------------------------------------------------- trainer
