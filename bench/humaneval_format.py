@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from peagle import LLM, SamplingParams  # noqa: E402
-from peagle.bench.datasets import load_humaneval  # noqa: E402
+from peagle.data.benchmarks import load_humaneval  # noqa: E402
 from peagle.bench.runner import encode_prompt  # noqa: E402
 from peagle.llm import DEFAULT_MODEL  # noqa: E402
 

@@ -47,9 +47,7 @@ def pct(xs, q):
 def build_tiny(d):
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from heads import save_random_head
-    from tiny import save_tiny
-
-    from peagle.server.testing import make_tiny_tokenizer
+    from tiny import make_tiny_tokenizer, save_tiny
     if not os.path.exists(os.path.join(d, "target", "tokenizer.json")):
         save_tiny("llama", os.path.join(d, "target"))
         make_tiny_tokenizer(os.path.join(d, "target"))

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from peagle import LLM, SamplingParams  # noqa: E402
-from peagle.bench.datasets import load_dataset  # noqa: E402
+from peagle.data.benchmarks import load_dataset  # noqa: E402
 from peagle.bench.randheads import target_or_random  # noqa: E402
 from peagle.llm import DEFAULT_MODEL  # noqa: E402
 

@@ -9,17 +9,17 @@ import sys
 
 COMMANDS = {
     "generate": ("peagle.generate_cmd", "generate text (plain or speculative), streaming to stdout"),
-    "serve": ("peagle.serve", "OpenAI-compatible server (vLLM's --speculative-config)"),
+    "serve": ("peagle.server.cli", "OpenAI-compatible server (vLLM's --speculative-config)"),
     "bench": ("peagle.bench.cli", "benchmarks: baseline vs EAGLE-3 vs P-EAGLE"),
     "datagen": ("peagle.train.datagen", "regenerate assistant turns with the target (drafter training data)"),
     "train": ("peagle.train.cli", "train an EAGLE-3 or P-EAGLE drafter head"),
-    "export": ("peagle.export", "export a head in vLLM's flat or the speculators layout"),
-    "import": ("peagle.importer", "import a published head into peagle's layout"),
+    "export": ("peagle.heads.export", "export a head in vLLM's flat or the speculators layout"),
+    "import": ("peagle.heads.importer", "import a published head into peagle's layout"),
 }
 
 
 # commands whose module owns its whole argument parsing: main(argv) gets everything after the command name
-PASSTHROUGH = {"train-target": "peagle.target.train", "eval-target": "peagle.target.evaluate"}
+PASSTHROUGH = {"train-target": "peagle.target.train", "eval-target": "peagle.target.evaluate_target"}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ import torch
 
 from .drafters.base import DraftBatch, Proposer
 from .errors import PeagleError
-from .metrics import SpecMetrics
+from .spec_metrics import SpecMetrics
 from .sampling import SamplingParams, make_generator, probs_from_logits, sample_from
 from .verify import verify_greedy, verify_sampled
 

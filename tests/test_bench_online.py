@@ -12,7 +12,7 @@ from heads import save_random_head
 @pytest.fixture(scope="module")
 def online_run(tiny_dirs, tmp_path_factory):
     from peagle.cli import main
-    from peagle.server.testing import make_tiny_tokenizer
+    from tiny import make_tiny_tokenizer
     root = tmp_path_factory.mktemp("bench-online")
     tgt = str(root / "target")
     shutil.copytree(tiny_dirs["llama"], tgt)

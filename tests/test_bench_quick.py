@@ -68,7 +68,7 @@ def test_figures_consistent(bench_run):
 def test_runner_matches_llm_api(bench_run):
     """The bench builds engines itself (one shared target): its outputs equal LLM.generate's."""
     from peagle import LLM, SamplingParams
-    from peagle.bench.datasets import load_dataset
+    from peagle.data.benchmarks import load_dataset
     from peagle.bench.runner import Bench
     _, _, tgt, e3, pe = bench_run
     b = Bench(tgt, {"eagle3": e3, "peagle": pe})

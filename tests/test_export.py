@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from peagle.export import add_export_parser, export_head, main_export
-from peagle.headformat import HeadValidationError, load_head_dir, validate_head
-from peagle.importer import add_import_parser, import_head, main_import
+from peagle.heads.export import add_export_parser, export_head, main_export
+from peagle.heads.format import HeadValidationError, validate_head
+from peagle.heads.io import load_head_dir
+from peagle.heads.importer import add_import_parser, import_head, main_import
 
 H, NH, NKV, HD, I, V, T_LAYERS, MAXPOS = 32, 4, 2, 8, 64, 96, 4, 1024  # noqa: E741
 MASK = 5

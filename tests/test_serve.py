@@ -20,10 +20,11 @@ import openai
 import pytest
 
 from heads import save_random_head
+from tiny import make_tiny_tokenizer
+
 from peagle import LLM, SamplingParams
 from peagle.server.detok import IncrementalDetokenizer
 from peagle.server.runner import BackgroundServer
-from peagle.server.testing import make_tiny_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["Hello there", "The quick brown fox", "Speculative decoding drafts", "Once upon a time, in a land",
@@ -52,7 +53,7 @@ def spec_cfg(head):
 
 
 def start(model_dir, spec=None, **kw):
-    from peagle.serve import build_state, resolve_config
+    from peagle.server.cli import build_state, resolve_config
     m, name, sp = resolve_config(model_dir, json.dumps(spec) if spec else None, env={})
     return BackgroundServer(build_state(m, "tiny", sp, **kw)).start()
 
@@ -547,7 +548,7 @@ def test_32_concurrent_streams_with_speculation(spec, ref_llm):
 def test_resolve_config(model_dir, head_dir, monkeypatch, tmp_path):
     from peagle import llm
     from peagle.errors import PeagleError
-    from peagle.serve import ENV_SPEC, resolve_config
+    from peagle.server.cli import ENV_SPEC, resolve_config
     env = {ENV_SPEC: json.dumps(spec_cfg(head_dir))}
     assert resolve_config(model_dir, None, env)[2].num_speculative_tokens == K          # from the environment
     flag = json.dumps({**spec_cfg(head_dir), "num_speculative_tokens": 2, "parallel_drafting": False})

@@ -233,7 +233,7 @@ def report_md(res, pngs, notes: str | None = None) -> str:
         lines.append(f"- **{DS_NAMES.get(ds, ds)}**: {x['n_prompts']} prompts ({x['n_skipped_too_long']} skipped as too "
                      f"long), formats {x['kinds']}, mean prompt {x['prompt_tokens_mean']:.0f} tokens, categories "
                      f"{x['categories']}.")
-    lines.append("\nSources and formats: see `peagle/bench/datasets.py` (module docstring).\n")
+    lines.append("\nSources and formats: see `peagle/data/benchmarks.py` (module docstring).\n")
     samp = [(ds, x) for ds, x in res["datasets"].items() if x.get("samples")]
     if samp:
         lines.append("## Sample outputs (baseline, greedy)\n")

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import PeagleError
 from ..sampling import SamplingParams
-from .datasets import load_dataset
+from ..data.benchmarks import load_dataset
 from .runner import Bench, HFPeer
 
 

@@ -193,7 +193,7 @@ class DrafterHead(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str, target_cfg=None, parallel: bool | None = None, dtype=torch.float32):
         from safetensors.torch import load_file
-        from ..headformat import validate_head
+        from ..heads.format import validate_head
         fn = os.path.join(path, "config.json")
         if not os.path.isfile(fn):
             raise PeagleError(f"drafter head directory {path} has no config.json")

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .detok import IncrementalDetokenizer
 from .loop import EngineLoop, Handle
-from .metrics import ServerMetrics
+from .prometheus import ServerMetrics
 from .protocol import (ApiError, ChatRequest, CompletionRequest, check_unsupported, error_body, parse_body,
                        sampling_params)
 

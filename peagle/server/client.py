@@ -100,7 +100,7 @@ def spec_counters(url) -> dict | None:
 def counters_delta(after: dict | None, before: dict | None) -> dict | None:
     if after is None:
         return None
-    from ..metrics import SpecMetrics
+    from ..spec_metrics import SpecMetrics
     b = before or {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": []}
     pp_b = b["num_accepted_tokens_per_pos"]
     m = SpecMetrics(len(after["num_accepted_tokens_per_pos"]))

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .corpus import SPECIAL_TOKENS, read_jsonl_texts
+from ..data.corpus import SPECIAL_TOKENS, read_jsonl_texts
 
 EOS_ID, PAD_ID, IM_START_ID, IM_END_ID, MASK_ID, BOS_ID = range(6)
 

@@ -3,7 +3,7 @@
     python -m peagle.target.train --out models/demo-target --time-budget-min 60
 
 Steps (each cached under ``--data-dir``): build the corpus
-(:mod:`peagle.target.corpus`), train the tokenizer
+(:mod:`peagle.data.corpus`), train the tokenizer
 (:mod:`peagle.target.tokenizer`), tokenize to uint16 memmaps, then train on
 packed 512-token rows (documents separated by token 0), half code and half
 chat.  Checkpoints (model + optimizer + schedule + RNG + data position) are
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import build_corpus, read_jsonl_texts
+from ..data.corpus import build_corpus, read_jsonl_texts
 from .tokenizer import EOS_ID, PAD_ID, build_tokenizer, generation_config_dict
 
 SOURCES = ("code", "chat")

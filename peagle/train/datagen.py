@@ -29,7 +29,7 @@ from .data import shard_path, write_shard
 
 # ----------------------------------------------------------------------------------------- prompts
 def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
-    from ..target import corpus as C
+    from ..data import corpus as C
     text = C.load_sharegpt_text()
     try:
         bench = C.BenchmarkFilter(C.load_mtbench_turns())
@@ -71,7 +71,7 @@ def _code_prompt(src: str, tree: ast.Module, fn: ast.FunctionDef) -> str | None:
 
 
 def code_prompts(limit: int, seed: int = 0, per_file: int = 2) -> list[dict]:
-    from ..target import corpus as C
+    from ..data import corpus as C
     files = list(C.iter_code_files(C.code_roots()))
     random.Random(seed).shuffle(files)
     out = []

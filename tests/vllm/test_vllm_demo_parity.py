@@ -174,7 +174,7 @@ def test_acceptance_parity(demo_vllm, peagle_runs, demo_world):
 @pytest.mark.parametrize("what", ["missing-mask_hidden", "wrong-aux-ids"])
 def test_broken_demo_export_is_refused(demo_world, what):
     """`peagle export` of a broken P-EAGLE head for the demo target: exit 2, nothing written, vLLM never sees it."""
-    from peagle.headformat import load_head_dir, save_head_dir
+    from peagle.heads.io import load_head_dir, save_head_dir
 
     root = demo_world["root"]
     cfg, ts = load_head_dir(demo_world["native"]["peagle"])

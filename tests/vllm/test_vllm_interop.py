@@ -24,8 +24,9 @@ import json
 import pytest
 
 import vllm_bigram as bg
-from peagle.export import export_head
-from peagle.headformat import HeadValidationError, load_head_dir, save_head_dir
+from peagle.heads.export import export_head
+from peagle.heads.format import HeadValidationError
+from peagle.heads.io import load_head_dir, save_head_dir
 from vllm_harness import BIGRAM_MAX_TOKENS as MAX_TOKENS, BIGRAM_RUNS as RUNS, RESULTS
 
 pytestmark = pytest.mark.vllm

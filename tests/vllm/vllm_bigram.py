@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from peagle.headformat import save_head_dir
+from peagle.heads.io import save_head_dir
 
 VOCAB = 2048
 HIDDEN = 256

@@ -40,7 +40,7 @@ BIGRAM_RUNS = {
 
 
 def build_bigram_world(root: Path) -> dict:
-    from peagle.export import export_head
+    from peagle.heads.export import export_head
 
     t0 = time.perf_counter()
     target = root / "target"

@@ -1,6 +1,6 @@
 """Evaluate the demo target model and write its model card.
 
-    python -m peagle.target.evaluate models/demo-target
+    python -m peagle.target.evaluate_target models/demo-target
 
 * held-out code and chat loss (nats/token) vs a unigram baseline (the training
   unigram distribution's cross-entropy on the same tokens);
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ap = argparse.ArgumentParser(prog="python -m peagle.target.evaluate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m peagle.target.evaluate_target", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", nargs="?", default="models/demo-target")
     ap.add_argument("--data-dir", default="data/target")
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     mdir = Path(args.model_dir)
     tok = AutoTokenizer.from_pretrained(str(mdir))
     model = AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).to(device).eval()
-    res: dict = {"model_dir": str(mdir), "command": "python -m peagle.target.evaluate "
+    res: dict = {"model_dir": str(mdir), "command": "python -m peagle.target.evaluate_target "
                  + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))}
 
     # ---- held-out loss vs unigram
@@ -272,7 +272,7 @@ def write_card(mdir: Path, ev: dict) -> None:
         "",
         f"Reproduce: `{st.get('command', 'python -m peagle.target.train --out models/demo-target')}` "
         "(builds the corpus and tokenizer under `data/target/`, checkpoints under `runs/target/`, "
-        "`--resume` continues), then `python -m peagle.target.evaluate models/demo-target`.",
+        "`--resume` continues), then `python -m peagle.target.evaluate_target models/demo-target`.",
         "",
     ]
     (mdir / "README.md").write_text("\n".join(lines))

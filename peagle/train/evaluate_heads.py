@@ -2,7 +2,7 @@
 turn, chat template) and HumanEval (raw prompts), prompts encoded exactly as `peagle bench` encodes them,
 greedy token identity against plain decoding, and batch-1 decode speed on a few prompts.
 
-    .venv/bin/python -m peagle.train.evaluate --target models/demo-target \\
+    .venv/bin/python -m peagle.train.evaluate_heads --target models/demo-target \\
         --head eagle3=models/demo-target-eagle3 --head peagle=models/demo-target-peagle --k 7 --out eval.json
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main(argv=None):
     if a.threads:
         torch.set_num_threads(a.threads)
     from .. import LLM, SamplingParams
-    from ..bench.datasets import load_dataset
+    from ..data.benchmarks import load_dataset
     from ..bench.runner import Bench
     from ..spec_config import speculative_config
     heads = dict(h.split("=", 1) for h in a.head)

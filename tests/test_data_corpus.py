@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from peagle.target import corpus as C
+from peagle.data import corpus as C
 
 
 def _records(n):

@@ -11,10 +11,7 @@ human-readable problems (empty = valid).
 """
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -349,79 +346,3 @@ def portability_notes(config: Mapping, target_config: Mapping | None = None) -> 
                          "captures ids 0..L; older releases capture inside the layer loop (ids 1..L-1 only)")
     return notes
 
-
-def check_head(config: Mapping, tensors: Mapping, target_config: Mapping | None = None,
-               parallel: bool | None = None, what: str = "head") -> None:
-    problems = validate_head(config, tensors, target_config, parallel)
-    if problems:
-        raise HeadValidationError(problems, what)
-
-
-# ------------------------------------------------------------------------------------------------- I/O
-def read_config(path: str | os.PathLike) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        p = p / CONFIG_NAME
-    with open(p) as f:
-        return json.load(f)
-
-
-def safetensors_files(path: str | os.PathLike) -> list[Path]:
-    d = Path(path)
-    idx = d / WEIGHTS_INDEX_NAME
-    if idx.exists():
-        with open(idx) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-        return [d / f for f in files]
-    if (d / WEIGHTS_NAME).exists():
-        return [d / WEIGHTS_NAME]
-    return sorted(d.glob("*.safetensors"))
-
-
-def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-    """All tensors of an HF dir (single or sharded safetensors; pytorch_model.bin as a fallback)."""
-    from safetensors import safe_open
-
-    want = set(names) if names is not None else None
-    out: dict[str, torch.Tensor] = {}
-    files = safetensors_files(path)
-    if files:
-        for f in files:
-            with safe_open(str(f), framework="pt") as sf:
-                for k in sf.keys():
-                    if want is None or k in want:
-                        out[k] = sf.get_tensor(k)
-        return out
-    binf = Path(path) / "pytorch_model.bin"
-    if binf.exists():
-        sd = torch.load(binf, map_location="cpu", weights_only=True)
-        return {k: v for k, v in sd.items() if want is None or k in want}
-    raise FileNotFoundError(f"no model.safetensors (or *.safetensors / pytorch_model.bin) in {path}")
-
-
-def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config dict, {name: tensor}) of a head directory, as stored (no conversion, no validation)."""
-    p = Path(path)
-    if not (p / CONFIG_NAME).exists():
-        raise FileNotFoundError(f"{p / CONFIG_NAME} not found (a head dir holds config.json + model.safetensors)")
-    return read_config(p), load_tensors(p)
-
-
-def save_head_dir(path: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Write config.json + model.safetensors (contiguous tensors, metadata format=pt)."""
-    from safetensors.torch import save_file
-
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    with open(p / CONFIG_NAME, "w") as f:
-        json.dump(dict(config), f, indent=2, sort_keys=False)
-        f.write("\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(p / WEIGHTS_NAME),
-              metadata={"format": "pt"})
-
-
-def validate_head_dir(path: str | os.PathLike, target_dir: str | os.PathLike | None = None,
-                      parallel: bool | None = None) -> list[str]:
-    config, tensors = load_head_dir(path)
-    tcfg = read_config(target_dir) if target_dir is not None else None
-    return validate_head(config, tensors, tcfg, parallel)

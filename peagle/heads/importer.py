@@ -1,5 +1,5 @@
 """Import drafter heads published in vLLM's flat EAGLE-3 layout or in the "speculators" layout into
-peagle's native layout (see :mod:`peagle.headformat`), with the same validation as export.
+peagle's native layout (see :mod:`peagle.heads.format`), with the same validation as export.
 
 Conversions:
 - speculators config (``speculators_model_type`` + ``transformer_layer_config``) -> flat config;
@@ -23,10 +23,10 @@ from typing import Mapping
 
 import torch
 
-from .headformat import (
-    NATIVE_ARCH, HeadValidationError, default_aux_layer_ids, is_parallel_head, load_head_dir, read_config,
-    safetensors_files, save_head_dir, target_text_config, validate_head,
+from .format import (
+    NATIVE_ARCH, HeadValidationError, default_aux_layer_ids, is_parallel_head, target_text_config, validate_head,
 )
+from .io import load_head_dir, read_config, safetensors_files, save_head_dir
 
 # keys of a speculators config that are not Llama-layer fields but belong in the flat config
 _SPEC_TOP_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_residual",
@@ -279,7 +279,7 @@ add_parser = add_import_parser
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m peagle.importer")
+    ap = argparse.ArgumentParser(prog="python -m peagle.heads.importer")
     sp = ap.add_subparsers(dest="cmd", required=True)
     add_import_parser(sp)
     a = ap.parse_args(["import", *sys.argv[1:]])
