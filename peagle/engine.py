@@ -1,12 +1,14 @@
 """The engine: continuous batching of requests through plain, EAGLE-3 or P-EAGLE decoding.
 
 Each step: (1) admit waiting requests into free cache rows and prefill them (target, then drafter
-context); (2) the proposer drafts K tokens for every running row; (3) the target verifies [last, d1..dK]
-in one pass; (4) each row keeps its own accepted prefix + one token (ragged acceptance), caches roll back,
-finished requests leave and their rows are compacted. With no drafter, (2) is skipped and K = 0.
+context); (2) the K policy picks this step's K (0..k) and the proposer drafts K tokens for every running row;
+(3) the target verifies [last, d1..dK] in one pass; (4) each row keeps its own accepted prefix + one token
+(ragged acceptance), caches roll back, finished requests leave and their rows are compacted. With no
+drafter, or K = 0 this step, (2) is skipped (a plain decoding step).
 
 Row invariant: the target cache of a running request holds all its tokens but the last; the drafter cache
-holds positions < pending start; `pending` holds the drafter rows the next step must add."""
+holds positions < pending start; `pending` holds the drafter rows the next step with K > 0 must add (a
+K = 0 step appends its row to `pending`: the drafter catches up later)."""
 from __future__ import annotations
 
 import time
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .autok.policy import FixedK, KPolicy
 from .drafters.base import DraftBatch, Proposer
 from .errors import PeagleError
 from .spec_metrics import SpecMetrics
@@ -48,6 +51,12 @@ def _rows(t, sl):
     return None if t is None else t[sl]
 
 
+def _extend(pending, ids, aux):
+    """Append drafter rows to a request's pending rows (a K = 0 step: the drafter catches up later)."""
+    p_ids, p_aux, start = pending
+    return (p_ids + ids, None if aux is None else torch.cat([p_aux, aux]), start)
+
+
 @dataclass
 class StepOutput:
     request: Request
@@ -58,9 +67,10 @@ class StepOutput:
 class Engine:
     def __init__(self, target, tokenizer=None, proposer: Proposer | None = None, k: int = 0,
                  max_num_seqs: int = 128, max_model_len: int | None = None, seed: int = 0,
-                 prefill_token_budget: int = 8192):
+                 prefill_token_budget: int = 8192, k_policy: KPolicy | None = None):
         self.target, self.tok, self.proposer = target, tokenizer, proposer
-        self.k = k if proposer is not None else 0
+        self.k = k if proposer is not None else 0          # the largest K a step may use
+        self.k_policy = k_policy if k_policy is not None and proposer is not None else FixedK(self.k)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = min(max_model_len or target.cfg.max_position_embeddings,
                                  target.cfg.max_position_embeddings)
@@ -78,6 +88,7 @@ class Engine:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.metrics = SpecMetrics(max(self.k, 1))
+        self.metrics.extra = lambda: {"k_policy": self.k_policy.describe()}
 
     # ---------------------------------------------------------------- requests
     def add_request(self, request_id, prompt_token_ids, params: SamplingParams, prompt=None) -> Request:
@@ -186,7 +197,9 @@ class Engine:
 
     def _decode(self) -> list[StepOutput]:
         rows = self.running
-        B, K = len(rows), self.k
+        t_step = time.perf_counter()
+        B = len(rows)
+        K = min(max(int(self.k_policy.choose(rows)), 0), self.k) if self.proposer is not None else 0
         # every running request has sampled at least one token (in prefill): no list concatenation per step
         last = torch.tensor([r.output_ids[-1] for r in rows])
         start = torch.tensor([len(r.prompt_token_ids) + len(r.output_ids) - 1 for r in rows])
@@ -195,7 +208,7 @@ class Engine:
             db = self._draft_batch([(r.pending[0], r.pending[1]) for r in rows],
                                    torch.tensor([r.pending[2] for r in rows]))
             db.requests = rows
-            drafts = self.proposer.propose(db)
+            drafts = self.proposer.propose(db, K)
             self.metrics.draft_time_s += time.perf_counter() - t0
             block = torch.cat([last[:, None], drafts], 1)
         else:
@@ -207,7 +220,7 @@ class Engine:
             acc_g, tgt_g = verify_greedy(logits, drafts)
         elif not K:
             tgt_g = logits.argmax(-1)
-        outs = []
+        outs, accepted = [], torch.zeros(B, dtype=torch.long)
         for i, r in enumerate(rows):
             if K and greedy[i]:
                 a = int(acc_g[i])
@@ -224,9 +237,14 @@ class Engine:
                 self.metrics.add_draft(a, K)
                 r.num_drafts += 1
                 r.num_accepted += a
+                accepted[i] = a
                 r.pending = (emitted, None if aux is None else aux[i, : a + 1], m)
+            elif self.proposer is not None:
+                r.pending = _extend(r.pending, emitted, None if aux is None else aux[i, :1])
             outs.append(self._emit(r, emitted))
         self.metrics.verify_time_s += time.perf_counter() - t0
+        self.metrics.add_step(K)
+        self.k_policy.observe(rows, K, accepted, time.perf_counter() - t_step)
         return outs
 
     def _sample_one(self, r: Request, logits: torch.Tensor) -> int:

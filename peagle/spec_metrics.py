@@ -1,15 +1,19 @@
-"""Speculative-decoding metrics with vLLM's definitions."""
+"""Speculative-decoding metrics with vLLM's definitions, plus the K used per decode step (K may change
+between steps: `num_steps_per_k[K]` counts the steps that drafted K tokens per request, K = 0 included).
+`extra`, if set, returns more entries for as_dict (the engine's K policy state)."""
 from __future__ import annotations
 
 
 class SpecMetrics:
     def __init__(self, k: int):
         self.k = k
+        self.extra = None
         self.reset()
 
     def reset(self):
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.num_accepted_tokens_per_pos = [0] * self.k
+        self.num_steps_per_k = [0] * (self.k + 1)
         self.draft_time_s = self.verify_time_s = 0.0
 
     def add_draft(self, accepted: int, k: int):
@@ -18,6 +22,9 @@ class SpecMetrics:
         self.num_accepted_tokens += accepted
         for i in range(accepted):
             self.num_accepted_tokens_per_pos[i] += 1
+
+    def add_step(self, k: int):
+        self.num_steps_per_k[k] += 1
 
     def as_dict(self) -> dict:
         d = self.num_drafts
@@ -29,4 +36,5 @@ class SpecMetrics:
             "acceptance_rate_per_pos": [a / d if d else 0.0 for a in self.num_accepted_tokens_per_pos],
             "draft_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
             "draft_time_s": self.draft_time_s, "verify_time_s": self.verify_time_s,
-        }
+            "num_steps_per_k": list(self.num_steps_per_k),
+        } | (self.extra() if self.extra is not None else {})

@@ -44,9 +44,10 @@ def reference(head, x, aux, n, K, parallel):
         return torch.stack(drafts)
 
 
-def run_cached(prop, x, aux, steps):
+def run_cached(prop, x, aux, steps, ks=None):
     """steps: list of n (the index of the new token) with increasing n: step 1 prefills the context,
-    later steps add the accepted rows (ragged), overwriting the stale mask / draft KV of the step before."""
+    later steps add the accepted rows (ragged), overwriting the stale mask / draft KV of the step before.
+    ks: the K of each step (default the proposer's); a jump of many rows is the catch-up after K = 0 steps."""
     out, done = [], 0
     for i, n in enumerate(steps):
         if i == 0 and n > 1:
@@ -54,7 +55,7 @@ def run_cached(prop, x, aux, steps):
             done = n - 1
         rows = slice(done, n)
         out.append(prop.propose(DraftBatch(x[:, done + 1:n + 1], aux[:, rows], torch.tensor([done]),
-                                           torch.tensor([n - done]))))
+                                           torch.tensor([n - done])), ks[i] if ks else None))
         done = n
     return out
 
@@ -77,3 +78,16 @@ def test_eagle3_k_passes_match_uncached_reference(tiny_dirs, tmp_path):
     for n, got in zip(steps, run_cached(prop, x, aux, steps)):
         ref = reference(head, x, aux, n, K, False)
         assert torch.equal(got[0], ref), (n, got, ref)
+
+
+def test_runtime_k_changes_and_catch_up_match_uncached_reference(tiny_dirs, tmp_path):
+    """K chosen per step (1..built K; the mask slots / AR passes sized per step), and a catch-up of 8 rows after
+    K = 0 steps: every draft block equals the from-scratch reference at that step's K."""
+    steps, ks = [10, 13, 14, 22, 25, 26], [5, 2, 1, 4, 3, 5]
+    for parallel, cls in ((True, PEagleProposer), (False, Eagle3Proposer)):
+        t, head, x, aux = setup(tiny_dirs, tmp_path / str(parallel), parallel)
+        prop = cls(head, 5, 128)
+        for n, k, got in zip(steps, ks, run_cached(prop, x, aux, steps, ks)):
+            assert got.shape == (1, k)
+            ref = reference(head, x, aux, n, k, parallel)
+            assert torch.equal(got[0], ref), (parallel, n, k, got, ref)

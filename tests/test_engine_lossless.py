@@ -6,9 +6,9 @@ tokens, and EOS / max-token stops landing inside an accepted block."""
 import pytest
 import torch
 
+from fakes import FakeProposer, ScriptedK, install_proposer
 from heads import save_random_head
 from peagle import LLM, SamplingParams
-from peagle.drafters.base import Proposer
 
 
 def prompts(n, seed, lo=1, hi=40):
@@ -54,37 +54,96 @@ def test_random_heads_greedy_identical(target, heads, method, k, batch):
     assert m["num_drafts"] > 0 and m["num_draft_tokens"] == k * m["num_drafts"]
 
 
-class OracleProposer(Proposer):
+SCRIPT = [3, 0, 0, 1, 5, 0, 2, 4]      # K per decode step, cycling; 0 = a plain step (the drafter catches up later)
+
+
+class DrafterFeed:
+    """Records the drafter rows the engine feeds (prefill and propose) and checks the row invariant: each
+    request's rows are contiguous from position 0 (no gap, no repeat: K = 0 steps are caught up), hold the
+    request's tokens shifted by one, and end right before its newest token."""
+
+    def __init__(self, engine):
+        self.e, self.fed, self.aux, self.calls = engine, {}, {}, []
+        p = engine.proposer
+        prefill, propose = p.prefill, p.propose
+
+        def rec_prefill(batch):
+            for i in range(batch.ids.shape[0]):
+                r = engine.running[batch.b0 + i]
+                self._check(r, batch, i, len(r.prompt_token_ids) - 1)
+            return prefill(batch)
+
+        def rec_propose(batch, k=None):
+            self.calls.append(k)
+            for i, r in enumerate(batch.requests):
+                self._check(r, batch, i, int(batch.n_real[i]), newest=True)
+            return propose(batch, k)
+        p.prefill, p.propose = rec_prefill, rec_propose
+
+    def _check(self, r, batch, i, n, newest=False):
+        start, all_ids = int(batch.start[i]), r.all_ids
+        assert start == self.fed.get(r.request_id, 0), (r.request_id, start, self.fed.get(r.request_id))
+        assert batch.ids[i, :n].tolist() == all_ids[start + 1:start + 1 + n]
+        if newest:
+            assert start + n == len(all_ids) - 1
+        for j in range(n):
+            self.aux.setdefault(r.request_id, {})[start + j] = batch.aux[i, j].clone()
+        self.fed[r.request_id] = start + n
+
+    def check_aux(self, requests):
+        """The fed target states equal a fresh full forward of each request's tokens (position by position)."""
+        t = self.e.target
+        for r in requests:
+            x = torch.tensor([r.prompt_token_ids + r.output_ids])
+            _, aux = t.forward(x, t.new_cache(1, x.shape[1] + 8), 0, torch.zeros(1, dtype=torch.long), self.e.aux_ids)
+            for pos, a in self.aux[r.request_id].items():
+                assert torch.allclose(a, aux[0, pos], atol=1e-4, rtol=1e-4), (r.request_id, pos)
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_k_changing_mid_request_greedy_identical_and_drafter_catches_up(target, heads, method):
+    ps = prompts(16, seed=11, lo=2, hi=50)
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    ref = ids(LLM(target).generate(ps, sp))
+    llm = LLM(target, speculative_config=spec(heads[method], 5, method == "peagle"), max_num_seqs=5)
+    e = llm.engine
+    e.k_policy = policy = ScriptedK(5, SCRIPT)
+    feed = DrafterFeed(e)
+    reqs = []
+    add = e.add_request
+    e.add_request = lambda *a, **kw: reqs.append(add(*a, **kw)) or reqs[-1]
+    assert ids(llm.generate(ps, sp)) == ref
+    feed.check_aux(reqs)
+    m = llm.get_metrics()
+    steps = m["num_steps_per_k"]
+    assert all(steps[k] > 0 for k in set(SCRIPT)) and steps[0] > 0
+    assert feed.calls == [k for _, k, _ in policy.observed if k]          # K = 0: the drafter does not run
+    assert m["num_draft_tokens"] == sum(b * k for b, k, _ in policy.observed)
+    assert m["num_accepted_tokens"] == sum(sum(a) for _, _, a in policy.observed)
+    assert m["k_policy"]["mode"] == "scripted"
+
+
+class OracleProposer(FakeProposer):
     """Proposes the reference continuation, corrupting each draft with probability `noise`."""
 
     def __init__(self, k, ref, noise, seed=0):
-        self.k, self.ref, self.noise = k, ref, noise
+        super().__init__(k)
+        self.ref, self.noise = ref, noise
         self.g = torch.Generator().manual_seed(seed)
-        self.head = type("H", (), {"aux_ids": ()})()
-        self.cache = type("C", (), {"ensure_rows": lambda s, n: None, "move_row": lambda s, a, b: None})()
 
-    def prefill(self, batch):
-        pass
-
-    def propose(self, batch):
-        out = []
+    def propose(self, batch, k=None):
+        k, out = k or self.k, []
         for r in batch.requests:
             full = self.ref[tuple(r.prompt_token_ids)]
             n = len(r.output_ids)
-            d = (full[n:n + self.k] + [7] * self.k)[: self.k]
+            d = (full[n:n + k] + [7] * k)[: k]
             d = [t if torch.rand((), generator=self.g) > self.noise else (t + 1) % 500 for t in d]
             out.append(d)
         return torch.tensor(out)
 
 
-def oracle_llm(target, ref, k, noise, seed=0):
-    llm = LLM(target)
-    e = llm.engine
-    e.proposer, e.k = OracleProposer(k, ref, noise, seed), k
-    e.aux_ids = ()
-    e.metrics.__init__(k)
-    e.cache = e.target.new_cache(1, e.max_model_len + 3 * k + 8)
-    return llm
+def oracle_llm(target, ref, k, noise, seed=0, policy=None):
+    return install_proposer(LLM(target), OracleProposer(k, ref, noise, seed), k, policy)
 
 
 @pytest.mark.parametrize("k,noise,batch", [(1, 0.3, 3), (3, 0.0, 16), (5, 0.2, 16), (7, 0.1, 128), (10, 0.05, 3)])
@@ -113,3 +172,16 @@ def test_oracle_ragged_acceptance_and_stops_inside_blocks(target, k, noise, batc
     llm = oracle_llm(target, ref, k, noise)
     llm.engine.eos = {eos}
     assert ids(llm.generate(ps, sp)) == want
+
+
+def test_oracle_with_k_changing_mid_request(target):
+    """High acceptance with K switching every step (0 included): full blocks, bonus tokens and stops inside
+    blocks of different sizes stay identical to plain decoding."""
+    ps = prompts(16, seed=3)
+    sp = SamplingParams(temperature=0, max_tokens=29, ignore_eos=True)
+    base = LLM(target)
+    full = ids(base.generate(ps, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
+    ref = {tuple(p["prompt_token_ids"]): f for p, f in zip(ps, full)}
+    llm = oracle_llm(target, ref, 6, 0.05, policy=ScriptedK(6, [6, 0, 2, 0, 0, 4, 1]))
+    assert ids(llm.generate(ps, sp)) == [f[:29] for f in full]
+    assert llm.get_metrics()["mean_acceptance_length"] > 2

@@ -7,7 +7,7 @@ import torch
 
 import peagle.engine as engine_mod
 from peagle import LLM, SamplingParams
-from peagle.drafters.base import Proposer
+from fakes import FakeProposer, ScriptedK, install_proposer
 from peagle.sampling import probs_from_logits, sample_from
 from tiny import save_tiny
 
@@ -15,21 +15,17 @@ V, PROMPT, N = 8, [3, 5, 1, 6], 5000
 SP = dict(temperature=0.9, top_p=0.95, top_k=0)
 
 
-class TableProposer(Proposer):
+class TableProposer(FakeProposer):
     """Drafts d1 = table[last], d2 = table[d1], ...: a deterministic drafter whose drafts are often right."""
 
     def __init__(self, k, table):
-        self.k, self.table = k, table
-        self.head = type("H", (), {"aux_ids": ()})()
-        self.cache = type("C", (), {"ensure_rows": lambda s, n: None, "move_row": lambda s, a, b: None})()
+        super().__init__(k)
+        self.table = table
 
-    def prefill(self, batch):
-        pass
-
-    def propose(self, batch):
+    def propose(self, batch, k=None):
         last = torch.tensor([r.all_ids[-1] for r in batch.requests])
         out = []
-        for _ in range(self.k):
+        for _ in range(k or self.k):
             last = self.table[last]
             out.append(last)
         return torch.stack(out, 1)
@@ -75,13 +71,8 @@ def sample_counts(llm):
     return c
 
 
-def spec_llm(path, table, k=2, seed=1):
-    llm = LLM(path, seed=seed, max_num_seqs=128)
-    e = llm.engine
-    e.proposer, e.k, e.aux_ids = TableProposer(k, table), k, ()
-    e.metrics.__init__(k)
-    e.cache = e.target.new_cache(1, e.max_model_len + 3 * k + 8)
-    return llm
+def spec_llm(path, table, k=2, seed=1, policy=None):
+    return install_proposer(LLM(path, seed=seed, max_num_seqs=128), TableProposer(k, table), k, policy)
 
 
 def table_for(llm):
@@ -96,6 +87,19 @@ def test_plain_sampling_matches_exact_distribution(small):
     joint, _ = exact_joint(llm)
     p, stat, df = chi2_pvalue(sample_counts(llm), joint)
     assert p > 1e-3, (stat, df)
+
+
+def test_sampling_with_k_changing_mid_request_matches_exact_distribution(small):
+    """K switches every step (0 = plain sampling step, 1, 3, 2): the three tokens still follow the target."""
+    base = LLM(small, seed=0)
+    joint, _ = exact_joint(base)
+    policy = ScriptedK(3, [0, 3, 1, 0, 2])
+    llm = spec_llm(small, table_for(base), k=3, seed=4, policy=policy)
+    p, stat, df = chi2_pvalue(sample_counts(llm), joint)
+    m = llm.get_metrics()
+    assert all(n > 0 for n in m["num_steps_per_k"]), m["num_steps_per_k"]     # K = 0, 1, 2, 3 all used
+    assert 0.1 < m["draft_acceptance_rate"] < 0.95
+    assert p > 1e-3, (stat, df, m)
 
 
 def test_speculative_sampling_matches_exact_distribution_and_wrong_verifier_fails(small, monkeypatch):

@@ -1,4 +1,5 @@
-"""One interface for proposers: propose(batch) -> draft token ids [B, K] (target vocabulary)."""
+"""One interface for proposers: propose(batch, k) -> draft token ids [B, k] (target vocabulary); k may change
+from step to step (1..the k the proposer was built for; None: that k)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class Proposer:
         pos = batch.start[:, None] + torch.arange(batch.ids.shape[1])[None]
         self.head(batch.ids, self.head.combine(batch.aux), pos, cache=self.cache, b0=batch.b0, start=batch.start)
 
-    def propose(self, batch: DraftBatch) -> torch.Tensor:
+    def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
         raise NotImplementedError
 
     def argmax_target(self, normed):

@@ -13,8 +13,8 @@ class Eagle3Proposer(Proposer):
     name = "eagle3"
 
     @torch.inference_mode()
-    def propose(self, batch: DraftBatch) -> torch.Tensor:
-        h, B = self.head, batch.ids.shape[0]
+    def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
+        h, B, K = self.head, batch.ids.shape[0], k or self.k
         rows = torch.arange(B)
         pos = batch.start[:, None] + torch.arange(batch.ids.shape[1])[None]
         normed, pre = h(batch.ids, h.combine(batch.aux), pos, cache=self.cache, b0=batch.b0, start=batch.start)
@@ -23,7 +23,7 @@ class Eagle3Proposer(Proposer):
         g = pre[rows, last]
         drafts = [tok]
         p = batch.start + batch.n_real                 # position of the first draft
-        for _ in range(1, self.k):
+        for _ in range(1, K):
             normed, pre = h(tok[:, None], g[:, None], p[:, None], cache=self.cache, b0=batch.b0, start=p)
             tok = self.argmax_target(normed[:, 0])
             g = pre[:, 0]

@@ -2,7 +2,8 @@
 
 Rows per request: the step's shifted rows (accepted tokens + the new token, with target states), then K-1
 mask-token rows at the next positions, each with the constant fc(mask_hidden) computed once at load.
-Argmax at the new-token row and the mask rows gives d1..dK. The mask rows' KV is stale after the step and
+Argmax at the new-token row and the mask rows gives d1..dK. K is the step's (the mask slots are sized per
+step), at most the K the proposer was built for. The mask rows' KV is stale after the step and
 is overwritten by the next step, which starts at the new token's position + 1 (vLLM's semantics)."""
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ class PEagleProposer(Proposer):
             self.mask_h = head.combine(head.mask_hidden.reshape(1, -1))[0]   # fc(mask_hidden), [H]
 
     @torch.inference_mode()
-    def propose(self, batch: DraftBatch) -> torch.Tensor:
-        h, K = self.head, self.k
+    def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
+        h, K = self.head, k or self.k
         B, T = batch.ids.shape
         W = T + K - 1
         ar = torch.arange(W)[None]

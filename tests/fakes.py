@@ -1,0 +1,50 @@
+"""Test doubles for the engine: proposers without a drafter network, a scripted K policy, and how to put
+them into an LLM's engine."""
+from __future__ import annotations
+
+import itertools
+
+from peagle.autok.policy import FixedK, KPolicy
+from peagle.drafters.base import Proposer
+from peagle.spec_metrics import SpecMetrics
+
+
+class FakeProposer(Proposer):
+    """A proposer with no drafter head or cache (subclasses implement propose(batch, k))."""
+
+    def __init__(self, k):
+        self.k = k
+        self.head = type("H", (), {"aux_ids": ()})()
+        self.cache = type("C", (), {"ensure_rows": lambda s, n: None, "move_row": lambda s, a, b: None})()
+
+    def prefill(self, batch):
+        pass
+
+
+class ScriptedK(KPolicy):
+    """K per decode step from a fixed cycle (deterministic: no timing); records what the engine reported."""
+    mode = "scripted"
+
+    def __init__(self, k_max, script):
+        super().__init__(k_max)
+        self._it = itertools.cycle(script)
+        self.chosen, self.observed = [], []
+
+    def choose(self, rows):
+        k = next(self._it)
+        self.chosen.append(k)
+        return k
+
+    def observe(self, rows, k, accepted, step_s):
+        self.observed.append((len(rows), k, accepted.tolist()))
+
+
+def install_proposer(llm, proposer, k, policy=None):
+    """Make llm's engine speculate with `proposer` (up to k tokens, K chosen by `policy`, default k)."""
+    e = llm.engine
+    e.proposer, e.k, e.aux_ids = proposer, k, proposer.head.aux_ids
+    e.k_policy = policy or FixedK(k)
+    e.metrics = SpecMetrics(k)
+    e.metrics.extra = lambda: {"k_policy": e.k_policy.describe()}
+    e.cache = e.target.new_cache(1, e.max_model_len + 3 * k + 8)
+    return llm
