@@ -62,7 +62,7 @@ def run(args) -> int:
     print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s, finish_reason={req.finish_reason}]", file=sys.stderr)
     if llm.spec is not None:
         m = llm.get_metrics()
-        print(f"[{llm.spec.name} K={llm.spec.num_speculative_tokens}: mean acceptance length "
+        print(f"[{llm.spec.name} K={llm.spec.k_label}: mean acceptance length "
               f"{m['mean_acceptance_length']:.2f}, per-position acceptance "
               f"{[round(x, 2) for x in m['acceptance_rate_per_pos']]}, draft {m['draft_time_s']:.2f} s, "
               f"verify {m['verify_time_s']:.2f} s]", file=sys.stderr)

@@ -48,6 +48,7 @@ def load_tokenizer(path: str):
 
 
 def build_engine(model, dtype="float32", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None):
+    from .autok.factory import k_max_for, make_policy
     from .drafters.eagle3 import Eagle3Proposer
     from .drafters.peagle import PEagleProposer
     from .models.drafter import DrafterHead
@@ -58,15 +59,16 @@ def build_engine(model, dtype="float32", seed=0, speculative_config=None, max_nu
     target = Transformer.from_pretrained(model, DTYPES[dtype])
     tok = load_tokenizer(model)
     spec = parse_spec_config(speculative_config)
-    proposer, k = None, 0
+    proposer, k, policy = None, 0, None
     mlen = min(max_model_len or target.cfg.max_position_embeddings, target.cfg.max_position_embeddings)
     if spec is not None:
         head = DrafterHead.from_pretrained(spec.model, target.cfg, parallel=spec.parallel_drafting,
                                            dtype=DTYPES[dtype])
         cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
-        k = spec.num_speculative_tokens
+        k = k_max_for(spec, head.cfg)
         proposer = cls(head, k, mlen + 3 * k + 8)
-    eng = Engine(target, tok, proposer, k, max_num_seqs, mlen, seed)
+        policy = make_policy(spec, target, head, lambda n: cls(head, k, n), k, max_num_seqs, model, DTYPES[dtype])
+    eng = Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=policy)
     return eng, tok, spec
 
 

@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -8,6 +9,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(1)  # tiny models: one thread is fastest and immune to a busy machine
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# measured step-cost models (num_speculative_tokens "auto") go to a throw-away directory, not ~/.cache
+os.environ["PEAGLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="peagle-test-cache-")
 
 from tiny import save_tiny  # noqa: E402
 

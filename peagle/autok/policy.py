@@ -34,3 +34,54 @@ class FixedK(KPolicy):
 
     def choose(self, rows) -> int:
         return self.k_max
+
+
+def validate_schedule(schedule) -> list:
+    """vLLM 0.32's `num_speculative_tokens_per_batch_size`: a non-empty list of [start, end, K] with inclusive,
+    positive, non-overlapping batch-size ranges, the first starting at 1, K >= 0. Returns it sorted, as tuples;
+    raises ValueError with the rule broken."""
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        raise ValueError("num_speculative_tokens_per_batch_size must be a non-empty list of "
+                         "[range_start, range_end, num_speculative_tokens] entries")
+    out = []
+    for e in schedule:
+        if not isinstance(e, (list, tuple)) or len(e) != 3 or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in e):
+            raise ValueError(f"each num_speculative_tokens_per_batch_size entry must be 3 integers "
+                             f"[range_start, range_end, num_speculative_tokens], got {e!r}")
+        s, t, k = e
+        if s <= 0 or t <= 0 or s > t:
+            raise ValueError(f"batch-size range ({s}, {t}) must be positive with start <= end")
+        if k < 0:
+            raise ValueError(f"num_speculative_tokens_per_batch_size values must be >= 0, got {k}")
+        out.append((s, t, k))
+    out.sort()
+    for (_, t0, _), (s1, _, _) in zip(out, out[1:]):
+        if s1 <= t0:
+            raise ValueError("num_speculative_tokens_per_batch_size ranges must not overlap")
+    if out[0][0] != 1:
+        raise ValueError("the first batch-size range must start at 1 so every batch size has a K")
+    return out
+
+
+class BatchSizeSchedule(KPolicy):
+    """K from the batch size, as vLLM reads the schedule: the entry whose range holds B; a B between ranges
+    keeps the K of the range before it, a B past the last range the last K; always at most k_max."""
+    mode = "schedule"
+
+    def __init__(self, schedule, k_max: int):
+        super().__init__(k_max)
+        self.schedule = validate_schedule(schedule)
+
+    def k_for(self, batch_size: int) -> int:
+        k = 0
+        for s, _, kk in self.schedule:
+            if batch_size >= s:
+                k = kk
+        return min(k, self.k_max)
+
+    def choose(self, rows) -> int:
+        return self.k_for(len(rows))
+
+    def describe(self) -> dict:
+        return {**super().describe(), "schedule": [list(e) for e in self.schedule]}

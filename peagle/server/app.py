@@ -94,7 +94,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "step_errors": lp.step_errors, "last_error": lp.last_error, "loop_alive": lp.alive,
                 "speculative": None if state.spec is None else {
                     "method": state.spec.name, "model": state.spec.model,
-                    "num_speculative_tokens": state.spec.num_speculative_tokens},
+                    "num_speculative_tokens": state.spec.num_speculative_tokens, "k_max": state.engine.k},
                 "spec_metrics": s["spec"]}
 
     # ------------------------------------------------------------ generation

@@ -79,10 +79,7 @@ def build_state(model_dir, name, spec, dtype="float32", seed=0, max_num_seqs=128
         raise PeagleError("--max-num-seqs must be >= 1")
     if max_waiting is not None and max_waiting < 0:
         raise PeagleError("--max-waiting must be >= 0")
-    spec_dict = None if spec is None else {"method": spec.method, "model": spec.model,
-                                           "num_speculative_tokens": spec.num_speculative_tokens,
-                                           "parallel_drafting": spec.parallel_drafting}
-    engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec_dict,
+    engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec,
                                    max_num_seqs=max_num_seqs, max_model_len=max_model_len)
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
@@ -97,7 +94,7 @@ def run(args) -> int:
     model_dir, name, spec = resolve_config(model, args.speculative_config)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
                         args.max_num_seqs, args.max_waiting, args.max_model_len, args.max_body_bytes)
-    sp = "off" if spec is None else f"{spec.name} K={spec.num_speculative_tokens} head={spec.model}"
+    sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "
           f"max_model_len={state.max_model_len}", flush=True)

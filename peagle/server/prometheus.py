@@ -7,11 +7,15 @@ Names follow vLLM where vLLM has the metric (same meaning): `vllm:num_requests_r
 step that gave it tokens, as vLLM does), `vllm:e2e_request_latency_seconds`, and the spec-decode counters
 `vllm:spec_decode_num_drafts_total`, `vllm:spec_decode_num_draft_tokens_total`,
 `vllm:spec_decode_num_accepted_tokens_total`, `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}`.
-peagle-only metrics use the `peagle:` prefix (HTTP status counts, 429 rejections, aborts, failures, rows)."""
+peagle-only metrics use the `peagle:` prefix (HTTP status counts, 429 rejections, aborts, failures, rows), and
+the choice of K: `peagle:spec_decode_num_speculative_tokens` (histogram of the K each decode step used, 0 =
+a plain step) and, with "auto", the estimates behind the last choice: `peagle:autok_chosen_k`,
+`peagle:autok_batch_size`, `peagle:autok_step_seconds_estimate{k}` (cost model),
+`peagle:autok_expected_tokens_per_step{k}` and `peagle:autok_acceptance_estimate{position}`."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0)
@@ -92,4 +96,39 @@ class _EngineCollector:
         g = GaugeMetricFamily("peagle:spec_decode_mean_acceptance_length", "1 + accepted / drafts (cumulative)",
                               labels=["model_name"])
         g.add_metric([name], sp["mean_acceptance_length"])
+        yield g
+        yield from k_metrics(name, sp)
+
+
+def k_metrics(name: str, sp: dict):
+    """The K used per step (a histogram over K = 0..k_max) and AutoK's estimates behind its last choice."""
+    steps = sp.get("num_steps_per_k") or []
+    if steps:
+        h = HistogramMetricFamily("peagle:spec_decode_num_speculative_tokens",
+                                  "Draft tokens per request (K) of each decode step; 0 = a plain decoding step",
+                                  labels=["model_name"])
+        cum, buckets = 0, []
+        for k, n in enumerate(steps):
+            cum += n
+            buckets.append((str(float(k)), cum))
+        h.add_metric([name], buckets + [("+Inf", cum)], sum(k * n for k, n in enumerate(steps)))
+        yield h
+    pol = sp.get("k_policy") or {}
+    if pol.get("mode") != "auto" or "k" not in pol:
+        return
+    for metric, help_, v in (("peagle:autok_chosen_k", "K chosen for the last decode step", pol["k"]),
+                             ("peagle:autok_batch_size", "Batch size of the last decode step", pol["batch_size"])):
+        g = GaugeMetricFamily(metric, help_, labels=["model_name"])
+        g.add_metric([name], v)
+        yield g
+    for metric, help_, key, label in (
+            ("peagle:autok_step_seconds_estimate", "Cost model: seconds per step at the last batch size, per K",
+             "step_time_s", "k"),
+            ("peagle:autok_expected_tokens_per_step", "Expected output tokens of a step at the last batch, per K",
+             "expected_tokens", "k"),
+            ("peagle:autok_acceptance_estimate", "Live acceptance estimate per draft position (conditional)",
+             "alpha_per_pos", "position")):
+        g = GaugeMetricFamily(metric, help_, labels=["model_name", label])
+        for i, v in enumerate(pol.get(key) or []):
+            g.add_metric([name, str(i)], v)
         yield g

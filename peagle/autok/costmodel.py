@@ -1,0 +1,137 @@
+"""t_step(B, K): the seconds one decode step takes with B running requests drafting K tokens each (drafting +
+verification + bookkeeping; K = 0 is a plain decoding step).
+
+A grid of measured times (batch sizes x K = 0..k_max, see measure.py) is interpolated linearly in B between
+grid points and extrapolated linearly beyond the largest (never below the largest grid point's time).
+Online refinement: each observed step moves the grid cells it was interpolated from toward the observation,
+in log space, by `rate` x its interpolation weight, the error clipped to +-0.5 (one slow step caused by
+something else cannot swing the model). Stored as JSON in the cache directory, one file per
+machine/model/head/settings (`cache_key`)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+
+import torch
+
+FORMAT = 1
+
+
+def cache_dir() -> str:
+    """$PEAGLE_CACHE_DIR, else $XDG_CACHE_HOME/peagle, else ~/.cache/peagle."""
+    d = os.environ.get("PEAGLE_CACHE_DIR")
+    if d:
+        return d
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "peagle")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _files_id(d: str) -> dict:
+    """A directory's identity for the cache: its config text and its weight files' sizes and times."""
+    out = {"config": ""}
+    try:
+        with open(os.path.join(d, "config.json")) as f:
+            out["config"] = hashlib.sha1(f.read().encode()).hexdigest()
+        for fn in sorted(os.listdir(d)):
+            if fn.endswith((".safetensors", ".bin")):
+                st = os.stat(os.path.join(d, fn))
+                out[fn] = [st.st_size, int(st.st_mtime)]
+    except OSError:
+        pass
+    return out
+
+
+def cache_key(model_dir: str, head_dir: str, method: str, dtype, settings: dict) -> tuple[str, dict]:
+    """-> (file name, what it identifies): the machine, torch and its thread count, the model and the head
+    (by content, not path), the drafting method, dtype and the measurement settings."""
+    ident = {"format": FORMAT, "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+             "torch": torch.__version__, "model": _files_id(model_dir), "head": _files_id(head_dir),
+             "method": method, "dtype": str(dtype), **settings}
+    h = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+    return f"costs-{method}-{h}.json", ident
+
+
+class CostModel:
+    def __init__(self, batch_sizes: list, times: list, rate: float = 0.05, meta: dict | None = None):
+        """times[i][k]: seconds per step at batch_sizes[i] (ascending) with K = k."""
+        if not batch_sizes or len(times) != len(batch_sizes):
+            raise ValueError("a cost model needs one row of times per batch size")
+        self.bs = [int(b) for b in batch_sizes]
+        self.t = torch.tensor(times, dtype=torch.float64).clamp_min(1e-6)        # [G, k_max + 1]
+        self.rate, self.meta = rate, dict(meta or {})
+        self.updates = 0
+
+    @property
+    def k_max(self) -> int:
+        return self.t.shape[1] - 1
+
+    def _weights(self, B: int) -> list:
+        """[(grid index, weight)] of B's linear interpolation (or extrapolation past the ends)."""
+        bs = self.bs
+        if len(bs) == 1 or B <= bs[0]:
+            return [(0, 1.0)]
+        i = next((j for j in range(1, len(bs)) if B <= bs[j]), len(bs) - 1)
+        w = (B - bs[i - 1]) / (bs[i] - bs[i - 1])
+        return [(i - 1, 1.0 - w), (i, w)]
+
+    def predict(self, B: int) -> torch.Tensor:
+        """[k_max + 1]: seconds per step at batch size B for each K."""
+        out = sum(w * self.t[i] for i, w in self._weights(B))
+        if B > self.bs[-1]:
+            out = torch.maximum(out, self.t[-1])
+        return out
+
+    def update(self, B: int, k: int, seconds: float):
+        if seconds <= 0 or not 0 <= k <= self.k_max:
+            return
+        err = max(-0.5, min(0.5, math.log(seconds) - math.log(float(self.predict(B)[k]))))
+        ws = self._weights(B)
+        if B > self.bs[-1]:
+            ws = [(len(self.bs) - 1, 1.0)]
+        for i, w in ws:
+            self.t[i, k] *= math.exp(self.rate * w * err)
+        self.updates += 1
+
+    def copy(self) -> "CostModel":
+        return CostModel(self.bs, self.t.tolist(), self.rate, self.meta)
+
+    # ------------------------------------------------------------------ storage
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "batch_sizes": self.bs, "k": list(range(self.k_max + 1)),
+                "seconds_per_step": [[round(float(x), 7) for x in row] for row in self.t], **self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CostModel":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"cost model format {d.get('format')!r}, expected {FORMAT}")
+        meta = {k: v for k, v in d.items() if k not in ("format", "batch_sizes", "k", "seconds_per_step")}
+        return cls(d["batch_sizes"], d["seconds_per_step"], meta=meta)
+
+    def save(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = path + f".tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "CostModel | None":
+        try:
+            with open(path) as f:
+                return cls.from_json(json.load(f))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def covers(self, k_max: int, max_batch: int) -> bool:
+        return self.k_max >= k_max and self.bs[-1] >= max_batch

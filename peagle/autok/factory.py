@@ -1,0 +1,80 @@
+"""The K policy a speculative config asks for, and what it needs: the largest K, the head's training accuracy
+(the acceptance prior) and the cost model (loaded from the cache directory, or measured once and saved).
+
+- `"num_speculative_tokens": K` -> FixedK(K)
+- `"num_speculative_tokens": K` + `"num_speculative_tokens_per_batch_size"` -> BatchSizeSchedule (vLLM's)
+- `"num_speculative_tokens": "auto"` -> AutoK, K in 0..`max_num_speculative_tokens` (default: the depth the head
+  was trained for)"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .acceptance import Acceptance
+from .auto import AutoK
+from .costmodel import CostModel, cache_dir, cache_key
+from .measure import grid_batch_sizes, measure
+from .policy import BatchSizeSchedule, FixedK, KPolicy
+
+DEFAULT_K_MAX = 7            # a head that records no training depth
+CTX_LEN, STEPS = 64, 2       # measurement settings (part of the cache key)
+
+
+def _log(msg: str):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def trained_depth(head_cfg: dict) -> int | None:
+    """The K the head was trained for: P-EAGLE's parallel depths, EAGLE-3's test-time-training unroll, or the
+    K it was exported / imported with."""
+    pb = head_cfg.get("peagle") or {}
+    for key in ("train_depths", "ttt_steps", "num_speculative_tokens"):
+        v = pb.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+    return None
+
+
+def training_accuracy(head_cfg: dict) -> list | None:
+    acc = (head_cfg.get("peagle") or {}).get("final_acc")
+    return [float(x) for x in acc] if isinstance(acc, list) and acc else None
+
+
+def k_max_for(spec, head_cfg: dict) -> int:
+    if spec.auto:
+        return spec.max_num_speculative_tokens or trained_depth(head_cfg) or DEFAULT_K_MAX
+    return spec.num_speculative_tokens
+
+
+def cost_model_for(target, make_proposer, method: str, k_max: int, max_batch: int, model_dir: str, head_dir: str,
+                   dtype, log=_log) -> CostModel:
+    """The cached cost model of this machine/model/head if it covers k_max and max_batch; else measured now
+    (once: tens of seconds on a CPU for a small model) and saved."""
+    name, ident = cache_key(model_dir, head_dir, method, dtype, {"ctx_len": CTX_LEN, "steps": STEPS})
+    path = os.path.join(cache_dir(), name)
+    cm = CostModel.load(path)
+    if cm is None or not cm.covers(k_max, max_batch):
+        bs = grid_batch_sizes(max_batch)
+        if log:
+            log(f"autok: measuring step costs for {method}, K 0..{k_max} x batch sizes {bs} (once per "
+                f"machine/model/head; saved to {path})")
+        cm = measure(target, make_proposer, k_max, bs, CTX_LEN, STEPS, log=log)
+        cm.meta["identity"] = ident
+        cm.save(path)
+    cm.meta["path"] = path
+    return cm
+
+
+def auto_policy(cost: CostModel, head_cfg: dict, k_max: int) -> AutoK:
+    """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior)."""
+    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)))
+
+
+def make_policy(spec, target, head, make_proposer, k_max: int, max_num_seqs: int, model_dir: str, dtype,
+                log=_log) -> KPolicy:
+    if spec.auto:
+        cm = cost_model_for(target, make_proposer, spec.name, k_max, max_num_seqs, model_dir, spec.model, dtype, log)
+        return auto_policy(cm, head.cfg, k_max)
+    if spec.num_speculative_tokens_per_batch_size is not None:
+        return BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size, k_max)
+    return FixedK(k_max)

@@ -1,0 +1,98 @@
+"""Measure t_step(B, K) on this machine: real engine decode steps with K forced, over a grid of batch sizes.
+
+For each batch size B: B requests with random prompts of `ctx_len` tokens are admitted (untimed), then decode
+steps run with K = 0..k_max forced: one pass with K ascending (each K warmed up once), one descending, `steps`
+timed steps per K per pass; a cell is the median of its steps (the two passes cancel the drift of the growing
+context). Times are what the engine reports to its K policy (the same clock the online refinement uses).
+Random prompts keep acceptance low, so every step carries about one new row per request, as in a
+steady state."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..sampling import SamplingParams
+from .costmodel import CostModel
+from .policy import KPolicy
+
+
+def grid_batch_sizes(max_batch: int) -> list:
+    """1, 2, 4, ... up to max_batch, and max_batch itself."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
+class ForcedK(KPolicy):
+    """K set from outside; records (B, K, seconds) of every step."""
+    mode = "forced"
+
+    def __init__(self, k_max):
+        super().__init__(k_max)
+        self.k, self.log = 0, []
+
+    def choose(self, rows):
+        return self.k
+
+    def observe(self, rows, k, accepted, step_s):
+        self.log.append((len(rows), k, step_s))
+
+
+def steps_per_batch(k_max: int, steps: int) -> int:
+    return 4 + (k_max + 1) * (1 + 2 * steps)
+
+
+def measure(target, make_proposer, k_max: int, batch_sizes: list, ctx_len: int = 64, steps: int = 2, seed: int = 0,
+            log=None) -> CostModel:
+    """make_proposer(max_len) -> a fresh proposer for this target (built for K = k_max)."""
+    from ..engine import Engine
+    need = ctx_len + steps_per_batch(k_max, steps) * (k_max + 1) + 8
+    mlen = min(need, target.cfg.max_position_embeddings)
+    policy = ForcedK(k_max)
+    eng = Engine(target, None, make_proposer(mlen + 3 * k_max + 8), k_max, max(batch_sizes), mlen, seed,
+                 k_policy=policy)
+    g = torch.Generator().manual_seed(seed)
+    vocab = target.cfg.vocab_size
+    ctx = max(2, min(ctx_len, mlen // 4))
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    rows = []
+    t0 = time.perf_counter()
+    for B in batch_sizes:
+        for i in range(B):
+            eng.add_request(f"m{B}-{i}", torch.randint(8, vocab, (ctx,), generator=g).tolist(), params)
+        policy.k = 0
+        while eng.waiting:
+            eng.step()
+        cells: dict = {k: [] for k in range(k_max + 1)}
+        for order in (range(k_max + 1), range(k_max, -1, -1)):
+            for k in order:
+                policy.k = k
+                if order.step > 0:
+                    eng.step()                                   # warm-up (and drafter catch-up after K = 0)
+                for _ in range(steps):
+                    n = len(policy.log)
+                    eng.step()
+                    b, kk, s = policy.log[n]
+                    if b == B and kk == k:
+                        cells[k].append(s)
+        for r in list(eng.running):
+            eng.abort(r.request_id)
+        rows.append([statistics.median(cells[k]) if cells[k] else float("nan") for k in range(k_max + 1)])
+        if log:
+            log(f"autok: measured B={B}: " + " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1])))
+    _fill_gaps(rows)
+    return CostModel(batch_sizes, rows, meta={"measured_s": round(time.perf_counter() - t0, 1), "ctx_len": ctx,
+                                              "steps_per_cell": 2 * steps})
+
+
+def _fill_gaps(rows):
+    """A cell with no sample (requests finished early: tiny context limits) takes its row's neighbour."""
+    for row in rows:
+        for k in range(len(row)):
+            if row[k] != row[k]:
+                near = [row[j] for j in sorted(range(len(row)), key=lambda j: abs(j - k)) if row[j] == row[j]]
+                row[k] = near[0] if near else 1e-3

@@ -1,0 +1,62 @@
+"""The step-cost model: interpolation over batch sizes, online refinement, storage and its cache key."""
+import json
+import math
+
+import pytest
+import torch
+
+from peagle.autok.costmodel import CostModel, cache_key
+
+
+def model():
+    # t(B, K) = 1 ms * B + 2 ms * K at B = 1, 4, 16
+    bs = [1, 4, 16]
+    return CostModel(bs, [[1e-3 * b + 2e-3 * k for k in range(4)] for b in bs])
+
+
+def test_interpolates_linearly_in_batch_size_and_extrapolates_past_the_grid():
+    cm = model()
+    for B in (1, 2, 3, 4, 10, 16, 40):
+        want = torch.tensor([1e-3 * B + 2e-3 * k for k in range(4)], dtype=torch.float64)
+        assert torch.allclose(cm.predict(B), want), B
+    assert cm.k_max == 3 and cm.covers(3, 16) and not cm.covers(4, 16) and not cm.covers(3, 32)
+
+
+def test_online_refinement_converges_to_what_steps_take_and_resists_outliers():
+    cm = model()
+    before = cm.predict(4).clone()
+    cm.update(4, 2, 100.0)                             # one absurd step: at most exp(0.05 * 0.5) slower
+    assert float(cm.predict(4)[2]) <= float(before[2]) * math.exp(0.025) + 1e-12
+    assert torch.equal(cm.predict(4)[[0, 1, 3]], before[[0, 1, 3]])     # other K untouched
+    for _ in range(400):
+        cm.update(10, 1, 0.05)                          # between grid points 4 and 16
+    assert float(cm.predict(10)[1]) == pytest.approx(0.05, rel=0.02)
+    assert cm.updates == 401
+
+
+def test_save_load_round_trip(tmp_path):
+    cm = model()
+    cm.meta["ctx_len"] = 64
+    p = str(tmp_path / "c" / "m.json")
+    cm.save(p)
+    back = CostModel.load(p)
+    assert back.bs == cm.bs and torch.allclose(back.t, cm.t) and back.meta["ctx_len"] == 64
+    with open(p, "w") as f:
+        json.dump({"format": 0}, f)
+    assert CostModel.load(p) is None and CostModel.load(str(tmp_path / "none.json")) is None
+
+
+def test_cache_key_follows_the_head_content_not_its_path(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, cfg in ((a, {"x": 1}), (b, {"x": 1})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text("{}")
+    ka, _ = cache_key(str(m), str(a), "peagle", torch.float32, {"ctx_len": 64})
+    kb, _ = cache_key(str(m), str(b), "peagle", torch.float32, {"ctx_len": 64})
+    assert ka == kb
+    (b / "config.json").write_text(json.dumps({"x": 2}))
+    assert cache_key(str(m), str(b), "peagle", torch.float32, {"ctx_len": 64})[0] != ka
+    assert cache_key(str(m), str(a), "eagle3", torch.float32, {"ctx_len": 64})[0] != ka
