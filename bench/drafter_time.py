@@ -30,6 +30,7 @@ from peagle.drafters.peagle import PEagleProposer  # noqa: E402
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD  # noqa: E402
 from peagle.models.drafter import DrafterHead  # noqa: E402
 from peagle.models.llama import Transformer  # noqa: E402
+from peagle.target.tokenizer import MASK_ID  # noqa: E402
 
 
 def make_step(head, B, ctx, new, gen):
@@ -71,8 +72,10 @@ def main(argv=None) -> int:
     scratch = os.path.join(tempfile.gettempdir(), "peagle-drafter-time")
     model = target_or_random(a.model, scratch)
     target = Transformer.from_pretrained(model)
+    # a random demo-shaped target has no tokenizer files: its mask token is the demo tokenizer's reserved id
+    mask = None if model == a.model else MASK_ID
     heads = {"eagle3": head_or_random(a.eagle3_head, model, scratch, parallel=False),
-             "peagle": head_or_random(a.peagle_head, model, scratch, parallel=True)}
+             "peagle": head_or_random(a.peagle_head, model, scratch, parallel=True, mask_token=mask)}
     loaded = {m: DrafterHead.from_pretrained(d, target.cfg, parallel=(m == "peagle")) for m, d in heads.items()}
     gen = torch.Generator().manual_seed(0)
     props, steps = {}, {}

@@ -26,13 +26,14 @@ def child(n: int, seg: int, threads: int):
     sys.path.insert(0, ROOT)
     import torch
     torch.set_num_threads(threads)
+    from peagle.heads.config import HeadConfig
     from peagle.models.drafter import DrafterHead
     from peagle.train.mask import MaskTable
     from peagle.train.peagle_loss import make_elements, row_step
-    cfg = dict(hidden_size=H, intermediate_size=3 * H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-               num_key_value_heads=HEADS, head_dim=H // HEADS, rms_norm_eps=1e-5, rope_theta=10000.0,
-               max_position_embeddings=n + 64, vocab_size=V, draft_vocab_size=VD, target_hidden_size=H,
-               eagle_aux_hidden_state_layer_ids=[1, 2, 3], norm_before_residual=False, ptd_token_id=4, pard_token=4)
+    # a synthetic head (no target, no tokenizer): the mask token id is given explicitly
+    cfg = HeadConfig(hidden_size=H, intermediate_size=3 * H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     vocab_size=V, draft_vocab_size=VD, rms_norm_eps=1e-5, max_position_embeddings=n + 64,
+                     eagle_aux_hidden_state_layer_ids=[1, 2, 3], mask_token_id=4)
     torch.manual_seed(0)
     head = DrafterHead(cfg)
     g = torch.Generator().manual_seed(0)

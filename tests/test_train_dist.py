@@ -32,7 +32,8 @@ def args(target, data, out, method, steps, *extra):
     return ["train", "--method", method, "--target", target, "--data", data, "--out", out, "--layers", "2",
             "--draft-vocab", "384", "--max-tokens", "96", "--batch-rows", "2", "--steps", str(steps),
             "--lr", "2e-3", "--warmup", "3", "--log-every", "1", "--quiet", "--threads", "1",
-            "--depths", "4", "--ttt-steps", "3", "--segment-len", "24", *extra]
+            "--depths", "4", "--ttt-steps", "3", "--segment-len", "24",
+            "--mask-token", "4", *extra]                          # the tiny target has no tokenizer
 
 
 def run(argv, torchrun=0):

@@ -41,7 +41,8 @@ def _train(target, data, out, method, steps, extra=()):
 def test_training_improves_and_head_is_lossless(tiny_data, tmp_path, method, K):
     target, data, prompts = tiny_data
     out = str(tmp_path / method)
-    flag = ["--depths", str(K)] if method == "peagle" else ["--ttt-steps", str(K)]
+    # the tiny target has no tokenizer, so no <|mask|>: the mask token is given explicitly
+    flag = ["--depths", str(K), "--mask-token", "4"] if method == "peagle" else ["--ttt-steps", str(K)]
     log = _train(target, data, out, method, 160, flag)
     first, last = log[0], log[-1]
     assert last["loss"] < 0.5 * first["loss"], (first, last)
@@ -78,3 +79,11 @@ def test_init_continues_a_head_and_reads_several_data_dirs(tiny_data, tmp_path):
     assert info["peagle"]["docs"] == 2 * len(load_docs(data))
     with pytest.raises(PeagleError, match="parallel"):
         _train(target, data, str(tmp_path / "bad"), "peagle", 2, ["--init", first])
+
+
+def test_peagle_needs_a_mask_token(tiny_data, tmp_path):
+    """No <|mask|> in the target (the tiny one has no tokenizer) and no --mask-token: refused, never assumed."""
+    from peagle.errors import PeagleError
+    target, data, _ = tiny_data
+    with pytest.raises(PeagleError, match="mask-token"):
+        _train(target, data, str(tmp_path / "p"), "peagle", 2)

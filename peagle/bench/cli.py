@@ -55,6 +55,8 @@ def add_parser(sub):
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--random-heads", action="store_true",
                    help="use random heads of the target's shape when a head directory is missing (harness test)")
+    p.add_argument("--mask-token", type=int, default=None,
+                   help="mask token id of a random P-EAGLE head (default: the target tokenizer's <|mask|>)")
     p.add_argument("--quick", action="store_true",
                    help="sanity run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     p.add_argument("--out", default="bench-out", help="output directory (results.json, report.md, *.png)")
@@ -104,6 +106,8 @@ def canonical_command(a) -> str:
         parts += ["--threads", str(a.threads)]
     if a.random_heads:
         parts.append("--random-heads")
+        if a.mask_token is not None:
+            parts += ["--mask-token", str(a.mask_token)]
     if a.notes:
         parts += ["--notes", rel(a.notes)]
     parts += ["--out", rel(a.out)]
@@ -124,7 +128,7 @@ def ensure_heads(a, log=print):
                               f"or --random-heads to test the harness)")
         from .randheads import random_head
         d = os.path.join(a.out, ".random-heads", m)
-        random_head(a.model, d, parallel=(m == "peagle"))
+        random_head(a.model, d, parallel=(m == "peagle"), mask_token=a.mask_token)
         log(f"bench: {m}: using a RANDOM head at {d} (acceptance figures are meaningless)")
         setattr(a, f"{m}_head", d)
 

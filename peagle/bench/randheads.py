@@ -1,50 +1,31 @@
 """Random drafter heads of a target's shape (harness tests and timing when no trained head exists)."""
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 
 
-def mask_token_id(target_dir: str) -> int:
-    try:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(target_dir)
-        i = tok.convert_tokens_to_ids("<|mask|>")
-        if isinstance(i, int) and i != tok.unk_token_id:
-            return i
-    except Exception:  # noqa: BLE001 - tiny models have no tokenizer
-        pass
-    return 4
-
-
 def random_head(target_dir: str, path: str, parallel: bool = True, layers: int = 1, draft_vocab: int | None = None,
-                seed: int = 0) -> str:
+                seed: int = 0, aux=None, mask_token: int | None = None) -> str:
+    """A random head of the target's shape saved at path (P-EAGLE: the mask token as given, else the target
+    tokenizer's <|mask|>).  A draft vocabulary smaller than the target's is every (V // Vd)-th target id, so
+    the draft->target map is not the identity."""
+    from ..heads.config import HeadConfig, resolve_mask_token
+    from ..heads.io import read_config
     from ..models.drafter import DrafterHead
-    with open(os.path.join(target_dir, "config.json")) as f:
-        t = json.load(f)
-    L = t["num_hidden_layers"]
-    cfg = dict(hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"], num_hidden_layers=layers,
-               num_attention_heads=t["num_attention_heads"],
-               num_key_value_heads=t.get("num_key_value_heads") or t["num_attention_heads"],
-               head_dim=t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"], rms_norm_eps=1e-5,
-               rope_theta=float(t.get("rope_theta", 10000.0)), max_position_embeddings=t["max_position_embeddings"],
-               vocab_size=t["vocab_size"], draft_vocab_size=draft_vocab or t["vocab_size"],
-               target_hidden_size=t["hidden_size"], eagle_aux_hidden_state_layer_ids=[1, L // 2, L - 1],
-               norm_before_residual=False)
-    if parallel:
-        m = mask_token_id(target_dir)
-        cfg.update(ptd_token_id=m, pard_token=m)
+    mask = resolve_mask_token(target_dir, mask_token) if parallel else None
+    hc = HeadConfig.for_target(read_config(target_dir), layers, draft_vocab, mask, aux)
     torch.manual_seed(seed)
-    h = DrafterHead(cfg)
+    h = DrafterHead(hc)
     with torch.no_grad():
         for _, p in h.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.1)
-        if cfg["draft_vocab_size"] < cfg["vocab_size"]:
-            ids = torch.arange(cfg["draft_vocab_size"])
-            h.d2t.zero_()
+        V, Vd = hc.vocab_size, hc.draft_vocab_size
+        if Vd < V:
+            ids = torch.arange(Vd) * (V // Vd)
+            h.d2t.copy_(ids - torch.arange(Vd))
             h.t2d.zero_()
             h.t2d[ids] = True
     h.save_pretrained(path)
@@ -70,9 +51,10 @@ def target_or_random(model: str, scratch: str, log=print) -> str:
     return random_demo_target(os.path.join(scratch, "random-demo-target"))
 
 
-def head_or_random(head: str | None, target: str, scratch: str, parallel: bool, layers: int = 1, log=print) -> str:
+def head_or_random(head: str | None, target: str, scratch: str, parallel: bool, layers: int = 1,
+                   mask_token: int | None = None, log=print) -> str:
     if head and os.path.isfile(os.path.join(head, "config.json")):
         return head
     p = os.path.join(scratch, f"random-{'peagle' if parallel else 'eagle3'}-{layers}l")
     log(f"note: head {head} not found: using a RANDOM {layers}-layer head of the target's width ({p})")
-    return random_head(target, p, parallel=parallel, layers=layers)
+    return random_head(target, p, parallel=parallel, layers=layers, mask_token=mask_token)

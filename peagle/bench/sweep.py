@@ -10,9 +10,9 @@ import time
 
 import torch
 
+from ..data.benchmarks import load_dataset
 from ..errors import PeagleError
 from ..sampling import SamplingParams
-from ..data.benchmarks import load_dataset
 from .runner import Bench, HFPeer
 
 

@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Mapping
 
 from ..spec_config import speculative_config
-from .format import (
-    NUM_AUX, HeadValidationError, is_parallel_head, portability_notes, target_text_config, validate_head,
-)
+from .config import NUM_AUX, fit_context, is_parallel_head
+from .format import HeadValidationError, portability_notes, validate_head
 from .importer import convert_head
-from .io import load_head_dir, read_config, save_head_dir
+from .io import load_head_dir, read_config, replace_head_dir
 
 FORMATS = ("vllm", "speculators")
 # flat-config keys that describe the head rather than its transformer layer (speculators top level)
@@ -37,12 +34,7 @@ _SPEC_DROP = ("architectures", "eagle_config", "ptd_token_id", "pard_token", "ma
 def normalise_for_vllm(config: Mapping, target_config: Mapping | None, notes: list[str]) -> dict:
     cfg = copy.deepcopy(dict(config))
     if target_config is not None:
-        tc = target_text_config(target_config)
-        tM = tc.get("max_position_embeddings")
-        if isinstance(tM, int) and isinstance(cfg.get("max_position_embeddings"), int) and \
-                cfg["max_position_embeddings"] < tM:
-            notes.append(f"max_position_embeddings raised {cfg['max_position_embeddings']} -> {tM} (target's)")
-            cfg["max_position_embeddings"] = tM
+        fit_context(cfg, target_config, notes)
     mt = cfg.pop("mask_token_id", None)
     if mt is not None:
         notes.append(f"dropped mask_token_id={mt} (vLLM >= 0.22 would prefer it over ptd_token_id/pard_token)")
@@ -137,26 +129,8 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
     else:
         out_cfg = speculators_config(cfg, parallel, k, _verifier(target_dir, tcfg, cfg))
 
-    # write atomically: a temp dir next to out_dir, then rename
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        save_head_dir(tmp, out_cfg, ts)
-        if out.exists():
-            if not overwrite:
-                raise FileExistsError(f"{out} exists")
-            if (out / "config.json").exists() or not any(out.iterdir()):
-                shutil.rmtree(out)
-            else:
-                raise FileExistsError(f"{out} exists and is not a head directory; refusing to replace it")
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    replace_head_dir(out_dir, out_cfg, ts, overwrite=overwrite)
     return out_cfg
-
-
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -188,7 +162,7 @@ def main_export(args) -> int:
     for n in notes:
         print(f"note: {n}")
     if args.format == "vllm":
-        parallel = cfg.get("ptd_token_id") is not None
+        parallel = is_parallel_head(cfg)
         k = cfg.get("peagle", {}).get("num_speculative_tokens", 3)
         spec = speculative_config(Path(args.out).resolve(), k, parallel)
         print(f"wrote {args.out} (vLLM flat EAGLE-3 layout). Serve with:\n"
@@ -203,10 +177,3 @@ def main_export(args) -> int:
 # the `peagle` CLI (peagle/cli.py) calls add_parser(subparsers) on each command module
 add_parser = add_export_parser
 
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m peagle.heads.export")
-    sp = ap.add_subparsers(dest="cmd", required=True)
-    add_export_parser(sp)
-    a = ap.parse_args(["export", *sys.argv[1:]])
-    sys.exit(a.func(a))

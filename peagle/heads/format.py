@@ -15,13 +15,9 @@ from typing import Any, Mapping
 
 import torch
 
-NATIVE_ARCH = "LlamaForCausalLMEagle3"
-# architectures vLLM's EAGLEConfig keeps as-is or rewrites to Eagle3LlamaForCausalLM (flat layout)
-ACCEPTED_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
-NUM_AUX = 3  # vLLM 0.16-0.19 hard-code three aux hidden states
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+from .config import (
+    ACCEPTED_ARCHS, NATIVE_ARCH, NUM_AUX, is_int, is_parallel_head, missing_defaults, target_text_config,
+)
 
 LAYER0_ONLY = ("hidden_norm.weight",)
 
@@ -56,40 +52,12 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def is_parallel_head(config: Mapping, tensors: Mapping | None = None) -> bool:
-    """A head meant for parallel drafting (P-EAGLE): method "peagle", a mask-token id, or a mask_hidden."""
-    pb = config.get("peagle") or {}
-    if isinstance(pb, Mapping) and pb.get("method") in ("peagle", "eagle3"):
-        return pb["method"] == "peagle"  # peagle's own record is authoritative
-    if any(config.get(k) is not None for k in ("ptd_token_id", "pard_token", "mask_token_id")):
-        return True
-    return bool(tensors) and "mask_hidden" in tensors
-
-
-def head_dims(config: Mapping) -> dict[str, int]:
-    """The sizes the tensor shapes derive from (defaults as vLLM/transformers apply them)."""
-    H = int(config["hidden_size"])
-    nh = int(config["num_attention_heads"])
-    nkv = int(config.get("num_key_value_heads") or nh)
-    hd = config.get("head_dim")
-    hd = int(hd) if hd else H // nh
-    V = int(config["vocab_size"])
-    Vd = config.get("draft_vocab_size")
-    Vd = int(Vd) if Vd else V
-    T = config.get("target_hidden_size")
-    T = int(T) if T else H
-    return dict(H=H, T=T, nh=nh, nkv=nkv, hd=hd, I=int(config["intermediate_size"]),
-                L=int(config["num_hidden_layers"]), V=V, Vd=Vd)
-
-
 def expected_shapes(config: Mapping, parallel: bool | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor a valid head must contain, with its exact shape (``mask_hidden`` only for P-EAGLE)."""
-    d = head_dims(config)
-    H, T, nh, nkv, hd, I, L, V, Vd = (d[k] for k in ("H", "T", "nh", "nkv", "hd", "I", "L", "V", "Vd"))
+    c = {**config, **missing_defaults(config)}
+    H, T, nh, nkv, hd = (c[k] for k in ("hidden_size", "target_hidden_size", "num_attention_heads",
+                                        "num_key_value_heads", "head_dim"))
+    I, L, V, Vd = (c[k] for k in ("intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size"))  # noqa: E741
     if parallel is None:
         parallel = is_parallel_head(config)
     attn_bias = bool(config.get("attention_bias", False))
@@ -132,32 +100,29 @@ def expected_shapes(config: Mapping, parallel: bool | None = None) -> dict[str, 
 
 def optional_shapes(config: Mapping) -> dict[str, tuple[int, ...]]:
     """Tensors vLLM accepts but does not need (kept if present)."""
-    d = head_dims(config)
-    out = {f"layers.{i}.hidden_norm.weight": (d["H"],) for i in range(1, d["L"])}
+    c = {**config, **missing_defaults(config)}
+    H, T = c["hidden_size"], c["target_hidden_size"]
+    out = {f"layers.{i}.hidden_norm.weight": (H,) for i in range(1, c["num_hidden_layers"])}
     if config.get("norm_before_fc"):
-        out["input_norm.weight"] = (NUM_AUX * d["T"],)
+        out["input_norm.weight"] = (NUM_AUX * T,)
     if config.get("fc_norm"):
-        out.update({f"fc_norm.{k}.weight": (d["T"],) for k in range(NUM_AUX)})
+        out.update({f"fc_norm.{k}.weight": (T,) for k in range(NUM_AUX)})
     return out
-
-
-def target_text_config(target_config: Mapping) -> Mapping:
-    """The language-model part of a target config (multimodal configs nest it under ``text_config``)."""
-    if "hidden_size" not in target_config and isinstance(target_config.get("text_config"), Mapping):
-        return target_config["text_config"]
-    return target_config
-
-
-def default_aux_layer_ids(target_config: Mapping) -> list[int]:
-    """vLLM's default aux layers for llama-like targets: (2, L//2, L-3)."""
-    L = int(target_text_config(target_config)["num_hidden_layers"])
-    return [2, L // 2, L - 3]
 
 
 # ---------------------------------------------------------------------------------------------- validate
 _REQUIRED_INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "vocab_size", "draft_vocab_size", "target_hidden_size",
                       "max_position_embeddings")
+
+
+def _int_problems(cfg: Mapping) -> list[str]:
+    """The sizes the tensor shapes derive from must be positive integers."""
+    out = [f"config.{k} must be a positive integer (got {cfg.get(k)!r})" for k in _REQUIRED_INT_KEYS
+           if not is_int(cfg.get(k)) or cfg[k] <= 0]
+    if cfg.get("head_dim") is not None and (not is_int(cfg["head_dim"]) or cfg["head_dim"] <= 0):
+        out.append(f"config.head_dim must be a positive integer (got {cfg['head_dim']!r})")
+    return out
 
 
 def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Mapping | None = None,
@@ -168,11 +133,22 @@ def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Ma
     ``None`` infers it from the head (method "peagle", a ptd/pard token id, or a mask_hidden tensor).
     Returns a list of problems; empty means valid.
     """
+    cfg = dict(config)
+    if parallel is None:
+        parallel = is_parallel_head(cfg, tensors)
+    problems = validate_config(cfg, target_config, parallel)
+    if _int_problems(cfg):  # shapes can't be derived
+        return problems
+    return problems + _tensor_problems(cfg, tensors, parallel)
+
+
+def validate_config(config: Mapping, target_config: Mapping | None = None, parallel: bool | None = None) -> list[str]:
+    """The config part of :func:`validate_head` (no tensors)."""
     problems: list[str] = []
     P = problems.append
     cfg = dict(config)
     if parallel is None:
-        parallel = is_parallel_head(cfg, tensors)
+        parallel = is_parallel_head(cfg)
 
     # --- config basics ------------------------------------------------------------------------------
     archs = cfg.get("architectures")
@@ -183,15 +159,7 @@ def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Ma
         P(f"config.model_type must be \"llama\" (got {cfg.get('model_type')!r})")
     if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
         P("config is in the speculators layout; convert it with `peagle import` first")
-    bad_int = False
-    for k in _REQUIRED_INT_KEYS:
-        v = cfg.get(k)
-        if not _is_int(v) or v <= 0:
-            P(f"config.{k} must be a positive integer (got {v!r})")
-            bad_int = True
-    if cfg.get("head_dim") is not None and (not _is_int(cfg["head_dim"]) or cfg["head_dim"] <= 0):
-        P(f"config.head_dim must be a positive integer (got {cfg['head_dim']!r})")
-        bad_int = True
+    problems.extend(_int_problems(cfg))
     if cfg.get("hidden_act", "silu") != "silu":
         P(f"config.hidden_act must be \"silu\" (got {cfg.get('hidden_act')!r})")
     if not isinstance(cfg.get("rms_norm_eps"), (int, float)) or isinstance(cfg.get("rms_norm_eps"), bool):
@@ -214,7 +182,7 @@ def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Ma
         P("config.eagle_aux_hidden_state_layer_ids is missing at top level"
           + (" (it is only nested in eagle_config, which vLLM 0.16-0.19 ignore)" if nested else
              " (vLLM would fall back to the target's default (2, L//2, L-3))"))
-    elif not isinstance(aux, list) or len(aux) != NUM_AUX or not all(_is_int(a) for a in aux):
+    elif not isinstance(aux, list) or len(aux) != NUM_AUX or not all(is_int(a) for a in aux):
         P(f"config.eagle_aux_hidden_state_layer_ids must be a list of {NUM_AUX} integers (got {aux!r})")
         aux = None
     else:
@@ -228,20 +196,20 @@ def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Ma
     if target_config is not None:
         tc = target_text_config(target_config)
         tL = tc.get("num_hidden_layers")
-        if aux is not None and _is_int(tL):
+        if aux is not None and is_int(tL):
             bad = [a for a in aux if a < 0 or a > tL]
             if bad:
                 P(f"eagle_aux_hidden_state_layer_ids {aux}: id(s) {bad} out of range for a target with "
                   f"{tL} layers (valid 0..{tL}; id i is the input of target layer i)")
         tV = tc.get("vocab_size")
-        if _is_int(tV) and cfg.get("vocab_size") != tV:
+        if is_int(tV) and cfg.get("vocab_size") != tV:
             P(f"config.vocab_size {cfg.get('vocab_size')} != target vocab_size {tV}")
         tH = tc.get("hidden_size")
-        if _is_int(tH) and cfg.get("target_hidden_size") != tH:
+        if is_int(tH) and cfg.get("target_hidden_size") != tH:
             P(f"config.target_hidden_size {cfg.get('target_hidden_size')} != target hidden_size {tH}")
         tM = tc.get("max_position_embeddings")
         mp = cfg.get("max_position_embeddings")
-        if _is_int(tM) and _is_int(mp) and mp < tM:
+        if is_int(tM) and is_int(mp) and mp < tM:
             P(f"config.max_position_embeddings {mp} < target's {tM} (vLLM 0.16 sizes the drafter's rotary "
               "cache from it; export raises it when given the target)")
 
@@ -253,23 +221,27 @@ def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Ma
             P("P-EAGLE head needs both ptd_token_id and pard_token (the same mask-token id) in config.json "
               f"(got ptd_token_id={ptd!r}, pard_token={pard!r})")
         for name, v in (("ptd_token_id", ptd), ("pard_token", pard)):
-            if v is not None and (not _is_int(v) or (_is_int(V) and not 0 <= v < V)):
-                P(f"config.{name}={v!r} must be a token id in 0..{V - 1 if _is_int(V) else 'vocab_size-1'}")
+            if v is not None and (not is_int(v) or (is_int(V) and not 0 <= v < V)):
+                P(f"config.{name}={v!r} must be a token id in 0..{V - 1 if is_int(V) else 'vocab_size-1'}")
         if ptd is not None and pard is not None and ptd != pard:
             P(f"ptd_token_id ({ptd}) != pard_token ({pard})")
         mt = cfg.get("mask_token_id")
         if mt is not None and mt != ptd:
             P(f"config.mask_token_id={mt} conflicts with ptd_token_id={ptd} (vLLM >= 0.22 prefers mask_token_id)")
-        if _is_int(cfg.get("hidden_size")) and _is_int(cfg.get("target_hidden_size")) and \
+        if is_int(cfg.get("hidden_size")) and is_int(cfg.get("target_hidden_size")) and \
                 cfg["hidden_size"] != cfg["target_hidden_size"]:
             P(f"parallel drafting needs hidden_size == target_hidden_size on vLLM 0.16-0.19 "
               f"(got {cfg['hidden_size']} vs {cfg['target_hidden_size']})")
-    if _is_int(cfg.get("draft_vocab_size")) and _is_int(V) and cfg["draft_vocab_size"] > V:
+    if is_int(cfg.get("draft_vocab_size")) and is_int(V) and cfg["draft_vocab_size"] > V:
         P(f"draft_vocab_size {cfg['draft_vocab_size']} > vocab_size {V}")
 
-    if bad_int:  # shapes can't be derived
-        return problems
+    return problems
 
+
+def _tensor_problems(cfg: dict, tensors: Mapping[str, Any], parallel: bool) -> list[str]:
+    problems: list[str] = []
+    P = problems.append
+    V = cfg["vocab_size"]
     # --- tensors ------------------------------------------------------------------------------------
     exp = expected_shapes(cfg, parallel=parallel)
     opt = optional_shapes(cfg)

@@ -23,10 +23,11 @@ from typing import Mapping
 
 import torch
 
-from .format import (
-    NATIVE_ARCH, HeadValidationError, default_aux_layer_ids, is_parallel_head, target_text_config, validate_head,
+from .config import (
+    NATIVE_ARCH, vllm_aux_layer_ids, fit_context, is_parallel_head, missing_defaults, target_text_config,
 )
-from .io import load_head_dir, read_config, safetensors_files, save_head_dir
+from .format import HeadValidationError, validate_head
+from .io import iter_safetensors, load_head_dir, read_config, safetensors_files, save_head_dir
 
 # keys of a speculators config that are not Llama-layer fields but belong in the flat config
 _SPEC_TOP_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_residual",
@@ -108,20 +109,13 @@ def convert_config(config: Mapping, notes: list[str] | None = None) -> dict:
     ec.pop("eagle_aux_hidden_state_layer_ids", None)
     ec["use_aux_hidden_state"] = True
     flat["eagle_config"] = ec
-    flat.setdefault("draft_vocab_size", flat.get("vocab_size"))
-    flat.setdefault("target_hidden_size", flat.get("hidden_size"))
-    flat.setdefault("norm_before_residual", False)
-    flat.setdefault("hidden_act", "silu")
     if flat.get("tie_word_embeddings"):
         notes.append("tie_word_embeddings set to false")
     flat["tie_word_embeddings"] = False
-    if "rope_theta" not in flat and "rope_parameters" not in flat:
-        flat["rope_theta"] = 10000.0
+    filled = missing_defaults(flat)
+    if "rope_theta" in filled and "rope_theta" not in flat:
         notes.append("rope_theta absent; wrote 10000.0 (the value vLLM would use)")
-    if flat.get("num_key_value_heads") is None and flat.get("num_attention_heads"):
-        flat["num_key_value_heads"] = flat["num_attention_heads"]
-    if flat.get("head_dim") is None and flat.get("hidden_size") and flat.get("num_attention_heads"):
-        flat["head_dim"] = flat["hidden_size"] // flat["num_attention_heads"]
+    flat.update(filled)
     if "method" not in peagle_block:
         peagle_block["method"] = "peagle" if flat.get("ptd_token_id") is not None else "eagle3"
     flat["peagle"] = peagle_block
@@ -150,14 +144,8 @@ def convert_tensor_names(tensors: Mapping[str, torch.Tensor], notes: list[str] |
 
 def _target_tensor(target_dir: str | os.PathLike, suffix: str) -> torch.Tensor | None:
     """Find e.g. the target's embed_tokens.weight regardless of prefix (model., model.language_model., ...)."""
-    from safetensors import safe_open
-
-    for f in safetensors_files(target_dir):
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():
-                if k == suffix or k.endswith("." + suffix):
-                    return sf.get_tensor(k)
-    return None
+    found = iter_safetensors(safetensors_files(target_dir), lambda k: k == suffix or k.endswith("." + suffix))
+    return next((t for _, t in found), None)
 
 
 def convert_head(config: Mapping, tensors: Mapping[str, torch.Tensor], target_dir: str | os.PathLike | None = None,
@@ -173,14 +161,10 @@ def convert_head(config: Mapping, tensors: Mapping[str, torch.Tensor], target_di
 
     if tc is not None:
         if cfg.get("eagle_aux_hidden_state_layer_ids") is None:
-            cfg["eagle_aux_hidden_state_layer_ids"] = default_aux_layer_ids(tc)
+            cfg["eagle_aux_hidden_state_layer_ids"] = vllm_aux_layer_ids(tc["num_hidden_layers"])
             notes.append(f"eagle_aux_hidden_state_layer_ids absent; wrote vLLM's target default "
                          f"{cfg['eagle_aux_hidden_state_layer_ids']}")
-        tM = tc.get("max_position_embeddings")
-        if isinstance(tM, int) and isinstance(cfg.get("max_position_embeddings"), int) and \
-                cfg["max_position_embeddings"] < tM:
-            notes.append(f"max_position_embeddings raised {cfg['max_position_embeddings']} -> {tM} (target's)")
-            cfg["max_position_embeddings"] = tM
+        fit_context(cfg, tc, notes)
 
     V, Vd = cfg.get("vocab_size"), cfg.get("draft_vocab_size")
     # shared tensors (vLLM uses the target's when the head does not ship them)
@@ -277,10 +261,3 @@ def main_import(args) -> int:
 # the `peagle` CLI (peagle/cli.py) calls add_parser(subparsers) on each command module
 add_parser = add_import_parser
 
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m peagle.heads.importer")
-    sp = ap.add_subparsers(dest="cmd", required=True)
-    add_import_parser(sp)
-    a = ap.parse_args(["import", *sys.argv[1:]])
-    sys.exit(a.func(a))

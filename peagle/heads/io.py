@@ -1,17 +1,24 @@
-"""Head files: a head directory is ``config.json`` + ``model.safetensors`` (see :mod:`peagle.heads.format`).
+"""Head files: a head directory is ``config.json`` + ``model.safetensors`` (see :mod:`peagle.heads.format`),
+and the safetensors reading every HF directory in peagle goes through (heads and the native target loader).
 
-Reading accepts sharded safetensors (``model.safetensors.index.json``), any ``*.safetensors`` and, as a
-fallback, ``pytorch_model.bin``.  Nothing here converts or validates."""
+Invariants: reading accepts sharded safetensors (``model.safetensors.index.json``), ``model.safetensors``, any
+``*.safetensors`` and, for heads, ``pytorch_model.bin`` as a fallback; nothing here converts or validates.
+Every write is atomic: a file is written under a temporary name and renamed, and :func:`replace_head_dir`
+swaps a whole directory in one rename, so a reader never sees a half-written head."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from .format import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
 
 def read_config(path: str | os.PathLike) -> dict:
@@ -34,20 +41,25 @@ def safetensors_files(path: str | os.PathLike) -> list[Path]:
     return sorted(d.glob("*.safetensors"))
 
 
-def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-    """All tensors of an HF dir (single or sharded safetensors; pytorch_model.bin as a fallback)."""
+def iter_safetensors(files: Iterable[Path], want: Callable[[str], bool] | None = None
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in the files whose name ``want`` accepts (all if None), as stored.
+    Tensors are read one at a time, when reached."""
     from safetensors import safe_open
 
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for k in sf.keys():
+                if want is None or want(k):
+                    yield k, sf.get_tensor(k)
+
+
+def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of an HF dir (single or sharded safetensors; pytorch_model.bin as a fallback)."""
     want = set(names) if names is not None else None
-    out: dict[str, torch.Tensor] = {}
     files = safetensors_files(path)
     if files:
-        for f in files:
-            with safe_open(str(f), framework="pt") as sf:
-                for k in sf.keys():
-                    if want is None or k in want:
-                        out[k] = sf.get_tensor(k)
-        return out
+        return dict(iter_safetensors(files, None if want is None else want.__contains__))
     binf = Path(path) / "pytorch_model.bin"
     if binf.exists():
         sd = torch.load(binf, map_location="cpu", weights_only=True)
@@ -63,15 +75,50 @@ def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor
     return read_config(p), load_tensors(p)
 
 
-def save_head_dir(path: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Write config.json + model.safetensors (contiguous tensors, metadata format=pt)."""
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def save_head_dir(path: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor],
+                  sort_keys: bool = False) -> None:
+    """Write model.safetensors (contiguous CPU tensors, metadata format=pt), then config.json, each atomically."""
     from safetensors.torch import save_file
 
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    with open(p / CONFIG_NAME, "w") as f:
-        json.dump(dict(config), f, indent=2, sort_keys=False)
-        f.write("\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(p / WEIGHTS_NAME),
-              metadata={"format": "pt"})
+    sd = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    _atomic(p / WEIGHTS_NAME, lambda fn: save_file(sd, fn, metadata={"format": "pt"}))
 
+    def write_config(fn):
+        with open(fn, "w") as f:
+            json.dump(dict(config), f, indent=2, sort_keys=sort_keys)
+            f.write("\n")
+    _atomic(p / CONFIG_NAME, write_config)
+
+
+def replace_head_dir(out_dir: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor],
+                     overwrite: bool = True) -> None:
+    """Write a head into a temporary directory beside ``out_dir``, then rename it into place; an existing
+    ``out_dir`` is replaced only if it is a head directory (or empty)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_head_dir(tmp, config, tensors)
+        if out.exists():
+            if not overwrite:
+                raise FileExistsError(f"{out} exists")
+            if (out / CONFIG_NAME).exists() or not any(out.iterdir()):
+                shutil.rmtree(out)
+            else:
+                raise FileExistsError(f"{out} exists and is not a head directory; refusing to replace it")
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

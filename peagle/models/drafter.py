@@ -5,15 +5,13 @@ embed_tokens, fc [H,3T], layers.0 (attention input 2H = [input_layernorm(embed) 
 layers.i plain Llama layers, norm, lm_head [Vd,H], d2t, t2d, and mask_hidden [1,1,3T] for P-EAGLE."""
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from ..errors import PeagleError
+from ..heads.config import HeadConfig, is_parallel_head
+from ..heads.io import load_head_dir, save_head_dir
 from .layers import BlockCtx, Rope, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
 
 
@@ -83,14 +81,11 @@ class DrafterLayer(nn.Module):
 
 
 class DrafterHead(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: HeadConfig | dict, parallel: bool | None = None):
+        """parallel: build for parallel drafting (mask token + mask_hidden); None = what the config says."""
         super().__init__()
-        cfg = dict(cfg)
-        cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-        cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-        cfg.setdefault("draft_vocab_size", cfg["vocab_size"])
-        cfg.setdefault("target_hidden_size", cfg["hidden_size"])
-        self.cfg = cfg
+        hc = cfg if isinstance(cfg, HeadConfig) else HeadConfig.from_dict(cfg)
+        self.cfg = cfg = hc.to_dict()
         H, T3 = cfg["hidden_size"], 3 * cfg["target_hidden_size"]
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], H)
         self.fc = nn.Linear(T3, H, bias=False)
@@ -99,7 +94,7 @@ class DrafterHead(nn.Module):
         self.lm_head = nn.Linear(H, cfg["draft_vocab_size"], bias=False)
         self.register_buffer("d2t", torch.zeros(cfg["draft_vocab_size"], dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg["vocab_size"], dtype=torch.bool))
-        self.mask_token_id = cfg.get("ptd_token_id", cfg.get("pard_token"))
+        self.mask_token_id = hc.mask_token_id if (hc.parallel if parallel is None else parallel) else None
         if self.parallel:
             self.mask_hidden = nn.Parameter(torch.randn(1, 1, T3) * 0.02)
         self.aux_ids = tuple(cfg["eagle_aux_hidden_state_layer_ids"])
@@ -178,42 +173,26 @@ class DrafterHead(nn.Module):
 
     # ---- storage (vLLM flat EAGLE-3 layout) ----
     def save_pretrained(self, path: str, extra: dict | None = None):
-        os.makedirs(path, exist_ok=True)
-        cfg = dict(self.cfg)
-        cfg.update(extra or {})
-        cfg.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", tie_word_embeddings=False,
-                   eagle_config={"use_aux_hidden_state": True}, hidden_act="silu")
-        sd = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        tmp = os.path.join(path, ".tmp.safetensors")
-        save_file(sd, tmp, metadata={"format": "pt"})
-        os.replace(tmp, os.path.join(path, "model.safetensors"))
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
+        """The head directory vLLM loads (config keys sorted; ``extra`` adds keys such as the peagle record)."""
+        cfg = HeadConfig.from_dict({**self.cfg, **(extra or {})}).to_dict()
+        save_head_dir(path, cfg, self.state_dict(), sort_keys=True)
 
     @classmethod
     def from_pretrained(cls, path: str, target_cfg=None, parallel: bool | None = None, dtype=torch.float32):
-        from safetensors.torch import load_file
+        """A validated head; parallel None = what the head is (:func:`peagle.heads.config.is_parallel_head`)."""
         from ..heads.format import validate_head
-        fn = os.path.join(path, "config.json")
-        if not os.path.isfile(fn):
-            raise PeagleError(f"drafter head directory {path} has no config.json")
-        with open(fn) as f:
-            cfg = json.load(f)
-        wfn = os.path.join(path, "model.safetensors")
-        if not os.path.isfile(wfn):
-            raise PeagleError(f"drafter head directory {path} has no model.safetensors")
-        sd = load_file(wfn)
+        try:
+            cfg, sd = load_head_dir(path)
+        except (FileNotFoundError, OSError) as e:
+            raise PeagleError(f"drafter head directory {path}: {e}") from None
         if parallel is None:
-            parallel = cfg.get("ptd_token_id", cfg.get("pard_token")) is not None
+            parallel = is_parallel_head(cfg)
         errs = validate_head(cfg, sd, target_cfg.raw if target_cfg is not None else None, parallel)
         if errs:
             raise PeagleError(f"drafter head {path} does not fit: " + "; ".join(errs))
-        head = cls(cfg)
+        head = cls(cfg, parallel)
         if not parallel:
             sd.pop("mask_hidden", None)
-            head.mask_token_id = None
-            if hasattr(head, "mask_hidden"):
-                del head.mask_hidden
         missing, unexpected = head.load_state_dict(sd, strict=False)
         if head.cfg["draft_vocab_size"] == head.cfg["vocab_size"]:
             missing = [m for m in missing if m not in ("d2t", "t2d")]   # full vocabulary: identity map (vLLM 0.32

@@ -3,13 +3,8 @@ modeling code, runs a block of new tokens per row over a KV cache and returns th
 EAGLE-3 drafters read (id i = residual stream entering layer i = HF hidden_states[i]) from the same forward."""
 from __future__ import annotations
 
-import glob
-import json
-import os
-
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 
 from ..cache import KVCache
 from ..errors import PeagleError
@@ -18,24 +13,13 @@ from .layers import BlockCtx, Rope, cached_attention, mm, rms_norm, swiglu
 
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
-    """All tensors of an HF directory (sharded or not)."""
-    idx = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(idx):
-        with open(idx) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-        files = [os.path.join(path, x) for x in files]
-    else:
-        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    """All tensors of an HF directory (sharded or not), floating point ones cast to dtype."""
+    from ..heads.io import iter_safetensors, safetensors_files
+    files = safetensors_files(path)
     if not files:
         raise PeagleError(f"no *.safetensors weights in {path}")
-    out = {}
-    for fn in files:
-        with safe_open(fn, "pt") as f:
-            for k in f.keys():
-                t = f.get_tensor(k)
-                out[k[len(prefix_strip):] if k.startswith(prefix_strip) else k] = (
-                    t.to(dtype) if t.is_floating_point() else t)
-    return out
+    return {(k[len(prefix_strip):] if k.startswith(prefix_strip) else k): (t.to(dtype) if t.is_floating_point() else t)
+            for k, t in iter_safetensors(files)}
 
 
 class Layer:

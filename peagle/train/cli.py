@@ -18,13 +18,14 @@ def add_arguments(p):
     p.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: target's)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size (0 = full)")
     p.add_argument("--aux-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                   help="target aux layer ids (default vLLM's 2,L//2,L-3)")
+                   help="target aux layer ids (default vLLM's 2,L//2,L-3; 1,L//2,L-1 below 7 target layers)")
     p.add_argument("--depths", type=int, default=8, help="P-EAGLE parallel depths K")
     p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 test-time-training unroll")
     p.add_argument("--decay", type=float, default=0.8, help="EAGLE-3 per-step loss weight decay")
     p.add_argument("--cod-r", type=float, default=0.7)
     p.add_argument("--cod-rmin", type=float, default=0.2)
-    p.add_argument("--mask-token", type=int, default=4, help="P-EAGLE mask token id (demo target: <|mask|> = 4)")
+    p.add_argument("--mask-token", type=int, default=None,
+                   help="P-EAGLE mask token id (default: the target tokenizer's <|mask|>; required without one)")
     p.add_argument("--segment-len", type=int, default=512, help="P-EAGLE sequence partitioning: anchors per segment (0 = one flat pass)")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per packed row")
     p.add_argument("--batch-rows", type=int, default=1, help="packed rows per optimizer step (global batch)")

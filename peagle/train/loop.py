@@ -18,14 +18,12 @@ import time
 import torch
 
 from ..errors import PeagleError
+from ..heads.config import HeadConfig, resolve_mask_token
 from . import eagle3_loss, peagle_loss
 from .data import epoch_rows, load_docs
 from .features import FeatureCache, Teacher, pack_row
 from .mask import MaskTable
 from .vocab import build_draft_vocab, mappings, token_counts
-
-MASK_TOKEN = 4  # the demo target reserves <|mask|> = 4
-
 
 # ----------------------------------------------------------------------------------------- dist
 def dist_setup():
@@ -52,21 +50,6 @@ def barrier(world):
 
 
 # ----------------------------------------------------------------------------------------- head
-def head_config(tcfg, layers: int, draft_vocab: int, method: str, mask_token: int | None, aux_ids=None,
-                intermediate: int | None = None) -> dict:
-    L = tcfg.num_hidden_layers
-    aux = list(aux_ids) if aux_ids else [2, L // 2, L - 3] if L >= 5 else [1, L // 2, L - 1]
-    cfg = dict(hidden_size=tcfg.hidden_size, intermediate_size=intermediate or tcfg.intermediate_size,
-               num_hidden_layers=layers, num_attention_heads=tcfg.num_attention_heads,
-               num_key_value_heads=tcfg.num_key_value_heads, head_dim=tcfg.head_dim, rms_norm_eps=tcfg.rms_norm_eps,
-               rope_theta=tcfg.rope_theta, max_position_embeddings=tcfg.max_position_embeddings,
-               vocab_size=tcfg.vocab_size, draft_vocab_size=draft_vocab, target_hidden_size=tcfg.hidden_size,
-               eagle_aux_hidden_state_layer_ids=aux, norm_before_residual=False)
-    if method == "peagle":
-        cfg.update(ptd_token_id=mask_token, pard_token=mask_token)
-    return cfg
-
-
 def init_head(cfg: dict, target, draft_ids: torch.Tensor, method: str, seed: int):
     from ..models.drafter import DrafterHead
     torch.manual_seed(seed)
@@ -126,14 +109,15 @@ class Trainer:
         else:
             counts = token_counts(self.docs, V)
             draft_ids = build_draft_vocab(counts, min(a.draft_vocab or V, V))
-            cfg = head_config(self.target.cfg, a.layers, len(draft_ids), a.method,
-                              a.mask_token if a.method == "peagle" else None, a.aux_ids, a.intermediate_size)
+            mask = resolve_mask_token(a.target, a.mask_token) if a.method == "peagle" else None
+            hc = HeadConfig.for_target(self.target.cfg, a.layers, len(draft_ids), mask, a.aux_ids,
+                                       a.intermediate_size)
+            problems = hc.validate(self.target.cfg.raw)
+            if problems:
+                raise PeagleError("drafter head config does not fit the target: " + "; ".join(problems))
+            cfg = hc.to_dict()
         self.draft_ids = draft_ids
         _, _, self.index = mappings(draft_ids, V)
-        if a.method == "peagle":
-            mt = cfg["ptd_token_id"]
-            if not 0 <= mt < V:
-                raise PeagleError(f"mask token {mt} is not a target token id")
         self.head = init_head(cfg, self.target, draft_ids, a.method, a.seed)
         if src is not None:
             self.head.load_state_dict(src.state_dict())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from peagle.heads.config import HeadConfig
 from peagle.heads.io import save_head_dir
 
 VOCAB = 2048
@@ -63,31 +64,13 @@ def target_embedding(target_dir: str | Path) -> torch.Tensor:
 
 
 def head_config(method: str, layers: int = 1, draft_vocab: int | None = None, train_depths: int = 8) -> dict:
-    cfg = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
-        "num_hidden_layers": layers,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HIDDEN // HEADS,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": MAX_POS,
-        "rope_theta": 10000.0,
-        "vocab_size": VOCAB,
-        "draft_vocab_size": draft_vocab or VOCAB,
-        "target_hidden_size": HIDDEN,
-        "eagle_aux_hidden_state_layer_ids": list(AUX_IDS),
-        "norm_before_residual": False,
-        "tie_word_embeddings": False,
-        "eagle_config": {"use_aux_hidden_state": True},
-        "peagle": {"method": method, "train_depths": train_depths, "note": "analytic bigram drafter (test)"},
-    }
-    if method == "peagle":
-        cfg["ptd_token_id"] = cfg["pard_token"] = MASK_TOKEN
-    return cfg
+    return HeadConfig(
+        hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=layers, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS, vocab_size=VOCAB, draft_vocab_size=draft_vocab or VOCAB, rms_norm_eps=1e-6,
+        max_position_embeddings=MAX_POS, eagle_aux_hidden_state_layer_ids=list(AUX_IDS),
+        mask_token_id=MASK_TOKEN if method == "peagle" else None,
+        extra={"peagle": {"method": method, "train_depths": train_depths, "note": "analytic bigram drafter (test)"}},
+    ).to_dict()
 
 
 def build_head(out: str | Path, target_dir: str | Path, method: str = "peagle", layers: int = 1,

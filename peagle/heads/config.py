@@ -1,0 +1,190 @@
+"""A drafter head's config: one dataclass for every place that builds, reads or writes one (training, random
+heads, import, export, the engine's DrafterHead, tests).
+
+Invariants:
+- ``to_dict()`` is the ``config.json`` vLLM loads in the flat EAGLE-3 layout: every derived size written out
+  (``num_key_value_heads``, ``head_dim``, ``draft_vocab_size``, ``target_hidden_size``), ``norm_before_residual``
+  explicit (vLLM's defaults differ between layouts), and a parallel head's mask token written as both
+  ``ptd_token_id`` and ``pard_token`` (what vLLM 0.16-0.19 and >= 0.22 read).  Keys the dataclass does not
+  own (the ``peagle`` training record, ``torch_dtype``, biases, ...) pass through ``from_dict``/``to_dict``.
+- Defaults live here only: :func:`missing_defaults` (what vLLM/transformers assume for an absent key),
+  :func:`vllm_aux_layer_ids` (vLLM's rule for the target layers feeding a head that names none) and
+  :func:`default_aux_layer_ids` (the ids a new head gets).
+- "Is this a parallel (P-EAGLE) head" is decided by :func:`is_parallel_head` only.
+- The mask token is never assumed: :func:`resolve_mask_token` takes it as given, or the target tokenizer's
+  ``<|mask|>``, or refuses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import PeagleError
+
+NATIVE_ARCH = "LlamaForCausalLMEagle3"
+# architectures vLLM's EAGLEConfig keeps as-is or rewrites to Eagle3LlamaForCausalLM (flat layout)
+ACCEPTED_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
+NUM_AUX = 3  # vLLM 0.16-0.19 hard-code three aux hidden states
+MASK_TOKEN = "<|mask|>"
+# written by to_dict() whatever the input says (the flat layout vLLM loads)
+FIXED = {"architectures": [NATIVE_ARCH], "model_type": "llama", "tie_word_embeddings": False,
+         "eagle_config": {"use_aux_hidden_state": True}, "hidden_act": "silu"}
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def target_text_config(target_config: Mapping) -> Mapping:
+    """The language-model part of a target config (multimodal configs nest it under ``text_config``)."""
+    if "hidden_size" not in target_config and isinstance(target_config.get("text_config"), Mapping):
+        return target_config["text_config"]
+    return target_config
+
+
+def vllm_aux_layer_ids(num_target_layers: int) -> list[int]:
+    """The aux layers vLLM uses for a head that names none: (2, L//2, L-3) for llama-like targets
+    (``get_eagle3_aux_hidden_state_layers``)."""
+    L = int(num_target_layers)
+    return [2, L // 2, L - 3]
+
+
+def default_aux_layer_ids(num_target_layers: int) -> list[int]:
+    """The aux layers of a new head: vLLM's rule; for targets too shallow for it to give three distinct
+    ascending ids (L < 7, tiny test models), (1, L//2, L-1)."""
+    L = int(num_target_layers)
+    ids = vllm_aux_layer_ids(L)
+    return ids if ids == sorted(set(ids)) else [1, L // 2, L - 1]
+
+
+def is_parallel_head(config: Mapping, tensors: Mapping | None = None) -> bool:
+    """A head meant for parallel drafting (P-EAGLE): method "peagle", a mask-token id, or a mask_hidden."""
+    pb = config.get("peagle") or {}
+    if isinstance(pb, Mapping) and pb.get("method") in ("peagle", "eagle3"):
+        return pb["method"] == "peagle"  # peagle's own record is authoritative
+    if any(config.get(k) is not None for k in ("ptd_token_id", "pard_token", "mask_token_id")):
+        return True
+    return bool(tensors) and "mask_hidden" in tensors
+
+
+def fit_context(cfg: dict, target_config: Mapping, notes: list[str]) -> None:
+    """Raise the head's max_position_embeddings to the target's (vLLM 0.16 sizes the drafter's rotary cache
+    from it)."""
+    tM = target_text_config(target_config).get("max_position_embeddings")
+    if is_int(tM) and is_int(cfg.get("max_position_embeddings")) and cfg["max_position_embeddings"] < tM:
+        notes.append(f"max_position_embeddings raised {cfg['max_position_embeddings']} -> {tM} (target's)")
+        cfg["max_position_embeddings"] = tM
+
+
+def missing_defaults(config: Mapping) -> dict:
+    """The values vLLM / transformers assume for keys a head config leaves out (None counts as absent).
+    A default that derives from an absent key is not given."""
+    H, nh, V = config.get("hidden_size"), config.get("num_attention_heads"), config.get("vocab_size")
+    d = {"num_key_value_heads": nh, "head_dim": H // nh if H and nh else None, "draft_vocab_size": V,
+         "target_hidden_size": H, "norm_before_residual": False, "hidden_act": "silu",
+         "rope_theta": None if "rope_parameters" in config else 10000.0}
+    return {k: v for k, v in d.items() if v is not None and config.get(k) is None}
+
+
+def mask_token_from_tokenizer(target_dir) -> int | None:
+    """The id of ``<|mask|>`` in the target's tokenizer; None if it has no tokenizer or no such token."""
+    from ..llm import load_tokenizer
+    tok = load_tokenizer(str(target_dir))
+    if tok is None:
+        return None
+    i = tok.convert_tokens_to_ids(MASK_TOKEN)
+    return i if isinstance(i, int) and i != tok.unk_token_id else None
+
+
+def resolve_mask_token(target_dir, explicit: int | None = None) -> int:
+    """The P-EAGLE mask-token id: ``explicit`` when given, else the target tokenizer's ``<|mask|>``."""
+    if explicit is not None:
+        return int(explicit)
+    i = mask_token_from_tokenizer(target_dir)
+    if i is None:
+        raise PeagleError(f"the target {target_dir} has no {MASK_TOKEN} token in its tokenizer: give the "
+                          f"P-EAGLE mask-token id explicitly (--mask-token ID: a token id the target never "
+                          f"generates, e.g. a reserved special token)")
+    return i
+
+
+_OWNED_KEYS = ("ptd_token_id", "pard_token")
+
+
+@dataclass
+class HeadConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    eagle_aux_hidden_state_layer_ids: list
+    num_key_value_heads: int | None = None      # -> num_attention_heads
+    head_dim: int | None = None                 # -> hidden_size // num_attention_heads
+    draft_vocab_size: int | None = None         # -> vocab_size
+    target_hidden_size: int | None = None       # -> hidden_size
+    rope_theta: float = 10000.0
+    norm_before_residual: bool = False
+    mask_token_id: int | None = None            # P-EAGLE; written as ptd_token_id and pard_token
+    extra: dict = field(default_factory=dict)   # every other key, kept as is
+
+    def __post_init__(self):
+        for k, v in missing_defaults(dataclasses.asdict(self)).items():
+            if hasattr(self, k) and getattr(self, k) is None:
+                setattr(self, k, v)
+        self.eagle_aux_hidden_state_layer_ids = list(self.eagle_aux_hidden_state_layer_ids)
+
+    @property
+    def parallel(self) -> bool:
+        return is_parallel_head(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, config: Mapping) -> "HeadConfig":
+        """Parse a flat head config (as stored, or as built); missing required keys raise PeagleError."""
+        cfg = dict(config)
+        names = {f.name for f in dataclasses.fields(cls)} - {"mask_token_id", "extra"}
+        kw: dict[str, Any] = {k: cfg[k] for k in names if cfg.get(k) is not None}
+        ptd, pard = cfg.get("ptd_token_id"), cfg.get("pard_token")
+        kw["mask_token_id"] = ptd if ptd is not None else pard
+        kw["extra"] = {k: v for k, v in cfg.items() if k not in names and k not in _OWNED_KEYS}
+        try:
+            return cls(**kw)
+        except TypeError as e:
+            raise PeagleError(f"head config is incomplete: {e}") from None
+
+    @classmethod
+    def for_target(cls, target, layers: int = 1, draft_vocab: int | None = None, mask_token: int | None = None,
+                   aux_ids=None, intermediate_size: int | None = None, **extra) -> "HeadConfig":
+        """A new head for a target (a ModelConfig, or the target's config.json dict): its widths, vocabulary,
+        norm eps, rope base and context; ``mask_token`` makes it a P-EAGLE head."""
+        if isinstance(target, Mapping):
+            from ..models.config import ModelConfig
+            target = ModelConfig.from_dict(dict(target))
+        return cls(hidden_size=target.hidden_size, intermediate_size=intermediate_size or target.intermediate_size,
+                   num_hidden_layers=layers, num_attention_heads=target.num_attention_heads,
+                   num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
+                   rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+                   max_position_embeddings=target.max_position_embeddings, vocab_size=target.vocab_size,
+                   draft_vocab_size=draft_vocab or target.vocab_size, target_hidden_size=target.hidden_size,
+                   eagle_aux_hidden_state_layer_ids=list(aux_ids or default_aux_layer_ids(target.num_hidden_layers)),
+                   mask_token_id=mask_token, extra=dict(extra))
+
+    def to_dict(self) -> dict:
+        out = dict(self.extra)
+        for f in dataclasses.fields(self):
+            if f.name not in ("mask_token_id", "extra"):
+                out[f.name] = getattr(self, f.name)
+        out["eagle_aux_hidden_state_layer_ids"] = list(self.eagle_aux_hidden_state_layer_ids)
+        if self.mask_token_id is not None:
+            out["ptd_token_id"] = out["pard_token"] = self.mask_token_id
+        out.update({k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+                    for k, v in FIXED.items()})
+        return out
+
+    def validate(self, target_config: Mapping | None = None) -> list[str]:
+        """Problems of this config as vLLM would load it (empty = valid), against the target if given."""
+        from .format import validate_config
+        return validate_config(self.to_dict(), target_config, self.parallel)

@@ -1,0 +1,109 @@
+"""HeadConfig (peagle/heads/config.py): round trip of real head configs, the aux-id rules, the mask token
+taken from the tokenizer or given (never assumed), one answer to "is this a parallel head"."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from heads import head_config, save_random_head
+from tiny import make_tiny_tokenizer, save_tiny, save_tiny_text_model
+
+from peagle.errors import PeagleError
+from peagle.heads.config import (
+    HeadConfig, default_aux_layer_ids, is_parallel_head, resolve_mask_token, vllm_aux_layer_ids,
+)
+from peagle.heads.format import validate_head
+from peagle.heads.io import load_head_dir, read_config
+from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.models.config import ModelConfig
+from peagle.models.drafter import DrafterHead
+
+SHIPPED = [d for d in (DEFAULT_EAGLE3_HEAD, DEFAULT_PEAGLE_HEAD) if os.path.isfile(os.path.join(d, "config.json"))]
+
+
+@pytest.mark.parametrize("head_dir", SHIPPED, ids=os.path.basename)
+def test_shipped_head_config_round_trips_and_rebuilds(head_dir):
+    """from_dict/to_dict keep every key of a real head config; HeadConfig.for_target on the demo target with
+    the head's own choices gives the same config, so training builds what shipped."""
+    cfg = read_config(head_dir)
+    hc = HeadConfig.from_dict(cfg)
+    assert hc.to_dict() == cfg
+    assert hc.parallel == is_parallel_head(cfg) == (cfg["peagle"]["method"] == "peagle")
+    built = HeadConfig.for_target(ModelConfig.from_dir(DEFAULT_MODEL), cfg["num_hidden_layers"],
+                                  cfg["draft_vocab_size"], hc.mask_token_id, peagle=cfg["peagle"],
+                                  torch_dtype=cfg["torch_dtype"])
+    assert built.to_dict() == cfg
+    assert built.validate(read_config(DEFAULT_MODEL)) == []
+
+
+@pytest.mark.parametrize("head_dir", SHIPPED, ids=os.path.basename)
+def test_shipped_aux_ids_are_vllm_default(head_dir):
+    """The shipped heads were trained with (and pass vLLM parity on) vLLM's default aux layers."""
+    L = read_config(DEFAULT_MODEL)["num_hidden_layers"]
+    assert read_config(head_dir)["eagle_aux_hidden_state_layer_ids"] == vllm_aux_layer_ids(L) == \
+        default_aux_layer_ids(L)
+
+
+def test_default_aux_ids_are_valid_for_every_depth():
+    for L in range(4, 129):
+        ids = default_aux_layer_ids(L)
+        assert len(ids) == 3 and ids == sorted(set(ids)) and 0 < ids[0] and ids[-1] < L, (L, ids)
+        v = vllm_aux_layer_ids(L)
+        if v == sorted(set(v)):
+            assert ids == v, L                        # vLLM's rule wherever it gives valid ids
+
+
+def test_built_head_is_valid_and_loads(tmp_path, tiny_dirs):
+    """A head built from HeadConfig validates against its target, saves atomically and loads as the same
+    kind of head (parallel decided once)."""
+    target = tiny_dirs["llama"]
+    for parallel in (True, False):
+        hc = head_config(target, layers=2, parallel=parallel, draft_vocab=256)
+        assert hc.validate(read_config(target)) == []
+        path = save_random_head(target, str(tmp_path / f"h{parallel}"), layers=2, parallel=parallel, draft_vocab=256)
+        assert sorted(os.listdir(path)) == ["config.json", "model.safetensors"]   # no temporary files left
+        cfg, ts = load_head_dir(path)
+        assert validate_head(cfg, ts, read_config(target)) == []
+        assert is_parallel_head(cfg, ts) == parallel == DrafterHead.from_pretrained(path).parallel
+        assert ("mask_hidden" in ts) == parallel
+
+
+def test_validate_reports_a_mask_token_outside_the_vocabulary(tiny_dirs):
+    t = read_config(tiny_dirs["llama"])
+    hc = HeadConfig.for_target(t, mask_token=t["vocab_size"] + 3)
+    assert any("ptd_token_id" in p for p in hc.validate(t))
+
+
+def test_incomplete_config_is_a_peagle_error():
+    with pytest.raises(PeagleError, match="incomplete"):
+        HeadConfig.from_dict({"hidden_size": 64})
+
+
+def test_mask_token_from_tokenizer_given_or_refused(tmp_path):
+    """<|mask|> comes from the target's tokenizer; an explicit id wins; without either: refused."""
+    from transformers import AutoTokenizer
+    with_mask = save_tiny_text_model(str(tmp_path / "m"))
+    want = AutoTokenizer.from_pretrained(with_mask).convert_tokens_to_ids("<|mask|>")
+    assert resolve_mask_token(with_mask) == want
+    assert resolve_mask_token(with_mask, explicit=7) == 7
+    no_mask = save_tiny("llama", str(tmp_path / "n"))
+    make_tiny_tokenizer(no_mask)                      # ChatML specials only
+    with pytest.raises(PeagleError, match="mask-token"):
+        resolve_mask_token(no_mask)
+    no_tok = save_tiny("llama", str(tmp_path / "t"))
+    with pytest.raises(PeagleError, match="mask-token"):
+        resolve_mask_token(no_tok)
+    assert resolve_mask_token(no_tok, explicit=3) == 3
+
+
+def test_peagle_record_decides_parallel():
+    """peagle's own method record is authoritative; otherwise a mask-token id or a mask_hidden tensor."""
+    base = {"ptd_token_id": 4, "pard_token": 4}
+    assert is_parallel_head(base)
+    assert not is_parallel_head({**base, "peagle": {"method": "eagle3"}})
+    assert not is_parallel_head({})
+    assert is_parallel_head({}, {"mask_hidden": torch.zeros(1, 1, 6)})
+
