@@ -107,3 +107,11 @@ def test_peagle_record_decides_parallel():
     assert not is_parallel_head({})
     assert is_parallel_head({}, {"mask_hidden": torch.zeros(1, 1, 6)})
 
+
+def test_training_record_has_no_absolute_paths():
+    for d in SHIPPED:
+        with open(os.path.join(d, "config.json")) as f:
+            rec = json.load(f)["peagle"]
+        for key in ("data", "init"):
+            for p in str(rec.get(key) or "").split(","):
+                assert not os.path.isabs(p), (d, key, p)

@@ -58,12 +58,14 @@ def test_training_improves_and_head_is_lossless(tiny_data, tmp_path, method, K):
     assert llm.get_metrics()["mean_acceptance_length"] > 1.5
 
 
-def test_init_continues_a_head_and_reads_several_data_dirs(tiny_data, tmp_path):
+def test_init_continues_a_head_and_reads_several_data_dirs(tiny_data, tmp_path, monkeypatch):
     """--init starts from an existing head (its weights, config and draft vocabulary); --data takes a comma
-    list of datagen directories; a head of the other method is refused."""
+    list of datagen directories; a head of the other method is refused; the head's training record names
+    --init and --data without absolute paths."""
     from safetensors.torch import load_file
     from peagle.errors import PeagleError
     target, data, _ = tiny_data
+    monkeypatch.chdir(tmp_path)
     first = str(tmp_path / "first")
     log0 = _train(target, data, first, "eagle3", 60, ["--ttt-steps", "2"])
     cont = str(tmp_path / "cont")
@@ -75,7 +77,8 @@ def test_init_continues_a_head_and_reads_several_data_dirs(tiny_data, tmp_path):
     with open(os.path.join(cont, "config.json")) as f:
         info = json.load(f)
     assert info["draft_vocab_size"] == 384 and info["peagle"]["layers"] == info["num_hidden_layers"] == 1
-    assert info["peagle"]["init"] == first
+    assert info["peagle"]["init"] == "first"                # relative to the working directory
+    assert not any(os.path.isabs(d) for d in info["peagle"]["data"].split(","))
     assert info["peagle"]["docs"] == 2 * len(load_docs(data))
     with pytest.raises(PeagleError, match="parallel"):
         _train(target, data, str(tmp_path / "bad"), "peagle", 2, ["--init", first])

@@ -80,9 +80,7 @@ def apply_defaults(a):
 
 def canonical_command(a) -> str:
     """The run's settings as one explicit command line (regenerates the same sweep whatever the defaults)."""
-    def rel(p):
-        r = os.path.relpath(os.path.abspath(p))
-        return p if r.startswith("..") else r
+    from ..paths import portable_path as rel
     parts = ["peagle", "bench", "--model", rel(a.model)]
     for m in ("eagle3", "peagle"):
         if m in a.methods:

@@ -12,8 +12,11 @@ import torch
 
 from ..data.benchmarks import load_dataset
 from ..errors import PeagleError
+from ..paths import portable_path
 from ..sampling import SamplingParams
 from .runner import Bench, HFPeer
+
+PATH_SETTINGS = ("model", "eagle3_head", "peagle_head", "out", "notes", "from_json")
 
 
 def machine_info() -> dict:
@@ -74,9 +77,9 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     greedy = a.temperature == 0
     res = {"meta": {"command": a.command, "started_utc": _dt.datetime.utcnow().isoformat(timespec="seconds") + "Z",
                     "machine": machine_info(), "versions": versions(),
-                    "model": os.path.abspath(a.model), "heads": {m: os.path.abspath(d) if d else None
-                                                                  for m, d in heads.items()},
-                    "settings": {k: v for k, v in vars(a).items() if k not in ("func", "command")}},
+                    "model": portable_path(a.model), "heads": {m: portable_path(d) for m, d in heads.items()},
+                    "settings": {k: portable_path(v) if k in PATH_SETTINGS else v
+                                 for k, v in vars(a).items() if k not in ("func", "command")}},
            "datasets": {}, "runs": [], "peers": []}
     for m in ("eagle3", "peagle"):
         if m in methods:

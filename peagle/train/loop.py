@@ -19,6 +19,7 @@ import torch
 
 from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
+from ..paths import portable_path, portable_paths
 from . import eagle3_loss, peagle_loss
 from .data import epoch_rows, load_docs
 from .features import FeatureCache, Teacher, pack_row
@@ -288,8 +289,8 @@ class Trainer:
         info = {"method": self.method, "layers": self.head.cfg["num_hidden_layers"], "draft_vocab_size": len(self.draft_ids),
                 "steps": self.step, "train_time_s": round(self.elapsed, 1), "max_tokens": a.max_tokens,
                 "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world,
-                "data": ",".join(os.path.abspath(d) for d in a.data.split(",")), "docs": len(self.docs),
-                "init": a.init, **extra_stats}
+                "data": portable_paths(a.data), "docs": len(self.docs),
+                "init": portable_path(a.init), **extra_stats}
         if self.method == "peagle":
             info.update(train_depths=self.K, cod_r=a.cod_r, cod_rmin=a.cod_rmin, segment_len=a.segment_len)
         else:

@@ -1,0 +1,25 @@
+"""Paths as written into artifacts that ship (head configs, benchmark results, recorded commands).
+
+Invariant: never an absolute path of the machine that wrote it.  A path under the working directory or under
+the repository is written relative to it; any other path as ``<external>/NAME``."""
+from __future__ import annotations
+
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def portable_path(path: str | os.PathLike | None) -> str | None:
+    if path is None:
+        return None
+    p = os.path.abspath(path)
+    for base in (os.getcwd(), REPO):
+        r = os.path.relpath(p, base)
+        if r != ".." and not r.startswith(".." + os.sep):
+            return r
+    return f"<external>/{os.path.basename(p)}"
+
+
+def portable_paths(paths: str) -> str:
+    """A comma-separated list of paths (e.g. --data a,b), each made portable."""
+    return ",".join(portable_path(p) for p in paths.split(","))

@@ -1,0 +1,19 @@
+"""Paths written into shipped artifacts (peagle/paths.py): never an absolute path of this machine."""
+import os
+
+from peagle.paths import REPO, portable_path, portable_paths
+
+
+def test_relative_under_the_working_directory_or_repo(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert portable_path(tmp_path / "runs" / "data") == os.path.join("runs", "data")
+    assert portable_path("runs/data") == os.path.join("runs", "data")
+    assert portable_path(os.path.join(REPO, "models", "demo-target")) == os.path.join("models", "demo-target")
+
+
+def test_elsewhere_is_symbolic(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    outside = os.path.join(os.path.dirname(str(tmp_path)), "elsewhere", "data2")
+    assert portable_path(outside) == "<external>/data2"
+    assert portable_paths(f"{tmp_path}/a,{outside}") == "a,<external>/data2"
+    assert portable_path(None) is None
