@@ -34,6 +34,8 @@ import sysconfig
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .clean import function_examples, near_duplicates, strip_license_header
+
 # Special tokens of the demo target's tokenizer, with fixed ids 0..5.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<|bos|>"]
 
@@ -154,11 +156,16 @@ def collect_code(seed: int = 0, max_bytes: int | None = None,
         if digest in seen:
             continue
         seen.add(digest)
+        text = strip_license_header(text)
         if not looks_like_code(text):
             continue
         doc = {"id": doc_id, "text": strip_special(text)}
         (stdlib_docs if doc_id.startswith("stdlib/") else site_docs).append(doc)
     site_docs.sort(key=lambda d: stable_hash("order", seed, d["id"]))
+    n_std, both = len(stdlib_docs), stdlib_docs + site_docs
+    dup = near_duplicates([d["text"] for d in both])
+    stdlib_docs = [d for i, d in enumerate(both[:n_std]) if i not in dup]
+    site_docs = [d for i, d in enumerate(both[n_std:], n_std) if i not in dup]
     docs, total = [], 0
     for d in stdlib_docs + site_docs:
         n = len(d["text"].encode("utf-8"))
@@ -341,7 +348,7 @@ def read_jsonl_texts(path: Path) -> Iterator[str]:
 
 
 def build_corpus(out_dir: str | Path, seed: int = 0, code_max_bytes: int = 48_000_000,
-                 chat_max_bytes: int = 58_000_000, log=print) -> dict:
+                 chat_max_bytes: int = 58_000_000, fn_fraction: float = 0.3, log=print) -> dict:
     """Build (or reuse) the corpus under ``out_dir``; returns the manifest."""
     out = Path(out_dir)
     man_path = out / "manifest.json"
@@ -350,11 +357,26 @@ def build_corpus(out_dir: str | Path, seed: int = 0, code_max_bytes: int = 48_00
     out.mkdir(parents=True, exist_ok=True)
     manifest: dict = {"seed": seed, "holdout_fraction": HOLDOUT_FRACTION,
                       "code_max_bytes": code_max_bytes, "chat_max_bytes": chat_max_bytes,
+                      "cleaning": "license headers stripped, near-duplicates (3-line shingle Jaccard >= 0.8) "
+                                  "removed, docstring->body function examples added (<= fn_fraction of code)",
+                      "fn_fraction": fn_fraction,
                       "excluded_packages": sorted(EXCLUDED_PACKAGES)}
     log("corpus: collecting Python code ...")
     code = collect_code(seed, code_max_bytes)
     tr, he = split_docs(code, seed)
-    manifest["code"] = {"docs_train": len(tr), "docs_heldout": len(he),
+    # Docstring -> body examples from training files only (held-out files stay unseen).
+    fns = [{"id": f"{d['id']}#fn{k}", "text": t} for d in tr for k, t in enumerate(function_examples(d["text"]))]
+    fn_cap = int(fn_fraction * sum(len(d["text"]) for d in tr))
+    fns.sort(key=lambda d: stable_hash("fn", seed, d["id"]))
+    keep, total = [], 0
+    for d in fns:
+        if total + len(d["text"]) > fn_cap:
+            break
+        keep.append(d)
+        total += len(d["text"])
+    tr = tr + keep
+    manifest["code"] = {"function_examples": len(keep),
+                        "docs_train": len(tr), "docs_heldout": len(he),
                         "bytes_train": _write_jsonl(out / "code.train.jsonl", tr),
                         "bytes_heldout": _write_jsonl(out / "code.heldout.jsonl", he)}
     log(f"corpus: code {manifest['code']}")

@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import random
 import shlex
 import sys
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..train.common import (cosine_progress, fast_cpu, load_checkpoint, lr_factor, resolve_device, rng_state,
+                            save_checkpoint, seed_all, set_rng_state)
 from ..data.corpus import build_corpus, read_jsonl_texts
 from .tokenizer import EOS_ID, PAD_ID, build_tokenizer, generation_config_dict
 
@@ -149,43 +150,6 @@ def unigram_loss(train_counts: np.ndarray, rows: np.ndarray) -> float:
     return float(-np.log(p[rows[:, 1:].reshape(-1)]).mean())
 
 
-# ------------------------------------------------------------- schedule
-def lr_at(step: int, total: int, warmup: int, peak: float, min_ratio: float = 0.1) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    prog = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
-
-
-# ------------------------------------------------------------ checkpoint
-def save_checkpoint(path: Path, state: dict) -> None:
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def rng_state() -> dict:
-    import torch
-
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def set_rng_state(st: dict) -> None:
-    import torch
-
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
 # ------------------------------------------------------------------ main
 class ThreadTuner:
     """Chooses the torch thread count.  Fixed if ``n > 0``.  Otherwise (auto)
@@ -243,23 +207,6 @@ class ThreadTuner:
             self.alt = None
 
 
-def tune_malloc() -> None:
-    """Keep freed memory in the glibc heap instead of returning it to the OS
-    after every step (the step's large activation buffers otherwise cost page
-    faults each time; measured 3-4x faster training steps on the 2-vCPU VM)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-1, 2 ** 31 - 1)  # M_TRIM_THRESHOLD
-        libc.mallopt(-2, 1 << 30)      # M_TOP_PAD
-        libc.mallopt(-3, 1 << 25)      # M_MMAP_THRESHOLD (glibc max: 32 MiB)
-    except (OSError, AttributeError):
-        pass
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="peagle train-target", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -285,6 +232,16 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-min", type=float, default=5.0, help="minutes between checkpoints")
     ap.add_argument("--eval-rows", type=int, default=256, help="held-out rows per source")
     ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=None, help="model shape (default: the demo shape)")
+    ap.add_argument("--hidden", type=int, default=None)
+    ap.add_argument("--intermediate", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (study runs)")
+    ap.add_argument("--init", default=None,
+                    help="warm restart: start from this HF model directory's weights (same shape and tokenizer) "
+                         "with a fresh optimizer and a new schedule")
+    ap.add_argument("--log-json", default=None, help="append {step, tokens, train_s, loss, lr} every 50 steps")
     ap.add_argument("--tiny", action="store_true", help="tiny model (smoke tests)")
     return ap.parse_args(argv)
 
@@ -295,11 +252,10 @@ def main(argv=None) -> int:
     from transformers import LlamaForCausalLM
 
     args = parse_args(argv)
-    tune_malloc()
+    fast_cpu()
     cmd = "python -m peagle.target.train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     threads = ThreadTuner(args.threads)
-    device = torch.device("cuda" if (args.device == "auto" and torch.cuda.is_available()) else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = resolve_device(args.device)
     data = Path(args.data_dir)
     run_dir = Path(args.run_dir)
     ckpt_path = run_dir / "ckpt.pt"
@@ -314,27 +270,46 @@ def main(argv=None) -> int:
     n_train_tokens = {s: int(len(t)) for s, t in zip(SOURCES, train_tok)}
     print(f"train tokens: {n_train_tokens}, rows: {len(order):,}", flush=True)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    cfg = demo_config(args.vocab_size, **(dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2,
-                                               num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-                                          if args.tiny else {}))
-    model = LlamaForCausalLM(cfg).to(device)
+    seed_all(args.seed)
+    shape = dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32) if args.tiny else {}
+    for flag, key in (("layers", "num_hidden_layers"), ("hidden", "hidden_size"), ("intermediate", "intermediate_size"),
+                      ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads")):
+        if getattr(args, flag) is not None:
+            shape[key] = getattr(args, flag)
+    if "hidden_size" in shape or "num_attention_heads" in shape:
+        shape["head_dim"] = shape.get("hidden_size", 256) // shape.get("num_attention_heads", 4)
+    cfg = demo_config(args.vocab_size, **shape)
+    model = LlamaForCausalLM(cfg)
+    if args.init:
+        from safetensors.torch import load_file
+
+        init_cfg = json.loads((Path(args.init) / "config.json").read_text())
+        for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "vocab_size"):
+            if init_cfg.get(k) != getattr(cfg, k):
+                raise SystemExit(f"--init {args.init}: {k}={init_cfg.get(k)} but this run has {getattr(cfg, k)}")
+        sd = load_file(str(Path(args.init) / "model.safetensors"))
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:
+            raise SystemExit(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+        print(f"warm restart from {args.init}", flush=True)
+    model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M params, device {device}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=False)
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
 
     tokens_per_step = bs * seq
     total_steps = int(args.max_tokens // tokens_per_step) if args.max_tokens else None
     step, train_seconds, sizing = 0, 0.0, None
     loss_ema = None
-    if args.resume and ckpt_path.exists():
-        st = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    st = load_checkpoint(ckpt_path) if args.resume else None
+    if st is not None:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         step, train_seconds = st["step"], st["train_seconds"]
@@ -369,13 +344,17 @@ def main(argv=None) -> int:
     while True:
         if total_steps is not None and step >= total_steps:
             break
+        if args.max_steps is not None and step >= args.max_steps:
+            stop_reason = "max steps"
+            break
         if budget_s is not None and train_seconds >= budget_s:
             stop_reason = "time budget"
             break
         nthr = threads.before_step()
         t0 = time.time()
         est_total = total_steps if total_steps is not None else (sched_total or 10 ** 9)
-        lr = lr_at(step, est_total, args.warmup_steps, args.lr, args.min_lr_ratio)
+        lr = args.lr * lr_factor(step, cosine_progress(step, est_total, args.warmup_steps), args.warmup_steps,
+                                 args.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
         x = get_rows(train_tok, order, step * bs, bs, seq).to(device)
@@ -405,6 +384,10 @@ def main(argv=None) -> int:
         pbar.update(1)
         pbar.set_postfix(loss=f"{lv:.3f}", ema=f"{loss_ema:.3f}", lr=f"{lr:.2e}",
                          tok_s=f"{tokens_per_step / dt:,.0f}", thr=nthr, gn=f"{float(gnorm):.2f}", refresh=False)
+        if step % 50 == 0 and args.log_json:
+            with open(args.log_json, "a") as f:
+                f.write(json.dumps({"step": step, "tokens": step * tokens_per_step, "train_s": round(train_seconds, 1),
+                                    "loss_ema": round(loss_ema, 4), "lr": lr}) + "\n")
         if step % 50 == 0:
             print(f"\nstep {step}/{total_steps} loss {lv:.4f} ema {loss_ema:.4f} lr {lr:.2e} "
                   f"tok/s {tokens_per_step * len(step_times[-50:]) / sum(step_times[-50:]):,.0f} "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
 
 import torch
@@ -21,33 +20,13 @@ from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
 from ..paths import portable_path, portable_paths
 from . import eagle3_loss, peagle_loss
+from .common import (all_sum, barrier, broadcast, dist_setup, load_checkpoint, lr_factor, resolve_device,
+                     rng_state, save_checkpoint, set_rng_state)
 from .data import epoch_rows, load_docs
 from .features import FeatureCache, Teacher, pack_row
 from .mask import MaskTable
 from .vocab import build_draft_vocab, mappings, token_counts
 
-# ----------------------------------------------------------------------------------------- dist
-def dist_setup():
-    ws = int(os.environ.get("WORLD_SIZE", "1"))
-    if ws <= 1:
-        return 0, 1
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
-def all_sum(t: torch.Tensor, world: int) -> torch.Tensor:
-    if world > 1:
-        import torch.distributed as dist
-        dist.all_reduce(t)
-    return t
-
-
-def barrier(world):
-    if world > 1:
-        import torch.distributed as dist
-        dist.barrier()
 
 
 # ----------------------------------------------------------------------------------------- head
@@ -88,7 +67,8 @@ class Trainer:
     def __init__(self, a):
         from ..models.llama import Transformer
         self.a = a
-        self.rank, self.world = dist_setup()
+        self.device = resolve_device(getattr(a, "device", "cpu"))
+        self.rank, self.world = dist_setup(self.device)
         if a.threads:
             torch.set_num_threads(a.threads)
         self.method = a.method
@@ -146,19 +126,14 @@ class Trainer:
             self.opt.load_state_dict(ck["opt"])
             self.sched.load_state_dict(ck["sched"])
             self.step, self.elapsed = ck["step"], ck.get("elapsed", 0.0)
-            torch.set_rng_state(ck["rng"]["torch"])
-            random.setstate(ck["rng"]["python"])
+            set_rng_state(ck["rng"])
             if self.rank == 0:
                 print(f"resumed from {self.ckpt_dir} at step {self.step}", flush=True)
 
     def lr_factor(self, step, frac):
         """Linear warm-up over `warm` steps, then cosine from 1 to min_lr_ratio as frac goes to 1."""
-        a = self.a
-        if step < self.warm:
-            return min(1.0, (step + 1) / self.warm)
         w = self.warm / max(1, self.total)
-        f = min(1.0, max(0.0, (frac - w) / max(1e-9, 1 - w)))
-        return a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * f))
+        return lr_factor(step, (frac - w) / max(1e-9, 1 - w), self.warm, self.a.min_lr_ratio)
 
     def _time_schedule(self):
         """With --max-minutes the cosine follows whichever runs out first, steps or wall time, so a run
@@ -166,10 +141,7 @@ class Trainer:
         if self.a.max_minutes:
             el = self.elapsed
             if self.world > 1:  # every rank must use the same lr: take rank 0's clock
-                t = torch.tensor([el], dtype=torch.float64)
-                import torch.distributed as dist
-                dist.broadcast(t, 0)
-                el = self.elapsed = float(t)
+                el = self.elapsed = float(broadcast(torch.tensor([el], dtype=torch.float64), self.world))
             frac = max(self.step / max(1, self.total), el / (60 * self.a.max_minutes))
             for g in self.opt.param_groups:
                 g["lr"] = self.a.lr * self.lr_factor(self.step, frac)
@@ -253,19 +225,11 @@ class Trainer:
         return {"loss": loss, "gnorm": float(gnorm), "correct": correct, "total": total, "lr": lr}
 
     def _bcast_flag(self, flag: bool) -> bool:
-        if self.world <= 1:
-            return flag
-        import torch.distributed as dist
-        t = torch.tensor([int(flag)])
-        dist.broadcast(t, 0)
-        return bool(t)
+        return bool(broadcast(torch.tensor([int(flag)]), self.world))
 
     # ---------------------------------------------------------------- checkpoints
     def _load_ckpt(self):
-        fn = os.path.join(self.ckpt_dir, "ckpt.pt")
-        if not os.path.isfile(fn):
-            return None
-        return torch.load(fn, weights_only=False)
+        return load_checkpoint(os.path.join(self.ckpt_dir, "ckpt.pt"))
 
     def save_ckpt(self):
         if self.rank != 0:
@@ -274,13 +238,11 @@ class Trainer:
         fn = os.path.join(self.ckpt_dir, "ckpt.pt")
         ck = {"model": self.head.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
               "step": self.step, "elapsed": self.elapsed, "draft_ids": self.draft_ids, "head_cfg": self.head.cfg,
-              "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+              "rng": rng_state(),
               "data": {"epoch": self.step // self.steps_per_epoch, "step_in_epoch": self.step % self.steps_per_epoch,
                        "seed": self.a.seed, "max_tokens": self.a.max_tokens, "batch_rows": self.a.batch_rows},
               "args": vars(self.a)}
-        tmp = fn + ".tmp"
-        torch.save(ck, tmp)
-        os.replace(tmp, fn)
+        save_checkpoint(fn, ck)
 
     def save_head(self, extra_stats: dict):
         if self.rank != 0:

@@ -1,0 +1,97 @@
+"""Target-training throughput, side by side in one process (issue 12).
+
+    python bench/target_train_speed.py --threads 2 --repeats 3 --steps 6
+
+Compares the trainer as it was (``HF LlamaForCausalLM``, per-parameter AdamW,
+denormal floats processed) with the current one (denormals flushed, AdamW
+``foreach``) on the demo shape, in interleaved blocks of ``--steps`` optimizer
+steps on real token rows; the first step of each block is a warm-up and is
+not timed.  ``--shapes`` also measures candidate model shapes with the
+current settings (the recipe study's CPU-time axis).  Prints a markdown table
+of medians; fp32.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+SHAPES = {  # name: (layers, hidden, intermediate, heads, kv_heads)
+    "demo-12x256": (12, 256, 688, 4, 2),
+    "8x256": (8, 256, 688, 4, 2),
+    "8x320": (8, 320, 864, 5, 1),
+    "10x384": (10, 384, 1024, 6, 2),
+    "16x192": (16, 192, 512, 3, 1),
+}
+
+
+def make(shape, vocab=8192):
+    from transformers import LlamaForCausalLM
+
+    from peagle.target.train import demo_config
+
+    L, H, I, nh, kv = SHAPES[shape]
+    torch.manual_seed(0)
+    return LlamaForCausalLM(demo_config(vocab, num_hidden_layers=L, hidden_size=H, intermediate_size=I,
+                                        num_attention_heads=nh, num_key_value_heads=kv, head_dim=H // nh))
+
+
+def block(model, opt, x, steps, flush):
+    torch.set_flush_denormal(flush)
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return x.numel() * len(times) / sum(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--shapes", default="", help="comma list of extra shapes: " + ",".join(SHAPES))
+    a = ap.parse_args(argv)
+    from peagle.train.common import tune_malloc
+
+    tune_malloc()
+    torch.set_num_threads(a.threads)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(6, 8192, (a.batch_size, a.seq_len), generator=g)
+    runs = {"before (per-param AdamW, denormals)": ("demo-12x256", dict(foreach=False), False),
+            "after (foreach AdamW, flush denormals)": ("demo-12x256", dict(foreach=True), True)}
+    for s in filter(None, a.shapes.split(",")):
+        runs[f"after, shape {s}"] = (s, dict(foreach=True), True)
+    state = {}
+    for name, (shape, kw, _) in runs.items():
+        m = make(shape)
+        state[name] = (m, torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, **kw))
+    res = {n: [] for n in runs}
+    for r in range(a.repeats):
+        for name, (_, _, flush) in runs.items():
+            res[name].append(block(*state[name], x, a.steps, flush))
+            print(f"repeat {r}: {name}: {res[name][-1]:,.0f} tok/s", file=sys.stderr, flush=True)
+    base = statistics.median(res[next(iter(runs))])
+    cmd = "python bench/target_train_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"`{cmd}` — batch {a.batch_size}x{a.seq_len}, {a.threads} threads, medians of {a.repeats} interleaved "
+          f"blocks of {a.steps - 1} timed steps\n")
+    print("| trainer | params (M) | tokens/s | ratio vs before |\n|---|---|---|---|")
+    for name in runs:
+        med = statistics.median(res[name])
+        n = sum(p.numel() for p in state[name][0].parameters()) / 1e6
+        print(f"| {name} | {n:.2f} | {med:,.0f} | {med / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
