@@ -11,6 +11,7 @@ COMMANDS = {
     "generate": ("peagle.generate_cmd", "generate text (plain or speculative), streaming to stdout"),
     "serve": ("peagle.server.cli", "OpenAI-compatible server (vLLM's --speculative-config)"),
     "bench": ("peagle.bench.cli", "benchmarks: baseline vs EAGLE-3 vs P-EAGLE"),
+    "tune": ("peagle.autok.tune", "measure this machine and write vLLM's num_speculative_tokens_per_batch_size"),
     "datagen": ("peagle.train.datagen", "regenerate assistant turns with the target (drafter training data)"),
     "train": ("peagle.train.cli", "train an EAGLE-3 or P-EAGLE drafter head"),
     "export": ("peagle.heads.export", "export a head in vLLM's flat or the speculators layout"),

@@ -1,0 +1,46 @@
+"""`peagle tune`: the per-batch-size schedule from measured costs and acceptance, written as a speculative
+config vLLM's rules accept (checked by our parser, which applies vLLM 0.32's schedule validation)."""
+import json
+
+import torch
+
+from heads import save_random_head
+from peagle.autok.costmodel import CostModel
+from peagle.autok.tune import best_k_per_batch, expected_tokens, ranges
+from peagle.spec_config import parse_spec_config
+
+
+def test_schedule_from_costs_and_acceptance():
+    e = expected_tokens([0.9, 0.8, 0.6, 0.3])            # P(accepted >= i)
+    assert torch.allclose(e, torch.tensor([1.0, 1.9, 2.7, 3.3, 3.6], dtype=torch.float64))
+    # verification nearly free at B=1, each draft token costs a lot at B=32
+    cost = CostModel([1, 32], [[10e-3 + 1e-3 * k for k in range(5)], [30e-3 + 40e-3 * k for k in range(5)]])
+    ks = best_k_per_batch(e, cost, 32)
+    for b, k in enumerate(ks, 1):
+        rate = e / cost.predict(b)
+        assert rate[k] == rate.max()
+    assert ks[0] == 4 and ks[-1] == 0 and ks == sorted(ks, reverse=True)
+    sched = ranges(ks)
+    assert sched[0][0] == 1 and sched[-1][1] == 32
+    assert all(a[1] + 1 == b[0] and a[2] != b[2] for a, b in zip(sched, sched[1:]))
+    assert [k for s, t, k in sched for _ in range(s, t + 1)] == ks
+
+
+def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys):
+    from peagle.cli import main
+    tgt = tiny_dirs["llama"]
+    head = save_random_head(tgt, str(tmp_path / "h"), layers=1)
+    out = str(tmp_path / "spec.json")
+    spec = json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": "auto",
+                       "max_num_speculative_tokens": 3, "parallel_drafting": True})
+    rc = main(["tune", tgt, "--speculative-config", spec, "--max-num-seqs", "6", "--num-prompts", "2",
+               "--output-len", "8", "--dataset", "humaneval", "--out", out])
+    assert rc == 0
+    with open(out) as f:
+        cfg = json.load(f)
+    assert set(cfg) == {"method", "model", "num_speculative_tokens", "parallel_drafting",
+                        "num_speculative_tokens_per_batch_size"}
+    assert cfg["num_speculative_tokens"] == 3 and cfg["model"] == head and cfg["parallel_drafting"] is True
+    sched = parse_spec_config(cfg).num_speculative_tokens_per_batch_size
+    assert sched[0][0] == 1 and sched[-1][1] == 6 and all(0 <= k <= 3 for _, _, k in sched)
+    assert "batch 1-" in capsys.readouterr().err
