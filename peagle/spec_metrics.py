@@ -37,4 +37,6 @@ class SpecMetrics:
             "draft_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
             "draft_time_s": self.draft_time_s, "verify_time_s": self.verify_time_s,
             "num_steps_per_k": list(self.num_steps_per_k),
+            "mean_num_speculative_tokens": sum(k * n for k, n in enumerate(self.num_steps_per_k))
+            / max(sum(self.num_steps_per_k), 1),
         } | (self.extra() if self.extra is not None else {})

@@ -25,13 +25,28 @@ def test_interpolates_linearly_in_batch_size_and_extrapolates_past_the_grid():
 def test_online_refinement_converges_to_what_steps_take_and_resists_outliers():
     cm = model()
     before = cm.predict(4).clone()
-    cm.update(4, 2, 100.0)                             # one absurd step: at most exp(0.05 * 0.5) slower
-    assert float(cm.predict(4)[2]) <= float(before[2]) * math.exp(0.025) + 1e-12
-    assert torch.equal(cm.predict(4)[[0, 1, 3]], before[[0, 1, 3]])     # other K untouched
+    cm.update(4, 2, 100.0)                             # one absurd step: scale and cell each move <= exp(0.05 * 0.5)
+    after = cm.predict(4)
+    assert float(after[2]) <= float(before[2]) * math.exp(0.05) + 1e-12
+    ratio = after / before                             # the other K only through the machine-wide scale
+    assert torch.allclose(ratio[[0, 1, 3]], torch.full((3,), cm.scale, dtype=torch.float64))
+    assert 1 < cm.scale <= math.exp(0.025) + 1e-12
     for _ in range(400):
         cm.update(10, 1, 0.05)                          # between grid points 4 and 16
     assert float(cm.predict(10)[1]) == pytest.approx(0.05, rel=0.02)
     assert cm.updates == 401
+
+
+def test_machine_wide_slowdown_moves_every_k_and_monotone_grid():
+    cm = model()
+    want = cm.predict(8) * 2
+    for i in range(300):                               # everything now takes twice as long (other load)
+        k = i % 4
+        cm.update(8, k, float(want[k]))
+    assert torch.allclose(cm.predict(8), want, rtol=0.03)
+    noisy = CostModel([1, 8], [[5e-3, 3e-3, 6e-3, 6e-3], [4e-3, 7e-3, 8e-3, 9e-3]]).monotone()
+    assert torch.allclose(noisy.t, torch.tensor([[4e-3, 4e-3, 6e-3, 6e-3], [4e-3, 7e-3, 8e-3, 9e-3]],
+                                                dtype=torch.float64))
 
 
 def test_save_load_round_trip(tmp_path):

@@ -87,3 +87,34 @@ def test_rerender_from_json(bench_run, tmp_path):
     out, *_ = bench_run
     rc = main(["bench", "--from-json", os.path.join(out, "results.json"), "--out", str(tmp_path)])
     assert rc == 0 and os.path.getsize(tmp_path / "report.md") > 1000
+
+
+def test_auto_rows_in_tables_and_plots(tiny_dirs, tmp_path):
+    """K "auto" as a method per drafter: identical outputs, the K it chose, its ratios and goals in the report."""
+    from peagle.cli import main
+    tgt = tiny_dirs["llama"]
+    e3 = save_random_head(tgt, str(tmp_path / "e3"), parallel=False)
+    pe = save_random_head(tgt, str(tmp_path / "pe"), parallel=True)
+    out = str(tmp_path / "out")
+    rc = main(["bench", "--model", tgt, "--eagle3-head", e3, "--peagle-head", pe, "--datasets", "humaneval",
+               "--num-prompts", "2", "--output-len", "10", "--ks", "2,auto", "--concurrency", "1,3", "--peers", "",
+               "--threads", "1", "--out", out])
+    assert rc == 0
+    with open(os.path.join(out, "results.json")) as f:
+        res = json.load(f)
+    auto = [r for r in res["runs"] if r["k"] == "auto"]
+    assert sorted((r["method"], r["concurrency"]) for r in auto) == [("eagle3", 1), ("eagle3", 3), ("peagle", 1),
+                                                                      ("peagle", 3)]
+    for r in auto:
+        m = r["metrics"]
+        assert r["identity"]["ok"] is True and r["identity"]["identical"] == r["n_requests"]
+        assert r["k_max"] == 7 and len(m["num_steps_per_k"]) == 8 and sum(m["num_steps_per_k"]) > 0
+        assert 0 <= r["mean_k"] <= 7 and m["k_policy"]["mode"] == "auto"
+    assert set(res["meta"]["autok_cost_models"]) == {"eagle3", "peagle"}
+    assert res["meta"]["autok_cost_models"]["peagle"]["batch_sizes"] == [1, 2, 3]
+    md = open(os.path.join(out, "report.md")).read()
+    assert "## Choosing K per step (auto)" in md and "P-EAGLE auto ÷ max(best static K, baseline)" in md
+    assert "EAGLE-3 auto ≥ 0.95 × max(best static K, baseline) at every concurrency" in md
+    assert "P-EAGLE auto ≥ 1.0 × baseline at every concurrency" in md
+    assert os.path.getsize(os.path.join(out, "auto_vs_static.png")) > 100
+    assert "--ks 2,auto" in md

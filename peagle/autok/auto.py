@@ -3,7 +3,7 @@ second for the batch: argmax_K  sum_rows E[accepted + 1 | K] / t_step(B, K).
 
 E comes from the live acceptance (acceptance.py), t_step from the measured cost model (costmodel.py); after
 each step both learn from what happened (acceptance counts, the step's wall time). K = 0 wins when no K > 0
-is expected to beat plain decoding, so speculation is expected never to cost. Deterministic given its inputs:
+is expected to beat plain decoding by `margin`, so speculation is expected never to cost. Deterministic given its inputs:
 the choice depends only on earlier steps."""
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from .policy import KPolicy
 class AutoK(KPolicy):
     mode = "auto"
 
-    def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, refine: bool = True):
+    def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, refine: bool = True,
+                 margin: float = 0.02):
+        """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen."""
         if cost.k_max < k_max or acceptance.k_max < k_max:
             raise ValueError(f"the cost model and acceptance estimate must cover K up to {k_max}")
         super().__init__(k_max)
-        self.cost, self.acc, self.refine = cost, acceptance, refine
+        self.cost, self.acc, self.refine, self.margin = cost, acceptance, refine, margin
         self.last: dict = {}
 
     def rates(self, rids) -> tuple:
@@ -32,6 +34,8 @@ class AutoK(KPolicy):
         rids = [r.request_id for r in rows]
         tokens, secs, rate = self.rates(rids)
         k = int(rate.argmax())
+        if k and rate[k] < rate[0] * (1 + self.margin):
+            k = 0
         self.last = {"batch_size": len(rids), "k": k, "expected_tokens": tokens, "step_time_s": secs,
                      "tokens_per_s": rate}
         return k

@@ -1,12 +1,14 @@
 """t_step(B, K): the seconds one decode step takes with B running requests drafting K tokens each (drafting +
 verification + bookkeeping; K = 0 is a plain decoding step).
 
-A grid of measured times (batch sizes x K = 0..k_max, see measure.py) is interpolated linearly in B between
-grid points and extrapolated linearly beyond the largest (never below the largest grid point's time).
-Online refinement: each observed step moves the grid cells it was interpolated from toward the observation,
-in log space, by `rate` x its interpolation weight, the error clipped to +-0.5 (one slow step caused by
-something else cannot swing the model). Stored as JSON in the cache directory, one file per
-machine/model/head/settings (`cache_key`)."""
+A grid of measured times (batch sizes x K = 0..k_max, see measure.py), made nondecreasing in K and in B
+(drafting more, or for more rows, never costs less: `monotone`), is interpolated linearly in B between grid
+points and extrapolated linearly beyond the largest (never below the largest grid point's time), then
+multiplied by one machine-wide `scale`. Online refinement, in log space, the error clipped to +-0.5 (one slow
+step caused by something else cannot swing the model): the scale follows every step (`scale_rate`: the whole
+machine got slower or faster, all K alike), and the grid cells the step was interpolated from follow what is
+left (`rate` x interpolation weight: this K at this batch size costs more or less than measured). Stored as
+JSON in the cache directory, one file per machine/model/head/settings (`cache_key`)."""
 from __future__ import annotations
 
 import hashlib
@@ -63,14 +65,15 @@ def cache_key(model_dir: str, head_dir: str, method: str, dtype, settings: dict)
 
 
 class CostModel:
-    def __init__(self, batch_sizes: list, times: list, rate: float = 0.05, meta: dict | None = None):
+    def __init__(self, batch_sizes: list, times: list, rate: float = 0.05, scale_rate: float = 0.05,
+                 meta: dict | None = None):
         """times[i][k]: seconds per step at batch_sizes[i] (ascending) with K = k."""
         if not batch_sizes or len(times) != len(batch_sizes):
             raise ValueError("a cost model needs one row of times per batch size")
         self.bs = [int(b) for b in batch_sizes]
         self.t = torch.tensor(times, dtype=torch.float64).clamp_min(1e-6)        # [G, k_max + 1]
-        self.rate, self.meta = rate, dict(meta or {})
-        self.updates = 0
+        self.rate, self.scale_rate, self.meta = rate, scale_rate, dict(meta or {})
+        self.scale, self.updates = 1.0, 0
 
     @property
     def k_max(self) -> int:
@@ -90,21 +93,34 @@ class CostModel:
         out = sum(w * self.t[i] for i, w in self._weights(B))
         if B > self.bs[-1]:
             out = torch.maximum(out, self.t[-1])
-        return out
+        return self.scale * out
 
     def update(self, B: int, k: int, seconds: float):
         if seconds <= 0 or not 0 <= k <= self.k_max:
             return
-        err = max(-0.5, min(0.5, math.log(seconds) - math.log(float(self.predict(B)[k]))))
+
+        def err():
+            return max(-0.5, min(0.5, math.log(seconds) - math.log(float(self.predict(B)[k]))))
+        self.scale *= math.exp(self.scale_rate * err())
+        e = err()
         ws = self._weights(B)
         if B > self.bs[-1]:
             ws = [(len(self.bs) - 1, 1.0)]
         for i, w in ws:
-            self.t[i, k] *= math.exp(self.rate * w * err)
+            self.t[i, k] *= math.exp(self.rate * w * e)
         self.updates += 1
 
+    def monotone(self) -> "CostModel":
+        """Make the grid nondecreasing in K (least-squares isotonic fit per batch size) and in B."""
+        for i in range(self.t.shape[0]):
+            self.t[i] = torch.tensor(_isotonic(self.t[i].tolist()), dtype=torch.float64)
+        self.t = self.t.cummax(0).values
+        return self
+
     def copy(self) -> "CostModel":
-        return CostModel(self.bs, self.t.tolist(), self.rate, self.meta)
+        c = CostModel(self.bs, self.t.tolist(), self.rate, self.scale_rate, self.meta)
+        c.scale = self.scale
+        return c
 
     # ------------------------------------------------------------------ storage
     def to_json(self) -> dict:
@@ -135,3 +151,15 @@ class CostModel:
 
     def covers(self, k_max: int, max_batch: int) -> bool:
         return self.k_max >= k_max and self.bs[-1] >= max_batch
+
+
+def _isotonic(y: list) -> list:
+    """The nondecreasing sequence closest to y in least squares (pool adjacent violators)."""
+    blocks = []                                    # [sum, count]
+    for v in y:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    return [s / n for s, n in blocks for _ in range(n)]

@@ -40,19 +40,22 @@ def training_accuracy(head_cfg: dict) -> list | None:
     return [float(x) for x in acc] if isinstance(acc, list) and acc else None
 
 
+def auto_k_max(head_cfg: dict, bound: int | None = None) -> int:
+    """The largest K "auto" may use: the bound if given, else the head's trained depth."""
+    return bound or trained_depth(head_cfg) or DEFAULT_K_MAX
+
+
 def k_max_for(spec, head_cfg: dict) -> int:
-    if spec.auto:
-        return spec.max_num_speculative_tokens or trained_depth(head_cfg) or DEFAULT_K_MAX
-    return spec.num_speculative_tokens
+    return auto_k_max(head_cfg, spec.max_num_speculative_tokens) if spec.auto else spec.num_speculative_tokens
 
 
 def cost_model_for(target, make_proposer, method: str, k_max: int, max_batch: int, model_dir: str, head_dir: str,
-                   dtype, log=_log) -> CostModel:
-    """The cached cost model of this machine/model/head if it covers k_max and max_batch; else measured now
-    (once: tens of seconds on a CPU for a small model) and saved."""
+                   dtype, log=_log, refresh: bool = False) -> CostModel:
+    """The cached cost model of this machine/model/head if it covers k_max and max_batch; else (or with
+    refresh) measured now (once: tens of seconds on a CPU for a small model) and saved."""
     name, ident = cache_key(model_dir, head_dir, method, dtype, {"ctx_len": CTX_LEN, "steps": STEPS})
     path = os.path.join(cache_dir(), name)
-    cm = CostModel.load(path)
+    cm = None if refresh else CostModel.load(path)
     if cm is None or not cm.covers(k_max, max_batch):
         bs = grid_batch_sizes(max_batch)
         if log:

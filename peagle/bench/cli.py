@@ -6,13 +6,18 @@ import os
 import shlex
 import time
 
-QUICK = dict(num_prompts=4, output_len=64, ks=[3, 7], concurrency=[1, 4], peer_prompts=2)
-FULL = dict(num_prompts=None, output_len=256, ks=[1, 3, 5, 7], concurrency=[1, 2, 4, 8, 16, 32, 64, 128],
+QUICK = dict(num_prompts=4, output_len=64, ks=[3, 7, "auto"], concurrency=[1, 4], peer_prompts=2)
+FULL = dict(num_prompts=None, output_len=256, ks=[1, 3, 5, 7, "auto"], concurrency=[1, 2, 4, 8, 16, 32, 64, 128],
             peer_prompts=16)
 
 
 def _ints(s):
     return [int(x) for x in str(s).split(",") if x.strip()]
+
+
+def _ks(s):
+    """K values: integers, and "auto" (K chosen per step; a method per drafter in the tables)."""
+    return [x.strip() if x.strip() == "auto" else int(x) for x in str(s).split(",") if x.strip()]
 
 
 def _strs(s):
@@ -30,8 +35,10 @@ def add_parser(sub):
     p.add_argument("--datasets", type=_strs, default=["mtbench", "humaneval", "speed"],
                    help="comma list of mtbench, humaneval, speed")
     p.add_argument("--methods", type=_strs, default=["baseline", "eagle3", "peagle"])
-    p.add_argument("--ks", "--num-speculative-tokens", type=_ints, default=None, dest="ks",
-                   help="K values (default 1,3,5,7)")
+    p.add_argument("--ks", "--num-speculative-tokens", type=_ks, default=None, dest="ks",
+                   help='K values; "auto" = K chosen per step up to the head\'s trained depth (default 1,3,5,7,auto)')
+    p.add_argument("--remeasure", action="store_true",
+                   help='measure the step-cost model of K "auto" now instead of using the cached one')
     p.add_argument("--concurrency", type=_ints, default=None, help="default 1,2,4,8,16,32,64,128")
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per dataset (default: all; speed: 80)")
     p.add_argument("--output-len", type=int, default=None, help="max output tokens (default 256)")
@@ -102,6 +109,8 @@ def canonical_command(a) -> str:
               "--seed", str(a.seed)]
     if a.threads:
         parts += ["--threads", str(a.threads)]
+    if a.remeasure:
+        parts.append("--remeasure")
     if a.random_heads:
         parts.append("--random-heads")
         if a.mask_token is not None:

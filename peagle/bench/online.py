@@ -70,7 +70,8 @@ def run_online(srv: OnlineServer, method: str, k: int, c: int, prompts_ids: list
                for i, (ids, r) in enumerate(zip(prompts_ids, res)) if not isinstance(r, BaseException)]
     total = sum(len(r["ids"]) for r in ok)
     metrics = spec or {"num_drafts": 0, "mean_acceptance_length": 1.0, "acceptance_rate_per_pos": []}
-    return {"method": method, "k": k, "concurrency": c, "mode": "online", "n_requests": len(prompts_ids),
+    return {"method": method, "k": k, "mean_k": metrics.get("mean_num_speculative_tokens"), "concurrency": c,
+            "mode": "online", "n_requests": len(prompts_ids),
             "output_tokens": total, "wall_s": wall, "output_tok_s": total / wall, "req_s": len(ok) / wall,
             "ttft_ms": stats_ms([r["ttft_s"] for r in per_req]), "tpot_ms": stats_ms([r["tpot_s"] for r in per_req]),
             "e2e_ms": stats_ms([r["e2e_s"] for r in per_req]), "metrics": metrics, "errors": errors,

@@ -29,21 +29,32 @@ def throughput(s, out, peers=()) -> str:
             if m != "baseline":
                 for c, x in pts:
                     ax.annotate(f"K{x['k']}", (c, x["tok_s"]), fontsize=6, xytext=(2, 3), textcoords="offset points")
+                au = [(c, s["auto"][(ds, m, c)]["tok_s"]) for c in s["cs"] if (ds, m, c) in s.get("auto", {})]
+                if au:
+                    ax.plot(*zip(*au), "s--", color=COLORS[m], alpha=0.8, label=NAMES[m] + " auto")
         for r in peers:
             if r["dataset"] == ds and not r.get("subset"):
                 ax.plot([1], [r["output_tok_s"]], "*", ms=9, color=COLORS.get(r["method"], "k"),
                         label={"hf": "HF generate", "hf-pld": "HF prompt lookup"}.get(r["method"], r["method"])
                         + f" ({r['n_requests']} prompts)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(s["cs"])
-        ax.set_xticklabels([str(c) for c in s["cs"]])
-        ax.set_title(DS_NAMES.get(ds, ds))
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel("output tokens/s")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _by_concurrency(ax, s, ds, "output tokens/s", 7)
+    return _save(plt, fig, out, "throughput_vs_concurrency.png")
+
+
+def _by_concurrency(ax, s, ds, ylabel, legend_size):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(s["cs"])
+    ax.set_xticklabels([str(c) for c in s["cs"]])
+    ax.set_title(DS_NAMES.get(ds, ds))
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(plt, fig, out, name) -> str:
     fig.tight_layout()
-    p = os.path.join(out, "throughput_vs_concurrency.png")
+    p = os.path.join(out, name)
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return p
@@ -119,8 +130,29 @@ def drafter_time(s, out) -> str:
     return p
 
 
+def auto_vs_best(s, out) -> str:
+    """auto ÷ max(best static K, baseline) and auto ÷ baseline per concurrency, with the goal lines."""
+    plt = _plt()
+    dss = s["datasets"]
+    fig, axes = plt.subplots(1, len(dss), figsize=(4.6 * len(dss), 3.6), squeeze=False)
+    for ax, ds in zip(axes[0], dss):
+        for m in ("eagle3", "peagle"):
+            for key, ls, lab in (("auto_vs_best", "o-", "÷ max(best K, baseline)"), ("auto_vs_baseline", "x:",
+                                                                                    "÷ baseline")):
+                pts = [(c, s["speed"][(ds, c)][f"{m}_{key}"]) for c in s["cs"]
+                       if s["speed"][(ds, c)].get(f"{m}_{key}") is not None]
+                if pts:
+                    ax.plot(*zip(*pts), ls, color=COLORS[m], label=f"{NAMES[m]} auto {lab}")
+        ax.axhline(0.95, color="#999999", lw=0.8, ls="--")
+        ax.axhline(1.0, color="#555555", lw=0.8)
+        _by_concurrency(ax, s, ds, "output tokens/s ratio", 6)
+    return _save(plt, fig, out, "auto_vs_static.png")
+
+
 def write_plots(res, s, out) -> list:
     ps = [throughput(s, out, res.get("peers", []))]
+    if s.get("auto"):
+        ps.append(auto_vs_best(s, out))
     if s["ks"]:
         ps += [acceptance(s, out), drafter_time(s, out)]
     return ps

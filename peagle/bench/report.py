@@ -5,8 +5,9 @@ import json
 import os
 import statistics
 
+from .autok_report import auto_md
 from .goals import goals_md
-from .summary import DS_NAMES, NAMES, _f, _med, _table, main_runs, summarize
+from .summary import DS_NAMES, NAMES, _f, _med, _table, korder, main_runs, summarize
 
 
 def headline(s) -> str:
@@ -71,7 +72,7 @@ def category_md(res, s) -> str:
         runs = [r for r in main_runs(res) if r["dataset"] == ds and r["concurrency"] == c1 and r.get("repeat", 0) == 0
                 and r["method"] != "baseline"]
         runs = [r for r in runs if r["requests"] and "num_drafts" in r["requests"][0]]    # offline only
-        runs.sort(key=lambda r: (r["method"], r["k"]))
+        runs.sort(key=lambda r: (r["method"], korder(r["k"])))
         rows = []
         for cat in dict.fromkeys(cats):
             row = [cat]
@@ -215,7 +216,9 @@ def report_md(res, pngs, notes: str | None = None) -> str:
              + f", at most c requests in flight; output tokens/s = all output "
                f"tokens ÷ wall time; TTFT/TPOT are per-request means; acceptance length = 1 + accepted ÷ drafts "
                f"(vLLM's definition).\n",
-             "## Headline\n", headline(s), "\n## Goals\n", goals_md(s, res),
+             "## Headline\n", headline(s),
+             *(["\n## Choosing K per step (auto)\n", auto_md(s)] if s.get("auto") else []),
+             "\n## Goals\n", goals_md(s, res),
              *(["\n## Analysis\n", notes.strip(), ""] if notes else []),
              "\n## Losslessness\n", identity_md(res), "\n## Per dataset (best K per method and concurrency)\n"]
     for ds in s["datasets"]:

@@ -71,13 +71,15 @@ def encode_prompt(tok, vocab: int, p) -> list:
 class Bench:
     """Holds the target, tokenizer and heads; builds engines and encodes prompts."""
 
-    def __init__(self, model: str, heads: dict, dtype: str = "float32", seed: int = 0):
+    def __init__(self, model: str, heads: dict, dtype: str = "float32", seed: int = 0, max_batch: int = 128,
+                 remeasure: bool = False):
         from ..llm import DTYPES, load_tokenizer
         from ..models.llama import Transformer
         self.model, self.heads_dirs, self.dtype, self.seed = model, heads, DTYPES[dtype], seed
         self.target = Transformer.from_pretrained(model, self.dtype)
         self.tok = load_tokenizer(model)
         self._heads = {}
+        self.max_batch, self.remeasure, self.costs = max_batch, remeasure, {}    # K "auto": cost model per method
 
     # ---------------------------------------------------------------- prompts
     def encode(self, p) -> list:
@@ -97,17 +99,31 @@ class Bench:
                                                               dtype=self.dtype)
         return self._heads[method]
 
-    def engine(self, method: str, k: int, c: int, max_model_len: int):
+    def auto_policy(self, method: str, cls):
+        """(k_max, a fresh AutoK): the cost model comes from the cache (or is measured once per run and method,
+        for batch sizes up to max_batch); acceptance starts from the head's prior, as a fresh server would."""
+        from ..autok.factory import auto_k_max, auto_policy, cost_model_for
+        head = self.head(method)
+        k = auto_k_max(head.cfg)
+        if method not in self.costs:
+            self.costs[method] = cost_model_for(self.target, lambda n: cls(head, k, n), method, k, self.max_batch,
+                                                self.model, self.heads_dirs[method], self.dtype, refresh=self.remeasure)
+        return k, auto_policy(self.costs[method], head.cfg, k)
+
+    def engine(self, method: str, k, c: int, max_model_len: int):
+        """k: an int, or "auto" (K per step, up to the head's trained depth)."""
         from ..drafters.eagle3 import Eagle3Proposer
         from ..drafters.peagle import PEagleProposer
         from ..engine import Engine
         mlen = min(max_model_len, self.target.cfg.max_position_embeddings)
-        proposer = None
+        proposer, policy = None, None
         if method != "baseline":
             cls = PEagleProposer if method == "peagle" else Eagle3Proposer
+            if k == "auto":
+                k, policy = self.auto_policy(method, cls)
             proposer = cls(self.head(method), k, mlen + 3 * k + 8)
         torch.manual_seed(self.seed)
-        eng = Engine(self.target, self.tok, proposer, k if proposer else 0, c, mlen, self.seed)
+        eng = Engine(self.target, self.tok, proposer, k if proposer else 0, c, mlen, self.seed, k_policy=policy)
         eng.cache.ensure_rows(c)                  # allocate outside the timed region
         if proposer is not None:
             proposer.cache.ensure_rows(c)
@@ -156,7 +172,8 @@ class Bench:
                     if len(r.output_ids) > 1 else None,
                     "e2e_s": r.finish_time - r.arrival, "hash": out_hash(r.output_ids)}
                    for i, r in enumerate(reqs)]
-        return {"method": method, "k": k, "concurrency": c, "n_requests": len(reqs), "output_tokens": total,
+        return {"method": method, "k": k, "k_max": eng.k, "mean_k": m["mean_num_speculative_tokens"],
+                "concurrency": c, "n_requests": len(reqs), "output_tokens": total,
                 "wall_s": wall, "output_tok_s": total / wall, "req_s": len(reqs) / wall,
                 "ttft_ms": stats_ms([r["ttft_s"] for r in per_req]),
                 "tpot_ms": stats_ms([r["tpot_s"] for r in per_req]),

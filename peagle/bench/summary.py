@@ -8,7 +8,13 @@ NAMES = {"baseline": "baseline", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "hf":
          "hf-pld": "HF prompt lookup"}
 DS_NAMES = {"mtbench": "MT-Bench", "humaneval": "HumanEval", "speed": "SPEED-style mix"}
 GOALS = {"peagle_vs_eagle3_humaneval_c1": 1.5, "peagle_vs_baseline_humaneval_c1": 3.0,
-         "peagle_vs_eagle3_min_upto_c64": 1.0}
+         "peagle_vs_eagle3_min_upto_c64": 1.0, "auto_vs_best": 0.95, "auto_vs_baseline": 1.0}
+AUTO = "auto"
+
+
+def korder(k):
+    """Sort key for K values: integers ascending, then "auto"."""
+    return (1, 0) if k == AUTO else (0, k)
 
 
 def _med(xs):
@@ -31,6 +37,7 @@ def aggregate(runs) -> dict:
                     "verify_ms": _med([r.get("timing", {}).get("verify_ms_per_step") for r in rs]),
                     "step_ms": _med([1000 * r["wall_s"] / r["timing"]["n_steps"] for r in rs
                                      if r.get("timing", {}).get("n_steps")]),
+                    "mean_k": _med([r.get("mean_k") for r in rs]),
                     "identical": sum(r["identity"].get("identical", 0) for r in rs),
                     "n": sum(r["identity"].get("n", 0) for r in rs),
                     "ties": sum(len(r["identity"].get("ties", [])) for r in rs),
@@ -47,19 +54,27 @@ def summarize(res, runs=None) -> dict:
     agg = aggregate(main_runs(res) if runs is None else runs)
     dss = list(res["datasets"])
     cs = sorted({k[3] for k in agg})
-    ks = sorted({k[2] for k in agg if k[1] != "baseline"})
-    best, speed = {}, {}
+    ks = sorted({k[2] for k in agg if k[1] != "baseline" and k[2] != AUTO})       # static K values
+    best, speed, auto = {}, {}, {}
     for ds in dss:
         for c in cs:
             for m in ("baseline", "eagle3", "peagle"):
-                cands = [(v["tok_s"], k[2]) for k, v in agg.items() if k[0] == ds and k[1] == m and k[3] == c]
+                cands = [(v["tok_s"], k[2]) for k, v in agg.items() if k[0] == ds and k[1] == m and k[3] == c
+                         and k[2] != AUTO]
                 if cands:
                     t, k = max(cands)
                     best[(ds, m, c)] = {"k": k, **agg[(ds, m, k, c)]}
+                if (ds, m, AUTO, c) in agg:
+                    auto[(ds, m, c)] = {"k": AUTO, **agg[(ds, m, AUTO, c)]}
             b, e, p = (best.get((ds, m, c)) for m in ("baseline", "eagle3", "peagle"))
             speed[(ds, c)] = {"peagle_vs_eagle3": p["tok_s"] / e["tok_s"] if p and e else None,
                               "peagle_vs_baseline": p["tok_s"] / b["tok_s"] if p and b else None,
                               "eagle3_vs_baseline": e["tok_s"] / b["tok_s"] if e and b else None}
+            for m, x in (("eagle3", e), ("peagle", p)):
+                a = auto.get((ds, m, c))
+                ref = max([y["tok_s"] for y in (x, b) if y], default=None)
+                speed[(ds, c)][f"{m}_auto_vs_best"] = a["tok_s"] / ref if a and ref else None
+                speed[(ds, c)][f"{m}_auto_vs_baseline"] = a["tok_s"] / b["tok_s"] if a and b else None
     goals = []
     he = "humaneval" if "humaneval" in dss else None
     c1 = min(cs) if cs else None
@@ -77,7 +92,17 @@ def summarize(res, runs=None) -> dict:
                       "target": 1.0, "met": v >= 1.0 and not part,
                       "where": f"{DS_NAMES.get(ds, ds)}, c={c}" + (f"; only c ≤ {max(cs)} measured: undecided"
                                                                     if part else "")})
-    return {"agg": agg, "best": best, "speed": speed, "goals": goals, "datasets": dss, "cs": cs, "ks": ks}
+    for m in ("eagle3", "peagle"):
+        for key, g, what in (("auto_vs_best", GOALS["auto_vs_best"], "max(best static K, baseline)"),
+                             ("auto_vs_baseline", GOALS["auto_vs_baseline"], "baseline")):
+            vals = [(speed[(ds, c)][f"{m}_{key}"], ds, c) for ds in dss for c in cs
+                    if speed[(ds, c)][f"{m}_{key}"] is not None]
+            if vals:
+                v, ds, c = min(vals)
+                goals.append({"goal": f"{NAMES[m]} auto ≥ {g} × {what} at every concurrency", "measured": v,
+                              "target": g, "met": v >= g, "where": f"minimum: {DS_NAMES.get(ds, ds)}, c={c}"})
+    return {"agg": agg, "best": best, "auto": auto, "speed": speed, "goals": goals, "datasets": dss, "cs": cs,
+            "ks": ks}
 
 
 def _f(x, nd=2, suf=""):

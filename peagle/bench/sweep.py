@@ -67,7 +67,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     called after each dataset (the CLI writes partial results there)."""
     t_start = time.time()
     heads = {"eagle3": a.eagle3_head, "peagle": a.peagle_head}
-    bench = Bench(a.model, heads, a.dtype, a.seed)
+    bench = Bench(a.model, heads, a.dtype, a.seed, max(a.concurrency), getattr(a, "remeasure", False))
     methods = list(a.methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")               # the identity check and the speedups need it
@@ -169,6 +169,9 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     if online:
         res["online_runs"] = []
         _online_sweep(a, bench, cfgs, batches, res, log, on_dataset)
+    if bench.costs:                                   # the step-cost models K "auto" used (measured or cached)
+        res["meta"]["autok_cost_models"] = {m: {k: v for k, v in cm.to_json().items() if k != "path"}
+                                            for m, cm in bench.costs.items()}
     res["meta"]["finished_utc"] = _dt.datetime.utcnow().isoformat(timespec="seconds") + "Z"
     res["meta"]["duration_s"] = time.time() - t_start
     return res

@@ -78,9 +78,13 @@ def wait_idle(url, timeout=60):
 
 def spec_counters(url) -> dict | None:
     """The server's cumulative spec-decode counters (vLLM metric names): num_drafts, num_draft_tokens,
-    num_accepted_tokens, num_accepted_tokens_per_pos. None for a server without speculation."""
-    vals, per_pos = {}, {}
+    num_accepted_tokens, num_accepted_tokens_per_pos, and num_steps_per_k (from peagle's histogram of the K
+    per step). None for a server without speculation."""
+    vals, per_pos, cum = {}, {}, {}
     for ln in get_text(url + "/metrics").splitlines():
+        if ln.startswith("peagle:spec_decode_num_speculative_tokens_bucket") and 'le="+Inf"' not in ln:
+            name, v = ln.rsplit(" ", 1)
+            cum[int(float(name.split('le="', 1)[1].split('"', 1)[0]))] = float(v)
         if not ln.startswith("vllm:spec_decode_"):
             continue
         name, v = ln.rsplit(" ", 1)
@@ -94,6 +98,7 @@ def spec_counters(url) -> dict | None:
     if not vals:
         return None
     vals["num_accepted_tokens_per_pos"] = [per_pos[i] for i in sorted(per_pos)]
+    vals["num_steps_per_k"] = [cum[k] - cum.get(k - 1, 0.0) for k in sorted(cum)]
     return vals
 
 
@@ -108,6 +113,9 @@ def counters_delta(after: dict | None, before: dict | None) -> dict | None:
                                      for i, a in enumerate(after["num_accepted_tokens_per_pos"])]
     m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens = (
         after[k] - b[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+    st_b = b.get("num_steps_per_k") or []
+    if len(after.get("num_steps_per_k") or []) == len(m.num_steps_per_k):
+        m.num_steps_per_k = [a - (st_b[i] if i < len(st_b) else 0) for i, a in enumerate(after["num_steps_per_k"])]
     return m.as_dict()
 
 
