@@ -48,6 +48,10 @@ def add_arguments(p):
     p.add_argument("--resume", action="store_true")
     p.add_argument("--init", default=None,
                    help="continue training an existing head directory (its config and draft vocabulary; fresh optimizer)")
+    p.add_argument("--init-from-eagle3", default=None, metavar="HEAD",
+                   help="start a P-EAGLE head from a trained EAGLE-3 head of the same target: fc, first layer, norm, "
+                        "lm_head, embeddings and draft vocabulary copied; extra layers start as identities, "
+                        "mask_hidden at zero (fresh optimizer)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--kill-at-step", type=int, default=0, help=argparse.SUPPRESS)
 

@@ -62,6 +62,38 @@ def warm_start(path: str, target, method: str):
     return src, dict(src.cfg), torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
 
 
+def from_eagle3(path: str, target, layers: int, mask_token: int):
+    """--init-from-eagle3: a P-EAGLE head that starts as a trained EAGLE-3 head (same target): its fc, first
+    layer, final norm, lm_head, embeddings and draft vocabulary are copied.  Extra layers start as identities
+    on the residual stream (their output projections o_proj / down_proj are zero), so at step 0 the new head's
+    depth-1 draft equals the EAGLE-3 head's; ``mask_hidden`` starts at zero (fc maps it to zero and the mask
+    token's embedding alone marks the slot).  Returns (source head, config, draft ids)."""
+    from ..models.drafter import DrafterHead
+    src = DrafterHead.from_pretrained(path, target.cfg)
+    if src.parallel:
+        raise PeagleError(f"--init-from-eagle3 {path} is a parallel (P-EAGLE) head; it needs an EAGLE-3 one")
+    cfg = {k: v for k, v in src.cfg.items() if k != "peagle"}  # the source's training record is not ours
+    cfg.update(num_hidden_layers=layers, ptd_token_id=mask_token, pard_token=mask_token)
+    return src, cfg, torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
+
+
+def load_eagle3_into(head, src) -> list[str]:
+    """Copy every tensor of ``src`` that ``head`` has with the same shape; zero the output projections of
+    the layers ``src`` lacks and ``mask_hidden``.  Returns the names copied."""
+    own, copied = head.state_dict(), []
+    with torch.no_grad():
+        for k, v in src.state_dict().items():
+            if k in own and own[k].shape == v.shape:
+                own[k].copy_(v)
+                copied.append(k)
+        for i in range(len(src.layers), len(head.layers)):
+            for name, p in head.layers[i].named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    p.zero_()
+        head.mask_hidden.zero_()
+    return copied
+
+
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, a):
@@ -87,6 +119,11 @@ class Trainer:
             cfg = ck["head_cfg"]
         elif a.init:
             src, cfg, draft_ids = warm_start(a.init, self.target, a.method)
+        elif getattr(a, "init_from_eagle3", None):
+            if a.method != "peagle":
+                raise PeagleError("--init-from-eagle3 starts a P-EAGLE head (--method peagle)")
+            src, cfg, draft_ids = from_eagle3(a.init_from_eagle3, self.target, a.layers,
+                                              resolve_mask_token(a.target, a.mask_token))
         else:
             counts = token_counts(self.docs, V)
             draft_ids = build_draft_vocab(counts, min(a.draft_vocab or V, V))
@@ -100,8 +137,10 @@ class Trainer:
         self.draft_ids = draft_ids
         _, _, self.index = mappings(draft_ids, V)
         self.head = init_head(cfg, self.target, draft_ids, a.method, a.seed)
-        if src is not None:
+        if src is not None and src.parallel == self.head.parallel:
             self.head.load_state_dict(src.state_dict())
+        elif src is not None:
+            load_eagle3_into(self.head, src)
         self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
         self.cache = None
         if a.feature_cache:
@@ -253,6 +292,8 @@ class Trainer:
                 "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world,
                 "data": portable_paths(a.data), "docs": len(self.docs),
                 "init": portable_path(a.init), **extra_stats}
+        if getattr(a, "init_from_eagle3", None):
+            info["init_from_eagle3"] = portable_path(a.init_from_eagle3)
         if self.method == "peagle":
             info.update(train_depths=self.K, cod_r=a.cod_r, cod_rmin=a.cod_rmin, segment_len=a.segment_len)
         else:
