@@ -21,7 +21,7 @@ def data_dir(tmp_path_factory):
     chat = [f"<|im_start|>user\nWhat is {i}?<|im_end|>\n<|im_start|>assistant\nIt is {i}.<|im_end|>\n" * 3
             for i in range(40)]
     for src, docs in (("code", code), ("chat", chat)):
-        for split, part in (("train", docs[:36]), ("heldout", docs[36:])):
+        for split, part in (("train", docs[:28]), ("heldout", docs[28:])):
             (corpus / f"{src}.{split}.jsonl").write_text("".join(json.dumps({"id": str(k), "text": t}) + "\n"
                                                                   for k, t in enumerate(part)))
     (corpus / "manifest.json").write_text("{}")
@@ -68,3 +68,15 @@ def test_init_refuses_a_different_shape(data_dir, tmp_path):
     full, _ = run(data_dir, tmp_path, "full", "--max-steps", "1")
     with pytest.raises(SystemExit, match="num_hidden_layers"):
         run(data_dir, tmp_path, "other", "--init", str(full), "--layers", "3")
+
+
+def test_evaluate_target_runs_on_a_trained_model(data_dir, tmp_path):
+    """The goals' evaluator (held-out loss vs unigram, HumanEval parse/repetition) on a tiny trained model."""
+    from peagle.target import evaluate_target
+
+    out, _ = run(data_dir, tmp_path, "m", "--max-steps", "2")
+    evaluate_target.main([str(out), "--data-dir", str(data_dir), "--eval-rows", "2", "--limit", "2",
+                          "--max-new-tokens", "8", "--threads", "1", "--device", "cpu", "--no-card"])
+    ev = json.loads((out / "eval.json").read_text())
+    assert set(ev["heldout"]) == {"code", "chat"} and ev["heldout"]["code"]["loss"] > 0
+    assert ev["humaneval"]["prompts"] == 2 and 0 <= ev["humaneval"]["parse_fraction"] <= 1

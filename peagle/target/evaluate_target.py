@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .train import SOURCES, eval_loss, heldout_rows, load_tokens, tokenize_corpus, tune_malloc, unigram_loss
+from ..train.common import resolve_device, tune_malloc
+from .train import SOURCES, eval_loss, heldout_rows, load_tokens, tokenize_corpus, unigram_loss
 
 
 def truncate_body(completion: str) -> tuple[str, bool]:
@@ -116,8 +117,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     tune_malloc()
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if (args.device == "auto" and torch.cuda.is_available()) else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = resolve_device(args.device)
     mdir = Path(args.model_dir)
     tok = AutoTokenizer.from_pretrained(str(mdir))
     model = AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).to(device).eval()
