@@ -60,6 +60,3 @@ class KVCache:
             for t in store:
                 t[dst].copy_(t[src])
         self.lens[dst] = self.lens[src]
-
-    def free(self, row: int):
-        self.lens[row] = 0

@@ -3,7 +3,7 @@ import torch
 
 from heads import head_config
 from peagle.models.drafter import DrafterHead
-from peagle.train.eagle3_loss import ttt_forward
+from peagle.train.head_forward import ttt_forward
 from peagle.train.mask import MaskTable
 
 

@@ -13,6 +13,8 @@ Invariants:
 - "Is this a parallel (P-EAGLE) head" is decided by :func:`is_parallel_head` only.
 - The mask token is never assumed: :func:`resolve_mask_token` takes it as given, or the target tokenizer's
   ``<|mask|>``, or refuses.
+- :func:`validate_config` lists every way a config breaks vLLM's loader or the target (the config half of
+  :func:`peagle.heads.format.validate_head`).
 """
 from __future__ import annotations
 
@@ -89,9 +91,10 @@ def missing_defaults(config: Mapping) -> dict:
 
 def mask_token_from_tokenizer(target_dir) -> int | None:
     """The id of ``<|mask|>`` in the target's tokenizer; None if it has no tokenizer or no such token."""
-    from ..llm import load_tokenizer
-    tok = load_tokenizer(str(target_dir))
-    if tok is None:
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(str(target_dir))
+    except Exception:  # noqa: BLE001 - no (loadable) tokenizer: the caller asks for an explicit id
         return None
     i = tok.convert_tokens_to_ids(MASK_TOKEN)
     return i if isinstance(i, int) and i != tok.unk_token_id else None
@@ -186,5 +189,115 @@ class HeadConfig:
 
     def validate(self, target_config: Mapping | None = None) -> list[str]:
         """Problems of this config as vLLM would load it (empty = valid), against the target if given."""
-        from .format import validate_config
         return validate_config(self.to_dict(), target_config, self.parallel)
+
+
+# ---------------------------------------------------------------------------------------------- validate
+_REQUIRED_INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "vocab_size", "draft_vocab_size", "target_hidden_size",
+                      "max_position_embeddings")
+
+
+def int_problems(cfg: Mapping) -> list[str]:
+    """The sizes the tensor shapes derive from must be positive integers."""
+    out = [f"config.{k} must be a positive integer (got {cfg.get(k)!r})" for k in _REQUIRED_INT_KEYS
+           if not is_int(cfg.get(k)) or cfg[k] <= 0]
+    if cfg.get("head_dim") is not None and (not is_int(cfg["head_dim"]) or cfg["head_dim"] <= 0):
+        out.append(f"config.head_dim must be a positive integer (got {cfg['head_dim']!r})")
+    return out
+
+
+def validate_config(config: Mapping, target_config: Mapping | None = None, parallel: bool | None = None) -> list[str]:
+    """The config part of :func:`validate_head` (no tensors)."""
+    problems: list[str] = []
+    P = problems.append
+    cfg = dict(config)
+    if parallel is None:
+        parallel = is_parallel_head(cfg)
+
+    # --- config basics ------------------------------------------------------------------------------
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ACCEPTED_ARCHS:
+        P(f"config.architectures must be [\"{NATIVE_ARCH}\"] (got {archs!r}); vLLM rejects e.g. "
+          "PeagleLlamaForCausalLM in the flat layout")
+    if cfg.get("model_type") != "llama":
+        P(f"config.model_type must be \"llama\" (got {cfg.get('model_type')!r})")
+    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
+        P("config is in the speculators layout; convert it with `peagle import` first")
+    problems.extend(int_problems(cfg))
+    if cfg.get("hidden_act", "silu") != "silu":
+        P(f"config.hidden_act must be \"silu\" (got {cfg.get('hidden_act')!r})")
+    if not isinstance(cfg.get("rms_norm_eps"), (int, float)) or isinstance(cfg.get("rms_norm_eps"), bool):
+        P(f"config.rms_norm_eps must be a number (got {cfg.get('rms_norm_eps')!r})")
+    if "rope_theta" not in cfg and "rope_parameters" not in cfg:
+        P("config needs rope_theta (or rope_parameters); without it vLLM silently uses 10000")
+    if cfg.get("tie_word_embeddings", False) is not False:
+        P("config.tie_word_embeddings must be false (the head has its own lm_head over the draft vocabulary)")
+    if not isinstance(cfg.get("norm_before_residual"), bool):
+        P("config.norm_before_residual must be written explicitly as true/false "
+          f"(got {cfg.get('norm_before_residual')!r}; vLLM's defaults differ between layouts)")
+    ec = cfg.get("eagle_config")
+    if not isinstance(ec, Mapping) or ec.get("use_aux_hidden_state") is not True:
+        P("config.eagle_config must be {\"use_aux_hidden_state\": true}")
+
+    # --- aux ids ----------------------------------------------------------------------------------------
+    aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if aux is None:
+        nested = ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, Mapping) else None
+        P("config.eagle_aux_hidden_state_layer_ids is missing at top level"
+          + (" (it is only nested in eagle_config, which vLLM 0.16-0.19 ignore)" if nested else
+             " (vLLM would fall back to the target's default (2, L//2, L-3))"))
+    elif not isinstance(aux, list) or len(aux) != NUM_AUX or not all(is_int(a) for a in aux):
+        P(f"config.eagle_aux_hidden_state_layer_ids must be a list of {NUM_AUX} integers (got {aux!r})")
+        aux = None
+    else:
+        if any(a < 0 for a in aux):
+            P(f"eagle_aux_hidden_state_layer_ids {aux} contains a negative id")
+        if list(aux) != sorted(set(aux)):
+            P(f"eagle_aux_hidden_state_layer_ids {aux} must be distinct and ascending "
+              "(vLLM concatenates the aux states in layer order, so fc columns follow ascending ids)")
+
+    # --- against the target -------------------------------------------------------------------------
+    if target_config is not None:
+        tc = target_text_config(target_config)
+        tL = tc.get("num_hidden_layers")
+        if aux is not None and is_int(tL):
+            bad = [a for a in aux if a < 0 or a > tL]
+            if bad:
+                P(f"eagle_aux_hidden_state_layer_ids {aux}: id(s) {bad} out of range for a target with "
+                  f"{tL} layers (valid 0..{tL}; id i is the input of target layer i)")
+        tV = tc.get("vocab_size")
+        if is_int(tV) and cfg.get("vocab_size") != tV:
+            P(f"config.vocab_size {cfg.get('vocab_size')} != target vocab_size {tV}")
+        tH = tc.get("hidden_size")
+        if is_int(tH) and cfg.get("target_hidden_size") != tH:
+            P(f"config.target_hidden_size {cfg.get('target_hidden_size')} != target hidden_size {tH}")
+        tM = tc.get("max_position_embeddings")
+        mp = cfg.get("max_position_embeddings")
+        if is_int(tM) and is_int(mp) and mp < tM:
+            P(f"config.max_position_embeddings {mp} < target's {tM} (vLLM 0.16 sizes the drafter's rotary "
+              "cache from it; export raises it when given the target)")
+
+    # --- P-EAGLE ------------------------------------------------------------------------------------
+    V = cfg.get("vocab_size")
+    if parallel:
+        ptd, pard = cfg.get("ptd_token_id"), cfg.get("pard_token")
+        if ptd is None or pard is None:
+            P("P-EAGLE head needs both ptd_token_id and pard_token (the same mask-token id) in config.json "
+              f"(got ptd_token_id={ptd!r}, pard_token={pard!r})")
+        for name, v in (("ptd_token_id", ptd), ("pard_token", pard)):
+            if v is not None and (not is_int(v) or (is_int(V) and not 0 <= v < V)):
+                P(f"config.{name}={v!r} must be a token id in 0..{V - 1 if is_int(V) else 'vocab_size-1'}")
+        if ptd is not None and pard is not None and ptd != pard:
+            P(f"ptd_token_id ({ptd}) != pard_token ({pard})")
+        mt = cfg.get("mask_token_id")
+        if mt is not None and mt != ptd:
+            P(f"config.mask_token_id={mt} conflicts with ptd_token_id={ptd} (vLLM >= 0.22 prefers mask_token_id)")
+        if is_int(cfg.get("hidden_size")) and is_int(cfg.get("target_hidden_size")) and \
+                cfg["hidden_size"] != cfg["target_hidden_size"]:
+            P(f"parallel drafting needs hidden_size == target_hidden_size on vLLM 0.16-0.19 "
+              f"(got {cfg['hidden_size']} vs {cfg['target_hidden_size']})")
+    if is_int(cfg.get("draft_vocab_size")) and is_int(V) and cfg["draft_vocab_size"] > V:
+        P(f"draft_vocab_size {cfg['draft_vocab_size']} > vocab_size {V}")
+
+    return problems

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import torch
 
 from .config import (
-    ACCEPTED_ARCHS, NATIVE_ARCH, NUM_AUX, is_int, is_parallel_head, missing_defaults, target_text_config,
+    NUM_AUX, int_problems, is_int, is_parallel_head, missing_defaults, target_text_config, validate_config,
 )
 
 LAYER0_ONLY = ("hidden_norm.weight",)
@@ -111,20 +111,6 @@ def optional_shapes(config: Mapping) -> dict[str, tuple[int, ...]]:
 
 
 # ---------------------------------------------------------------------------------------------- validate
-_REQUIRED_INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                      "num_key_value_heads", "vocab_size", "draft_vocab_size", "target_hidden_size",
-                      "max_position_embeddings")
-
-
-def _int_problems(cfg: Mapping) -> list[str]:
-    """The sizes the tensor shapes derive from must be positive integers."""
-    out = [f"config.{k} must be a positive integer (got {cfg.get(k)!r})" for k in _REQUIRED_INT_KEYS
-           if not is_int(cfg.get(k)) or cfg[k] <= 0]
-    if cfg.get("head_dim") is not None and (not is_int(cfg["head_dim"]) or cfg["head_dim"] <= 0):
-        out.append(f"config.head_dim must be a positive integer (got {cfg['head_dim']!r})")
-    return out
-
-
 def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Mapping | None = None,
                   parallel: bool | None = None) -> list[str]:
     """Check a head (config dict + {name: tensor or shape}) against the format, and against the target.
@@ -137,105 +123,9 @@ def validate_head(config: Mapping, tensors: Mapping[str, Any], target_config: Ma
     if parallel is None:
         parallel = is_parallel_head(cfg, tensors)
     problems = validate_config(cfg, target_config, parallel)
-    if _int_problems(cfg):  # shapes can't be derived
+    if int_problems(cfg):  # shapes can't be derived
         return problems
     return problems + _tensor_problems(cfg, tensors, parallel)
-
-
-def validate_config(config: Mapping, target_config: Mapping | None = None, parallel: bool | None = None) -> list[str]:
-    """The config part of :func:`validate_head` (no tensors)."""
-    problems: list[str] = []
-    P = problems.append
-    cfg = dict(config)
-    if parallel is None:
-        parallel = is_parallel_head(cfg)
-
-    # --- config basics ------------------------------------------------------------------------------
-    archs = cfg.get("architectures")
-    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ACCEPTED_ARCHS:
-        P(f"config.architectures must be [\"{NATIVE_ARCH}\"] (got {archs!r}); vLLM rejects e.g. "
-          "PeagleLlamaForCausalLM in the flat layout")
-    if cfg.get("model_type") != "llama":
-        P(f"config.model_type must be \"llama\" (got {cfg.get('model_type')!r})")
-    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
-        P("config is in the speculators layout; convert it with `peagle import` first")
-    problems.extend(_int_problems(cfg))
-    if cfg.get("hidden_act", "silu") != "silu":
-        P(f"config.hidden_act must be \"silu\" (got {cfg.get('hidden_act')!r})")
-    if not isinstance(cfg.get("rms_norm_eps"), (int, float)) or isinstance(cfg.get("rms_norm_eps"), bool):
-        P(f"config.rms_norm_eps must be a number (got {cfg.get('rms_norm_eps')!r})")
-    if "rope_theta" not in cfg and "rope_parameters" not in cfg:
-        P("config needs rope_theta (or rope_parameters); without it vLLM silently uses 10000")
-    if cfg.get("tie_word_embeddings", False) is not False:
-        P("config.tie_word_embeddings must be false (the head has its own lm_head over the draft vocabulary)")
-    if not isinstance(cfg.get("norm_before_residual"), bool):
-        P("config.norm_before_residual must be written explicitly as true/false "
-          f"(got {cfg.get('norm_before_residual')!r}; vLLM's defaults differ between layouts)")
-    ec = cfg.get("eagle_config")
-    if not isinstance(ec, Mapping) or ec.get("use_aux_hidden_state") is not True:
-        P("config.eagle_config must be {\"use_aux_hidden_state\": true}")
-
-    # --- aux ids ----------------------------------------------------------------------------------------
-    aux = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if aux is None:
-        nested = ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, Mapping) else None
-        P("config.eagle_aux_hidden_state_layer_ids is missing at top level"
-          + (" (it is only nested in eagle_config, which vLLM 0.16-0.19 ignore)" if nested else
-             " (vLLM would fall back to the target's default (2, L//2, L-3))"))
-    elif not isinstance(aux, list) or len(aux) != NUM_AUX or not all(is_int(a) for a in aux):
-        P(f"config.eagle_aux_hidden_state_layer_ids must be a list of {NUM_AUX} integers (got {aux!r})")
-        aux = None
-    else:
-        if any(a < 0 for a in aux):
-            P(f"eagle_aux_hidden_state_layer_ids {aux} contains a negative id")
-        if list(aux) != sorted(set(aux)):
-            P(f"eagle_aux_hidden_state_layer_ids {aux} must be distinct and ascending "
-              "(vLLM concatenates the aux states in layer order, so fc columns follow ascending ids)")
-
-    # --- against the target -------------------------------------------------------------------------
-    if target_config is not None:
-        tc = target_text_config(target_config)
-        tL = tc.get("num_hidden_layers")
-        if aux is not None and is_int(tL):
-            bad = [a for a in aux if a < 0 or a > tL]
-            if bad:
-                P(f"eagle_aux_hidden_state_layer_ids {aux}: id(s) {bad} out of range for a target with "
-                  f"{tL} layers (valid 0..{tL}; id i is the input of target layer i)")
-        tV = tc.get("vocab_size")
-        if is_int(tV) and cfg.get("vocab_size") != tV:
-            P(f"config.vocab_size {cfg.get('vocab_size')} != target vocab_size {tV}")
-        tH = tc.get("hidden_size")
-        if is_int(tH) and cfg.get("target_hidden_size") != tH:
-            P(f"config.target_hidden_size {cfg.get('target_hidden_size')} != target hidden_size {tH}")
-        tM = tc.get("max_position_embeddings")
-        mp = cfg.get("max_position_embeddings")
-        if is_int(tM) and is_int(mp) and mp < tM:
-            P(f"config.max_position_embeddings {mp} < target's {tM} (vLLM 0.16 sizes the drafter's rotary "
-              "cache from it; export raises it when given the target)")
-
-    # --- P-EAGLE ------------------------------------------------------------------------------------
-    V = cfg.get("vocab_size")
-    if parallel:
-        ptd, pard = cfg.get("ptd_token_id"), cfg.get("pard_token")
-        if ptd is None or pard is None:
-            P("P-EAGLE head needs both ptd_token_id and pard_token (the same mask-token id) in config.json "
-              f"(got ptd_token_id={ptd!r}, pard_token={pard!r})")
-        for name, v in (("ptd_token_id", ptd), ("pard_token", pard)):
-            if v is not None and (not is_int(v) or (is_int(V) and not 0 <= v < V)):
-                P(f"config.{name}={v!r} must be a token id in 0..{V - 1 if is_int(V) else 'vocab_size-1'}")
-        if ptd is not None and pard is not None and ptd != pard:
-            P(f"ptd_token_id ({ptd}) != pard_token ({pard})")
-        mt = cfg.get("mask_token_id")
-        if mt is not None and mt != ptd:
-            P(f"config.mask_token_id={mt} conflicts with ptd_token_id={ptd} (vLLM >= 0.22 prefers mask_token_id)")
-        if is_int(cfg.get("hidden_size")) and is_int(cfg.get("target_hidden_size")) and \
-                cfg["hidden_size"] != cfg["target_hidden_size"]:
-            P(f"parallel drafting needs hidden_size == target_hidden_size on vLLM 0.16-0.19 "
-              f"(got {cfg['hidden_size']} vs {cfg['target_hidden_size']})")
-    if is_int(cfg.get("draft_vocab_size")) and is_int(V) and cfg["draft_vocab_size"] > V:
-        P(f"draft_vocab_size {cfg['draft_vocab_size']} > vocab_size {V}")
-
-    return problems
 
 
 def _tensor_problems(cfg: dict, tensors: Mapping[str, Any], parallel: bool) -> list[str]:

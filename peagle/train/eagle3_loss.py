@@ -12,26 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..models.layers import attend
 from .cod import supervised
+from .head_forward import autocast, ttt_forward
 from .mask import MaskTable
-from .peagle_loss import _autocast
-
-
-def ttt_forward(head, ids, hidden, pos, mask, past=None):
-    """One unroll step for all elements: ids [B,T], hidden [B,T,H], pos [B,T], mask [B|1,1,T,S_past+T].
-    past = per-layer (k, v) [B,nkv,S_past,hd] of earlier steps.  Returns (normed, prenorm, kv)."""
-    kv = []
-
-    def attend_for_layer(i):
-        def fn(q, k, v):
-            if past is not None:
-                k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
-            kv.append((k, v))
-            return attend(q, k, v, mask)
-        return fn
-    normed, pre = head.run_layers(ids, hidden, pos, attend_for_layer)
-    return normed, pre, kv
 
 
 def diag_attend(q, k0, v0, mask0, kd: list, vd: list):
@@ -87,7 +70,7 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
     loss = 0.0
     kv0, hidden = None, None
     diag = [([], []) for _ in head.layers]
-    with _autocast(autocast_dtype):
+    with autocast(autocast_dtype):
         for k in range(ttt):
             ids = row["ids"][(q + 1 + k).clamp(max=n - 1)]
             pos = row["pos"][q] + k

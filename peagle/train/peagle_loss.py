@@ -10,12 +10,11 @@ of supervised elements in the whole (multi-row, multi-rank) batch.  Partitioned 
 same gradients (tests/test_train_peagle.py)."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.nn.functional as F
 
 from .cod import sample_cod, supervised
+from .head_forward import autocast, ttt_forward
 from .mask import MaskTable
 from .partition import owned_segments
 
@@ -51,12 +50,6 @@ def draft_forward(head, row, a, d, table: MaskTable, C=None):
     return normed[0]
 
 
-def _autocast(dtype):
-    if dtype == torch.bfloat16:
-        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
-    return nullcontext()
-
-
 def _kl_stats(head, normed, row, a, d, denom, K, acc):
     """Sum KL over the given (supervised) elements; returns (scaled loss, kl sum) and updates acc."""
     logits = head.draft_logits(normed)
@@ -85,14 +78,13 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     O(n * 3.4L); the accumulated gradient equals the flat pass's (tests/test_train_peagle.py)."""
     if seg_len <= 0:
         return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype)
-    from .eagle3_loss import ttt_forward
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
     C = table.doc_causal(row["doc"])
     acc = [torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)]
     kl_sum = 0.0
     n0 = int((depth == 0).sum())
     a0, d0 = anchor[:n0], depth[:n0]
-    with _autocast(autocast_dtype):
+    with autocast(autocast_dtype):
         ids0, hid0, pos0 = element_inputs(head, row, a0, d0)
         normed0_g, _, kv0_g = ttt_forward(head, ids0[None], hid0[None], pos0[None], C[a0][:, a0][None, None])
     # segments read detached leaf copies of the depth-0 stream; their gradients accumulate on the leaves and
@@ -109,7 +101,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
         if len(o0) == 0 and len(od) == 0:
             continue
         loss = 0.0
-        with _autocast(autocast_dtype):
+        with autocast(autocast_dtype):
             if len(o0):
                 l, k = _kl_stats(head, normed0[0, o0], row, a0[o0], d0[o0], denom, K, acc)
                 loss, kl_sum = loss + l, kl_sum + k
@@ -141,13 +133,9 @@ def _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype):
     acc = [torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)]
     if not bool(sup.any()):
         return {"kl": 0.0, "correct": acc[0], "total": acc[1]}
-    with _autocast(autocast_dtype):
+    with autocast(autocast_dtype):
         normed = draft_forward(head, row, anchor, depth, table)
         loss, kl = _kl_stats(head, normed[sup], row, anchor[sup], depth[sup], denom, K, acc)
     if backward:
         loss.backward()
     return {"kl": kl, "correct": acc[0], "total": acc[1]}
-
-
-def count_supervised(el: dict) -> int:
-    return int(el["sup"].sum())

@@ -1,0 +1,35 @@
+"""Drafter forwards shared by the EAGLE-3 and P-EAGLE training losses (no KV cache: explicit masks).
+
+- autocast(dtype): the compute-dtype context of a training forward (bf16 autocast, else a no-op);
+- ttt_forward: one pass of the head over a block of elements that attend under an explicit mask to the keys
+  of earlier passes (``past``) and their own; it returns those keys/values for the next pass (EAGLE-3's
+  test-time-training unroll, and P-EAGLE's depth-0 stream that partitioned segments read)."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from ..models.layers import attend
+
+
+def autocast(dtype):
+    if dtype == torch.bfloat16:
+        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def ttt_forward(head, ids, hidden, pos, mask, past=None):
+    """One unroll step for all elements: ids [B,T], hidden [B,T,H], pos [B,T], mask [B|1,1,T,S_past+T].
+    past = per-layer (k, v) [B,nkv,S_past,hd] of earlier steps.  Returns (normed, prenorm, kv)."""
+    kv = []
+
+    def attend_for_layer(i):
+        def fn(q, k, v):
+            if past is not None:
+                k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
+            kv.append((k, v))
+            return attend(q, k, v, mask)
+        return fn
+    normed, pre = head.run_layers(ids, hidden, pos, attend_for_layer)
+    return normed, pre, kv
