@@ -13,6 +13,7 @@ of medians; fp32.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -62,6 +63,8 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--shapes", default="", help="comma list of extra shapes: " + ",".join(SHAPES))
+    ap.add_argument("--json", default=None, help="write {LAYERSxHIDDEN: tokens/s} of the current trainer here "
+                                                 "(bench/target_study.py's CPU-time axis)")
     a = ap.parse_args(argv)
     from peagle.train.common import tune_malloc
 
@@ -87,10 +90,17 @@ def main(argv=None):
     print(f"`{cmd}` — batch {a.batch_size}x{a.seq_len}, {a.threads} threads, medians of {a.repeats} interleaved "
           f"blocks of {a.steps - 1} timed steps\n")
     print("| trainer | params (M) | tokens/s | ratio vs before |\n|---|---|---|---|")
-    for name in runs:
+    speeds = {}
+    for name, (shape, _, flush) in runs.items():
         med = statistics.median(res[name])
         n = sum(p.numel() for p in state[name][0].parameters()) / 1e6
         print(f"| {name} | {n:.2f} | {med:,.0f} | {med / base:.2f}x |")
+        if flush:
+            L, H = SHAPES[shape][:2]
+            speeds[f"{L}x{H}"] = round(med, 1)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(speeds, f, indent=2)
 
 
 if __name__ == "__main__":
