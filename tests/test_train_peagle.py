@@ -138,3 +138,15 @@ def test_train_forward_matches_inference_proposer(tiny_dirs, head):
         normed = draft_forward(head, row, a, d, MaskTable(64))
         tr_logits = head.draft_logits(normed[torch.cat([torch.tensor([m - 1]), torch.arange(n - 1, n - 1 + k - 1)])])
     assert torch.allclose(tr_logits, inf_logits, atol=1e-4), float((tr_logits - inf_logits).abs().max())
+
+
+def test_bf16_autocast_on_the_heads_device(head):
+    """--dtype bf16: autocast on the head's own device (CPU here) computes in bfloat16 and stays close to
+    fp32 (the KL differs, so the autocast really ran, but only by bf16 rounding)."""
+    row = random_row(seed=7)
+    t = MaskTable(128)
+    el = make_elements(row, K, gen=torch.Generator().manual_seed(0))
+    denom = float(el["sup"].sum())
+    f32 = row_step(head, row, el, t, K, denom, 0, backward=False)["kl"]
+    b16 = row_step(head, row, el, t, K, denom, 0, backward=False, autocast_dtype=torch.bfloat16)["kl"]
+    assert b16 != f32 and abs(b16 - f32) <= 0.05 * abs(f32), (f32, b16)

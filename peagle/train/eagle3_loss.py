@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .cod import supervised
-from .head_forward import autocast, ttt_forward
+from .common import autocast
+from .head_forward import ttt_forward
 from .mask import MaskTable
 
 
@@ -70,7 +71,7 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
     loss = 0.0
     kv0, hidden = None, None
     diag = [([], []) for _ in head.layers]
-    with autocast(autocast_dtype):
+    with autocast(head.fc.weight.device, autocast_dtype):
         for k in range(ttt):
             ids = row["ids"][(q + 1 + k).clamp(max=n - 1)]
             pos = row["pos"][q] + k

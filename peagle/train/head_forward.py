@@ -1,22 +1,13 @@
 """Drafter forwards shared by the EAGLE-3 and P-EAGLE training losses (no KV cache: explicit masks).
 
-- autocast(dtype): the compute-dtype context of a training forward (bf16 autocast, else a no-op);
 - ttt_forward: one pass of the head over a block of elements that attend under an explicit mask to the keys
   of earlier passes (``past``) and their own; it returns those keys/values for the next pass (EAGLE-3's
   test-time-training unroll, and P-EAGLE's depth-0 stream that partitioned segments read)."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 
 from ..models.layers import attend
-
-
-def autocast(dtype):
-    if dtype == torch.bfloat16:
-        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
-    return nullcontext()
 
 
 def ttt_forward(head, ids, hidden, pos, mask, past=None):

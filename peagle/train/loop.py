@@ -5,8 +5,9 @@ Data order is a pure function of (seed, epoch): each epoch shuffles the document
 of <= max_tokens tokens; one optimizer step consumes `batch_rows` consecutive rows (the global batch).
 Under torchrun rank r takes rows r, r+W, ... of the step; COD sampling is seeded per (seed, epoch, row),
 so every row gets the same elements whatever rank runs it.  Losses are divided by the *global* count of
-supervised elements (all-reduced before the backward passes) and gradients are all-reduced by SUM, so the
-update equals the single-process update on the same global batch (gloo on CPU, nccl on CUDA)."""
+supervised elements (all-reduced before the backward passes) and gradients are summed across ranks by torch's
+DistributedDataParallel (see GradSync), so the update equals the single-process update on the same global
+batch (gloo on CPU, nccl on CUDA: the backend follows the device, peagle.train.common.dist_setup)."""
 from __future__ import annotations
 
 import json
@@ -94,6 +95,37 @@ def load_eagle3_into(head, src) -> list[str]:
     return copied
 
 
+class GradSync(torch.nn.Module):
+    """Data parallelism through torch's DistributedDataParallel, gradient-accumulation style: each rank runs
+    its rows' forward/backward passes on the plain head (several backward calls per row under sequence
+    partitioning, which DDP's one-backward-per-forward reducer cannot follow), so gradients only accumulate
+    locally; then one forward of this module through DDP returns 0 * (every trainable parameter), and its
+    backward makes DDP's reducer all-reduce the accumulated .grad buckets.  A SUM comm hook replaces DDP's
+    mean, because the losses are already divided by the global count of supervised elements."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def forward(self):
+        return sum((p * 0).sum() for p in self.head.parameters() if p.requires_grad)
+
+    @staticmethod
+    def wrap(head, world: int):
+        if world <= 1:
+            return None
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(GradSync(head), broadcast_buffers=False)
+
+        def all_reduce_sum(_, bucket):
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+        ddp.register_comm_hook(None, all_reduce_sum)
+        return ddp
+
+
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, a):
@@ -150,6 +182,7 @@ class Trainer:
             barrier(self.world)
         self.table = MaskTable(a.max_tokens)
         params = [p for p in self.head.parameters() if p.requires_grad]
+        self.ddp = GradSync.wrap(self.head, self.world)
         self.opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=a.weight_decay)
         self.rows_per_epoch = len(epoch_rows(self.lengths, a.max_tokens, a.seed, 0))
         self.steps_per_epoch = max(1, self.rows_per_epoch // a.batch_rows)
@@ -247,14 +280,8 @@ class Trainer:
             loss = float(sum((a.decay ** k) * ce[k] / max(float(counts[k]), 1.0) for k in range(K)))
             stats = torch.cat([stats[:1], stats[K:]])
         params = [p for p in self.head.parameters() if p.requires_grad]
-        if self.world > 1:
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
-            all_sum(flat, self.world)
-            o = 0
-            for p in params:
-                n = p.numel()
-                p.grad = flat[o:o + n].view_as(p).clone()
-                o += n
+        if self.ddp is not None:
+            self.ddp().backward()  # DDP sums every rank's accumulated gradients (see GradSync)
         gnorm = torch.nn.utils.clip_grad_norm_(params, a.clip)
         lr = self.opt.param_groups[0]["lr"]
         self.opt.step()

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from .cod import sample_cod, supervised
-from .head_forward import autocast, ttt_forward
+from .common import autocast
+from .head_forward import ttt_forward
 from .mask import MaskTable
 from .partition import owned_segments
 
@@ -84,7 +85,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     kl_sum = 0.0
     n0 = int((depth == 0).sum())
     a0, d0 = anchor[:n0], depth[:n0]
-    with autocast(autocast_dtype):
+    with autocast(head.fc.weight.device, autocast_dtype):
         ids0, hid0, pos0 = element_inputs(head, row, a0, d0)
         normed0_g, _, kv0_g = ttt_forward(head, ids0[None], hid0[None], pos0[None], C[a0][:, a0][None, None])
     # segments read detached leaf copies of the depth-0 stream; their gradients accumulate on the leaves and
@@ -101,7 +102,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
         if len(o0) == 0 and len(od) == 0:
             continue
         loss = 0.0
-        with autocast(autocast_dtype):
+        with autocast(head.fc.weight.device, autocast_dtype):
             if len(o0):
                 l, k = _kl_stats(head, normed0[0, o0], row, a0[o0], d0[o0], denom, K, acc)
                 loss, kl_sum = loss + l, kl_sum + k
@@ -133,7 +134,7 @@ def _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype):
     acc = [torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)]
     if not bool(sup.any()):
         return {"kl": 0.0, "correct": acc[0], "total": acc[1]}
-    with autocast(autocast_dtype):
+    with autocast(head.fc.weight.device, autocast_dtype):
         normed = draft_forward(head, row, anchor, depth, table)
         loss, kl = _kl_stats(head, normed[sup], row, anchor[sup], depth[sup], denom, K, acc)
     if backward:
