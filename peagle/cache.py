@@ -1,23 +1,33 @@
-"""KV cache for speculative decoding: preallocated per layer, rows with their own lengths, block append,
-rollback (truncate) to any length, and compact row moves for continuous batching.
+"""KV cache for speculative decoding: preallocated per layer on the run's device, rows with their own lengths,
+block append, rollback to any length, and compact row moves for continuous batching.
 
-Layout per layer: k, v = [rows, n_kv, max_len, head_dim]. The engine keeps active requests in rows
-0..B-1, so attention reads a strided view (no gather). Entries past a row's length are stale and never
-read: every query only attends to keys at positions <= its own, and those are always written first.
-"""
+Layout per layer: k, v = [rows, n_kv, max_len, head_dim]. The engine keeps active requests in rows 0..B-1,
+so attention reads a strided view (no gather).
+
+Lengths: `lens` [rows] (int64, on the cache's device) is the one record of how many positions of each row are
+valid. The engine reads it as the start of a row's next block and writes it after verification, all on the
+device (a cache built with lens=False -- the drafter's -- has none: its valid length is derived by the
+engine, see peagle/engine.py). A forward never changes `lens`: it writes k/v for the block it was given.
+
+Rollback: setting a row's length to n (`truncate`, or the engine's batched `lens[:B] = start + accepted + 1`)
+is all a rollback takes. Entries at positions >= n are stale; they are never read because every query
+attends only to keys at positions <= its own and the block that covers a position writes it before attending,
+so the next block starting at n overwrites them. Attention reads a slice [0, span) with span any host-side
+upper bound of (start + block length): keys between a row's own end and span are masked by position."""
 from __future__ import annotations
 
 import torch
 
 
 class KVCache:
-    def __init__(self, n_layers, n_kv, head_dim, max_len, rows=1, dtype=torch.float32, device="cpu"):
+    def __init__(self, n_layers, n_kv, head_dim, max_len, rows=1, dtype=torch.float32, device="cpu",
+                 lens: bool = True):
         self.n_layers, self.n_kv, self.head_dim, self.max_len = n_layers, n_kv, head_dim, max_len
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device = dtype, torch.device(device)
         self.rows = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
-        self.lens = torch.zeros(0, dtype=torch.long)
+        self.lens = torch.zeros(0, dtype=torch.long, device=self.device) if lens else None
         self.ensure_rows(rows)
 
     def ensure_rows(self, n: int):
@@ -34,22 +44,30 @@ class KVCache:
                     store[i] = new
                 else:
                     store.append(new)
-        lens = torch.zeros(n, dtype=torch.long)
-        lens[: self.rows] = self.lens
-        self.lens, self.rows = lens, n
+        if self.lens is not None:
+            lens = torch.zeros(n, dtype=torch.long, device=self.device)
+            lens[: self.rows] = self.lens
+            self.lens = lens
+        self.rows = n
 
     def write(self, layer: int, b0: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Write k/v [B,T,n_kv,hd] for rows b0..b0+B-1 at absolute positions pos [B,T]."""
+        """Write k/v [B,T,n_kv,hd] for rows b0..b0+B-1 at absolute positions pos [B,T] (any per-row starts)."""
         B = pos.shape[0]
         rows = torch.arange(b0, b0 + B, device=pos.device)[:, None]
         self.k[layer][rows, :, pos] = k
         self.v[layer][rows, :, pos] = v
 
+    def write_at(self, layer: int, b0: int, s0: int, k: torch.Tensor, v: torch.Tensor):
+        """Write k/v [B,T,n_kv,hd] for rows that all start at host position s0 (one contiguous slice copy)."""
+        B, T = k.shape[:2]
+        self.k[layer][b0:b0 + B, :, s0:s0 + T] = k.transpose(1, 2)
+        self.v[layer][b0:b0 + B, :, s0:s0 + T] = v.transpose(1, 2)
+
     def view(self, layer: int, b0: int, B: int, S: int):
         return self.k[layer][b0:b0 + B, :, :S], self.v[layer][b0:b0 + B, :, :S]
 
     def truncate(self, row: int, n: int):
-        """Roll a row back to n tokens (what lies beyond is stale and will be overwritten)."""
+        """Roll one row back (or forward) to n valid positions; what lies beyond is stale (see the module doc)."""
         self.lens[row] = n
 
     def move_row(self, src: int, dst: int):
@@ -59,4 +77,5 @@ class KVCache:
         for store in (self.k, self.v):
             for t in store:
                 t[dst].copy_(t[src])
-        self.lens[dst] = self.lens[src]
+        if self.lens is not None:
+            self.lens[dst] = self.lens[src]

@@ -6,9 +6,18 @@ context); (2) the K policy picks this step's K (0..k) and the proposer drafts K 
 (ragged acceptance), caches roll back, finished requests leave and their rows are compacted. With no
 drafter, or K = 0 this step, (2) is skipped (a plain decoding step).
 
-Row invariant: the target cache of a running request holds all its tokens but the last; the drafter cache
-holds positions < pending start; `pending` holds the drafter rows the next step with K > 0 must add (a
-K = 0 step appends its row to `pending`: the drafter catches up later)."""
+The step is a tensor program on the run's device: tokens, positions, lengths and the per-row state
+(peagle/rowstate.py) stay there, masks are built from lengths there, and verification is batched over rows
+and draft positions (peagle/verify.py). A decode step copies device -> host exactly once (accepted counts and
+tokens, for stop checks and the caller); a step that admits requests copies their first tokens once more,
+before decoding, because a request may stop at its first token and context-reading proposers see it.
+
+Row invariant (row i = running[i]): the target cache holds all of the sequence but its last token
+(cache.lens[i] = seq_len - 1; state.last[i] = the last token); the drafter cache holds the positions below
+cache.lens[i] - state.draft_n[i], and state.draft_ids/aux hold the draft_n rows the next step with K > 0 adds
+there (a K = 0 step appends its row to them: the drafter catches up later).
+cache.lens is the one record of lengths on the device; the host keeps each request's token list and, from
+the copies, `seq_len` and `draft_rows`, used only to size work (attention spans, block widths)."""
 from __future__ import annotations
 
 import time
@@ -18,10 +27,11 @@ import torch
 
 from .autok.policy import FixedK, KPolicy
 from .drafters.base import DraftBatch, Proposer
-from .errors import PeagleError
+from .errors import DecodeError, PeagleError, PrefillError
 from .spec_metrics import SpecMetrics
-from .sampling import SamplingParams, make_generator, probs_from_logits, sample_from
-from .verify import verify_greedy, verify_sampled
+from .rowstate import RowState
+from .sampling import SamplingParams, make_generator
+from .verify import SampledRows, verify_greedy, verify_sampled
 
 
 @dataclass
@@ -35,7 +45,8 @@ class Request:
     finish_reason: str | None = None
     stop_text_at: int | None = None           # char index where a stop string begins
     gen: torch.Generator | None = None
-    pending: tuple | None = None               # (ids list, aux [c,3T] or None, start)
+    seq_len: int = 0                           # tokens of the sequence on the device (prompt + generated)
+    draft_rows: int = 0                        # drafter rows the next K > 0 step adds
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -45,16 +56,6 @@ class Request:
     @property
     def all_ids(self):
         return self.prompt_token_ids + self.output_ids
-
-
-def _rows(t, sl):
-    return None if t is None else t[sl]
-
-
-def _extend(pending, ids, aux):
-    """Append drafter rows to a request's pending rows (a K = 0 step: the drafter catches up later)."""
-    p_ids, p_aux, start = pending
-    return (p_ids + ids, None if aux is None else torch.cat([p_aux, aux]), start)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Engine:
                  max_num_seqs: int = 128, max_model_len: int | None = None, seed: int = 0,
                  prefill_token_budget: int = 8192, k_policy: KPolicy | None = None):
         self.target, self.tok, self.proposer = target, tokenizer, proposer
+        self.device = torch.device(target.device)
         self.k = k if proposer is not None else 0          # the largest K a step may use
         self.k_policy = k_policy if k_policy is not None and proposer is not None else FixedK(self.k)
         self.max_num_seqs = max_num_seqs
@@ -76,6 +78,7 @@ class Engine:
                                  target.cfg.max_position_embeddings)
         cache_len = self.max_model_len + 3 * self.k + 8
         self.cache = target.new_cache(1, cache_len)
+        self.state = RowState(self.device)
         if proposer is not None:
             self.aux_ids = proposer.head.aux_ids
         else:
@@ -87,9 +90,10 @@ class Engine:
         self.prefill_token_budget = prefill_token_budget
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self._sampled: SampledRows | None = None
+        self._sampled_stale = True
         self.metrics = SpecMetrics(max(self.k, 1))
         self.metrics.extra = lambda: {"k_policy": self.k_policy.describe()}
-
     # ---------------------------------------------------------------- requests
     def add_request(self, request_id, prompt_token_ids, params: SamplingParams, prompt=None) -> Request:
         ids = list(prompt_token_ids)
@@ -104,7 +108,7 @@ class Engine:
         r = Request(str(request_id), ids, params, prompt)
         seed = params.seed if params.seed is not None else self.seed * 1_000_003 + self._n
         self._n += 1
-        r.gen = make_generator(seed)
+        r.gen = None if params.greedy else make_generator(seed, self.device)   # greedy rows draw nothing
         self.waiting.append(r)
         return r
 
@@ -128,6 +132,7 @@ class Engine:
         return len(self.running)
 
     # ---------------------------------------------------------------- step
+    @torch.no_grad()
     def step(self) -> list[StepOutput]:
         outs: list[StepOutput] = []
         if self.waiting and len(self.running) < self.max_num_seqs:
@@ -138,6 +143,17 @@ class Engine:
         self._compact()
         return outs
 
+    def _ensure_rows(self, n: int):
+        self.cache.ensure_rows(n)
+        if self.proposer is not None:
+            self.proposer.cache.ensure_rows(n)
+        self.state.ensure(n, self.k + 1)
+
+    def _sampled_rows(self) -> SampledRows | None:
+        if self._sampled_stale:
+            self._sampled, self._sampled_stale = SampledRows.of(self.running, self.device), False
+        return self._sampled
+
     def _prefill(self) -> list[StepOutput]:
         new, budget = [], self.prefill_token_budget
         while self.waiting and len(self.running) + len(new) < self.max_num_seqs:
@@ -146,112 +162,146 @@ class Engine:
                 break
             new.append(self.waiting.pop(0))
             budget -= n
-        b0, B = len(self.running), len(new)
-        self.cache.ensure_rows(b0 + B)
-        if self.proposer is not None:
-            self.proposer.cache.ensure_rows(b0 + B)
-        lens = torch.tensor([len(r.prompt_token_ids) for r in new])
-        T = int(lens.max())
-        toks = torch.zeros(B, T, dtype=torch.long)
-        for i, r in enumerate(new):
-            toks[i, : lens[i]] = torch.tensor(r.prompt_token_ids)
+        b0 = len(self.running)
         t0 = time.perf_counter()
-        logits, aux = self.target.forward(toks, self.cache, b0, torch.zeros(B, dtype=torch.long),
-                                          self.aux_ids, logits_at=lens - 1)
-        self.running += new
+        try:
+            first = self._to_host(self._prefill_rows(new, b0))
+        except Exception as e:
+            del self.running[b0:]
+            self._sampled_stale = True
+            raise PrefillError(f"prefill failed: {type(e).__name__}: {e}", [r.request_id for r in new]) from e
+        self.metrics.prefill_time_s += time.perf_counter() - t0
+        now = time.perf_counter()
         outs = []
-        for i, r in enumerate(new):
-            self.cache.truncate(b0 + i, int(lens[i]))
-            tok = self._sample_one(r, logits[i])
-            r.first_token_time = time.perf_counter()
-            if self.proposer is not None:
-                P = int(lens[i])
-                r.pending = (r.prompt_token_ids[1:] + [tok], aux[i, :P] if aux is not None else None, 0)
+        for r, tok in zip(new, first):
+            r.first_token_time = now
             outs.append(self._emit(r, [tok]))
-        self.metrics.verify_time_s += time.perf_counter() - t0
-        if self.proposer is not None:
-            t0 = time.perf_counter()
-            # drafter context for the new rows: everything but the last pending row
-            ctx = [(r.pending[0][:-1], _rows(r.pending[1], slice(None, -1))) for r in new]
-            if max(len(c[0]) for c in ctx) > 0:
-                self.proposer.prefill(self._draft_batch(ctx, torch.zeros(B, dtype=torch.long), b0))
-            for r in new:
-                ids, a, _ = r.pending
-                r.pending = (ids[-1:], _rows(a, slice(-1, None)), len(ids) - 1)
-            self.metrics.draft_time_s += time.perf_counter() - t0
         return outs
 
-    def _draft_batch(self, rows, start, b0=0) -> DraftBatch:
-        n = torch.tensor([max(len(ids), 1) for ids, _ in rows])
-        T = int(n.max())
-        ids = torch.zeros(len(rows), T, dtype=torch.long)
-        aux = None
-        if rows[0][1] is not None:
-            aux = torch.zeros(len(rows), T, rows[0][1].shape[-1], dtype=rows[0][1].dtype)
-        for i, (t, a) in enumerate(rows):
-            if len(t):
-                ids[i, : len(t)] = torch.tensor(t)
-                if aux is not None:
-                    aux[i, : len(t)] = a
-        return DraftBatch(ids, aux, start, n, b0)
+    def _prefill_rows(self, new: list[Request], b0: int) -> torch.Tensor:
+        """Target prefill of the new requests into rows b0.., their first tokens, the drafter's context;
+        returns the first tokens [B] (device)."""
+        B, dev, st = len(new), self.device, self.state
+        lens = [len(r.prompt_token_ids) for r in new]
+        T = max(lens)
+        self._ensure_rows(b0 + B)
+        host = torch.zeros(B, T, dtype=torch.long, device="cpu")
+        for i, r in enumerate(new):
+            host[i, : lens[i]] = torch.tensor(r.prompt_token_ids, dtype=torch.long, device="cpu")
+        toks = host.to(dev)
+        plen = torch.tensor(lens, dtype=torch.long, device="cpu").to(dev)
+        zeros = torch.zeros(B, dtype=torch.long, device=dev)
+        logits, aux = self.target.forward(toks, self.cache, b0, zeros, self.aux_ids, logits_at=plen - 1,
+                                          span=T, s0=0)
+        self.running += new
+        self._sampled_stale = True
+        self.cache.lens[b0:b0 + B] = plen
+        _, first = self._verify(logits[:, None], toks[:, :0], SampledRows.of(new, dev))
+        first = first[:, 0]
+        st.last[b0:b0 + B] = first
+        for r, n in zip(new, lens):
+            r.seq_len = n + 1
+        if self.proposer is not None:
+            # drafter context: position q gets token x_{q+1} with the target's aux state at q, for q < P - 1;
+            # the row at P - 1 (the first sampled token) is what the first decode step adds
+            if T > 1:
+                self.proposer.prefill(DraftBatch(toks[:, 1:], None if aux is None else aux[:, : T - 1], zeros,
+                                                 plen - 1, b0, new, span=T - 1, s0=0))
+            st.draft_ids[b0:b0 + B, 0] = first
+            if aux is not None:
+                st.ensure(b0 + B, self.k + 1, aux.shape[-1], aux.dtype)
+                st.draft_aux[b0:b0 + B, 0] = aux[torch.arange(B, device=dev), plen - 1]
+            st.draft_n[b0:b0 + B] = 1
+            for r in new:
+                r.draft_rows = 1
+        return first
 
     def _decode(self) -> list[StepOutput]:
         rows = self.running
-        t_step = time.perf_counter()
-        B = len(rows)
+        t_step = t0 = time.perf_counter()
+        B, st = len(rows), self.state
         K = min(max(int(self.k_policy.choose(rows)), 0), self.k) if self.proposer is not None else 0
-        # every running request has sampled at least one token (in prefill): no list concatenation per step
-        last = torch.tensor([r.output_ids[-1] for r in rows])
-        start = torch.tensor([len(r.prompt_token_ids) + len(r.output_ids) - 1 for r in rows])
-        if K:
-            t0 = time.perf_counter()
-            db = self._draft_batch([(r.pending[0], r.pending[1]) for r in rows],
-                                   torch.tensor([r.pending[2] for r in rows]))
-            db.requests = rows
-            drafts = self.proposer.propose(db, K)
-            self.metrics.draft_time_s += time.perf_counter() - t0
-            block = torch.cat([last[:, None], drafts], 1)
-        else:
-            drafts, block = None, last[:, None]
-        t0 = time.perf_counter()
-        logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids)
-        greedy = [r.params.greedy for r in rows]
-        if K and any(greedy):
-            acc_g, tgt_g = verify_greedy(logits, drafts)
-        elif not K:
-            tgt_g = logits.argmax(-1)
-        outs, accepted = [], torch.zeros(B, dtype=torch.long)
-        for i, r in enumerate(rows):
-            if K and greedy[i]:
-                a = int(acc_g[i])
-                emitted = tgt_g[i, : a + 1].tolist()
-            elif K:
-                p = r.params
-                a, emitted = verify_sampled(logits[i], drafts[i], p.temperature, p.top_k, p.top_p, r.gen)
+        try:
+            n = [r.draft_rows for r in rows]
+            st.ensure(B, max(K + 1, max(n) + 1))
+            start = self.cache.lens[:B]
+            m = [r.seq_len - 1 for r in rows]                    # host: each row's start, to size the work
+            if K:
+                T = max(n)
+                dn = st.draft_n[:B]
+                db = DraftBatch(st.draft_ids[:B, :T], None if st.draft_aux is None else st.draft_aux[:B, :T],
+                                start - dn, dn, 0, rows, span=max(a - b for a, b in zip(m, n)) + T,
+                                s0=m[0] - n[0] if B == 1 else None)
+                drafts = self.proposer.propose(db, K).to(self.device)
+                t1 = time.perf_counter()
+                self.metrics.draft_time_s += t1 - t0
+                t0 = t1
+                block = torch.cat([st.last[:B, None], drafts], 1)
             else:
-                a = 0
-                emitted = [int(tgt_g[i, 0])] if greedy[i] else [self._sample_one(r, logits[i, 0])]
-            m = int(start[i])
-            self.cache.truncate(i, m + a + 1)
+                block = st.last[:B, None]
+                drafts = block[:, :0]
+            logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids, span=max(m) + K + 1,
+                                              s0=m[0] if B == 1 else None)
+            acc, toks = self._verify(logits, drafts, self._sampled_rows())
+            host = self._advance(B, K, acc, toks, aux)
+        except Exception as e:
+            raise DecodeError(f"decode step failed: {type(e).__name__}: {e}", [r.request_id for r in rows]) from e
+        outs = []
+        for r, h in zip(rows, host):
+            a = h[0]
+            r.seq_len += a + 1
             if K:
                 self.metrics.add_draft(a, K)
                 r.num_drafts += 1
                 r.num_accepted += a
-                accepted[i] = a
-                r.pending = (emitted, None if aux is None else aux[i, : a + 1], m)
+                r.draft_rows = a + 1
             elif self.proposer is not None:
-                r.pending = _extend(r.pending, emitted, None if aux is None else aux[i, :1])
-            outs.append(self._emit(r, emitted))
+                r.draft_rows += 1
+            outs.append(self._emit(r, h[1:a + 2]))
         self.metrics.verify_time_s += time.perf_counter() - t0
         self.metrics.add_step(K)
-        self.k_policy.observe(rows, K, accepted, time.perf_counter() - t_step)
+        self.k_policy.observe(rows, K, torch.tensor([h[0] for h in host], dtype=torch.long, device="cpu"),
+                              time.perf_counter() - t_step)
         return outs
 
-    def _sample_one(self, r: Request, logits: torch.Tensor) -> int:
-        p = r.params
-        if p.greedy:
-            return int(logits.argmax(-1))
-        return int(sample_from(probs_from_logits(logits[None], p.temperature, p.top_k, p.top_p), r.gen)[0])
+    def _advance(self, B: int, K: int, acc, toks, aux) -> list:
+        """The next step's state, on the device -- lengths (a rollback is setting them), last tokens, drafter
+        rows -- then the step's one copy to the host: per row [accepted, tokens...]."""
+        st, start = self.state, self.cache.lens[:B]
+        if K:
+            st.draft_ids[:B, : K + 1] = toks
+            if aux is not None:
+                st.draft_aux[:B, : K + 1] = aux
+            st.draft_n[:B] = acc + 1
+            st.last[:B] = toks.gather(1, acc[:, None])[:, 0]
+            start += acc + 1
+            return self._to_host(torch.cat([acc[:, None], toks], 1))
+        if self.proposer is not None:            # K = 0: the drafter catches this row up on the next K > 0 step
+            rows = torch.arange(B, device=self.device)
+            dn = st.draft_n[:B]
+            st.draft_ids[rows, dn] = toks[:, 0]
+            if aux is not None:
+                st.draft_aux[rows, dn] = aux[:, 0]
+            dn += 1
+        st.last[:B] = toks[:, 0]
+        start += 1
+        return [[0, t] for t in self._to_host(toks[:, 0])]
+
+    def _verify(self, logits: torch.Tensor, drafts: torch.Tensor, sampled: SampledRows | None):
+        """logits [B,K+1,V], drafts [B,K] -> (accepted [B] (None for plain greedy), tokens [B,K+1]), all on
+        the device."""
+        if drafts.shape[1] == 0 and sampled is None:
+            return None, logits.argmax(-1)
+        acc, toks = verify_greedy(logits, drafts)
+        if sampled is not None:
+            i = sampled.index
+            acc[i], toks[i] = verify_sampled(logits[i], drafts[i], sampled)
+        return acc, toks
+
+    @staticmethod
+    def _to_host(t: torch.Tensor) -> list:
+        """The step's device -> host copy."""
+        return t.tolist()
 
     def _emit(self, r: Request, toks: list) -> StepOutput:
         """Append tokens one by one, stopping at EOS / stop ids / stop strings / max_tokens / context."""
@@ -290,5 +340,7 @@ class Engine:
             self.cache.move_row(last, i)
             if self.proposer is not None:
                 self.proposer.cache.move_row(last, i)
+            self.state.move(last, i)
             self.running[i] = self.running[last]
         self.running.pop()
+        self._sampled_stale = True

@@ -16,7 +16,8 @@ def add_parser(sub):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default="float32")
+    from .device import add_arguments
+    add_arguments(p)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--speculative-config", default=None,
                    help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
@@ -30,7 +31,7 @@ def run(args) -> int:
     from .sampling import SamplingParams
     from .spec_config import parse_spec_config
     parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
-    llm = LLM(args.model, dtype=args.dtype, seed=args.seed or 0, speculative_config=args.speculative_config,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, seed=args.seed or 0, speculative_config=args.speculative_config,
               max_model_len=args.max_model_len)
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens, seed=args.seed)
@@ -64,7 +65,7 @@ def run(args) -> int:
         m = llm.get_metrics()
         print(f"[{llm.spec.name} K={llm.spec.k_label}: mean acceptance length "
               f"{m['mean_acceptance_length']:.2f}, per-position acceptance "
-              f"{[round(x, 2) for x in m['acceptance_rate_per_pos']]}, draft {m['draft_time_s']:.2f} s, "
-              f"verify {m['verify_time_s']:.2f} s]", file=sys.stderr)
+              f"{[round(x, 2) for x in m['acceptance_rate_per_pos']]}, prefill {m['prefill_time_s']:.2f} s, "
+              f"draft {m['draft_time_s']:.2f} s, verify {m['verify_time_s']:.2f} s]", file=sys.stderr)
         print(json.dumps({"metrics": m}), file=sys.stderr)
     return 0

@@ -15,8 +15,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(REPO, "models", "demo-target")
 DEFAULT_PEAGLE_HEAD = os.path.join(REPO, "models", "demo-target-peagle")
 DEFAULT_EAGLE3_HEAD = os.path.join(REPO, "models", "demo-target-eagle3")
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "auto": torch.float32}
 
 
 @dataclass
@@ -47,40 +45,44 @@ def load_tokenizer(path: str):
         return None
 
 
-def build_engine(model, dtype="float32", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None):
+def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None,
+                 device="auto"):
+    """Target, tokenizer and proposer on one device and dtype (peagle.device.resolve), in one Engine."""
     from .autok.factory import k_max_for, make_policy
+    from .device import resolve
     from .drafters.eagle3 import Eagle3Proposer
     from .drafters.peagle import PEagleProposer
     from .models.drafter import DrafterHead
     from .models.llama import Transformer
-    if dtype not in DTYPES:
-        raise PeagleError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    device, dtype = resolve(device, dtype)
     torch.manual_seed(seed)
-    target = Transformer.from_pretrained(model, DTYPES[dtype])
+    target = Transformer.from_pretrained(model, dtype, device)
     tok = load_tokenizer(model)
     spec = parse_spec_config(speculative_config)
     proposer, k, policy = None, 0, None
     mlen = min(max_model_len or target.cfg.max_position_embeddings, target.cfg.max_position_embeddings)
     if spec is not None:
         head = DrafterHead.from_pretrained(spec.model, target.cfg, parallel=spec.parallel_drafting,
-                                           dtype=DTYPES[dtype])
+                                           dtype=dtype, device=device)
         cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
         k = k_max_for(spec, head.cfg)
         proposer = cls(head, k, mlen + 3 * k + 8)
-        policy = make_policy(spec, target, head, lambda n: cls(head, k, n), k, max_num_seqs, model, DTYPES[dtype])
+        policy = make_policy(spec, target, head, lambda n: cls(head, k, n), k, max_num_seqs, model, dtype)
     eng = Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=policy)
     return eng, tok, spec
 
 
 class LLM:
-    def __init__(self, model: str | None = None, dtype: str = "float32", seed: int = 0,
-                 speculative_config=None, max_num_seqs: int = 128, max_model_len: int | None = None, **kw):
+    def __init__(self, model: str | None = None, dtype: str = "auto", seed: int = 0,
+                 speculative_config=None, max_num_seqs: int = 128, max_model_len: int | None = None,
+                 device: str = "auto", **kw):
         model = model or DEFAULT_MODEL
         if kw:
             raise PeagleError(f"unsupported LLM argument(s): {', '.join(kw)}")
         self.model = model
         self.engine, self.tokenizer, self.spec = build_engine(model, dtype, seed, speculative_config,
-                                                              max_num_seqs, max_model_len)
+                                                              max_num_seqs, max_model_len, device)
+        self.device, self.dtype = self.engine.device, self.engine.target.dtype
         self._next = 0
 
     def get_tokenizer(self):

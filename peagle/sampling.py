@@ -42,27 +42,51 @@ class SamplingParams:
         return self.temperature < 1e-5
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """logits [..., V] -> the target distribution after temperature, top-k and top-p (fp32)."""
-    x = logits.float() / max(temperature, 1e-5)
-    if top_k and top_k < x.shape[-1]:
+def probs_from_logits(logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor:
+    """logits [..., V] -> the target distribution after temperature, top-k and top-p (fp32).
+
+    Each parameter is a number, or a tensor broadcastable to logits[..., :1] holding one value per row
+    (top_k 0 = off, top_p 1 = off): a batch of rows with different parameters is processed in one pass and
+    gives exactly what each row's own call would."""
+    V = logits.shape[-1]
+    x = logits.float() / (temperature.clamp_min(1e-5) if torch.is_tensor(temperature) else max(temperature, 1e-5))
+    if torch.is_tensor(top_k):
+        k = torch.where((top_k > 0) & (top_k < V), top_k, V).long()
+        kth = x.sort(-1, descending=True).values.gather(-1, (k - 1).expand(x.shape[:-1] + (1,)))
+        x = x.masked_fill(x < kth, float("-inf"))
+    elif top_k and top_k < V:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
+    if torch.is_tensor(top_p) or top_p < 1.0:
         sx, si = torch.sort(x, dim=-1, descending=True)
-        cum = sx.softmax(-1).cumsum(-1)
-        drop = (cum - sx.softmax(-1)) >= top_p      # keep the smallest prefix reaching top_p
+        ps = sx.softmax(-1)
+        drop = (ps.cumsum(-1) - ps) >= top_p      # keep the smallest prefix reaching top_p
+        if torch.is_tensor(top_p):
+            drop = drop & (top_p < 1.0)
         sx = sx.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(-1, si, sx)
     return x.softmax(-1)
 
 
+def exponential_noise(n: int, gen: torch.Generator, device) -> torch.Tensor:
+    """n i.i.d. Exp(1) draws from one generator, bounded away from 0 (so p / q is finite)."""
+    q = torch.empty(n, device=device, dtype=torch.float32).exponential_(generator=gen)
+    return q.clamp_min_(torch.finfo(torch.float32).tiny)
+
+
+def sample_rows(probs: torch.Tensor, gens: list) -> torch.Tensor:
+    """probs [N,V] -> [N] samples, row i drawn with gens[i] by the exponential race argmax(p / q), q ~ Exp(1)
+    (P(argmax = x) = p(x)). No host synchronisation (torch.multinomial reads the probabilities back)."""
+    q = torch.stack([exponential_noise(probs.shape[-1], g, probs.device) for g in gens])
+    return (probs / q).argmax(-1)
+
+
 def sample_from(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     """probs [N,V] -> [N] samples with one generator."""
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    return sample_rows(probs, [gen] * probs.shape[0])
 
 
-def make_generator(seed: int) -> torch.Generator:
-    g = torch.Generator()
+def make_generator(seed: int, device="cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
     g.manual_seed(int(seed) & 0xFFFFFFFFFFFFFFFF)
     return g

@@ -14,7 +14,9 @@ class SpecMetrics:
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.num_accepted_tokens_per_pos = [0] * self.k
         self.num_steps_per_k = [0] * (self.k + 1)
-        self.draft_time_s = self.verify_time_s = 0.0
+        # host wall time of each phase (on CUDA the device runs ahead; the step's one copy waits for it in
+        # the verify phase): admitting requests (target + drafter prefill), drafting, verifying
+        self.prefill_time_s = self.draft_time_s = self.verify_time_s = 0.0
 
     def add_draft(self, accepted: int, k: int):
         self.num_drafts += 1
@@ -35,7 +37,8 @@ class SpecMetrics:
             "mean_acceptance_length": 1 + self.num_accepted_tokens / d if d else 1.0,
             "acceptance_rate_per_pos": [a / d if d else 0.0 for a in self.num_accepted_tokens_per_pos],
             "draft_acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
-            "draft_time_s": self.draft_time_s, "verify_time_s": self.verify_time_s,
+            "prefill_time_s": self.prefill_time_s, "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s,
             "num_steps_per_k": list(self.num_steps_per_k),
             "mean_num_speculative_tokens": sum(k * n for k, n in enumerate(self.num_steps_per_k))
             / max(sum(self.num_steps_per_k), 1),

@@ -1,14 +1,22 @@
 """Verification: the target scored [last, d1..dK] in one pass; keep the longest valid prefix plus one token.
 
+Everything is batched over rows and draft positions and stays on the device (no host reads).
+
 Greedy rows accept a draft iff it equals the target's argmax. Sampled rows use rejection sampling with
-argmax (one-hot) drafts, exactly as vLLM >= 0.16: accept d_i with probability p_i(d_i); on rejection emit a
-sample of p_i with d_i removed (renormalised); if all K pass, emit a sample of p_K (the bonus token).
-P(emit x) = p(x) at every position, so sampling is lossless."""
+argmax (one-hot) drafts, exactly as vLLM >= 0.16 (its v1/sample/rejection_sampler.py): accept d_i with
+probability p_i(d_i); at the first rejection emit a sample of p_i with d_i removed (renormalised); if all K
+pass, emit a sample of p_K (the bonus token). P(emit x) = p(x) at every position, so sampling is lossless.
+K = 0 is plain sampling (the bonus token only), and prefill's first token is that case too.
+
+Random numbers: each sampled row draws K uniforms and then V exponentials (for the one token it emits) from
+its own request's generator, so a seeded request's output does not depend on its batch neighbours."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
-from .sampling import probs_from_logits, sample_from
+from .sampling import exponential_noise, probs_from_logits
 
 
 def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor):
@@ -21,22 +29,52 @@ def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor):
     return accepted, target                           # target[:, :a] == drafts[:, :a]; target[:, a] = correction/bonus
 
 
-def verify_sampled(logits: torch.Tensor, drafts: torch.Tensor, temperature, top_k, top_p, gen):
-    """One row: logits [K+1,V], drafts [K] -> (accepted, emitted list)."""
-    K = drafts.shape[0]
-    p = probs_from_logits(logits, temperature, top_k, top_p)          # [K+1,V]
-    out = []
-    for i in range(K):
-        d = int(drafts[i])
-        u = torch.rand((), generator=gen, dtype=torch.float64)
-        if u <= p[i, d].double():
-            out.append(d)
-            continue
-        resid = p[i].clone()
-        resid[d] = 0.0
-        s = resid.sum()
-        resid = resid / s if s > 0 else p[i]
-        out.append(int(sample_from(resid[None], gen)[0]))
-        return i, out
-    out.append(int(sample_from(p[K:K + 1], gen)[0]))
-    return K, out
+@dataclass
+class SampledRows:
+    """The sampled (temperature > 0) rows of a batch with their parameters, built on the host when the batch's
+    membership changes and reused every step. rows: their indices in the batch (host); the tensors are
+    [S,1,1] on the device; top_k / top_p are plain numbers (0 / 1.0: off) when no row uses them."""
+    rows: list
+    index: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor | int
+    top_p: torch.Tensor | float
+    gens: list
+
+    @classmethod
+    def of(cls, requests: list, device) -> "SampledRows | None":
+        rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+        if not rows:
+            return None
+        ps = [requests[i].params for i in rows]
+
+        def col(xs, dtype):
+            return torch.tensor(xs, dtype=dtype, device="cpu").to(device).view(-1, 1, 1)
+        top_k = col([p.top_k for p in ps], torch.long) if any(p.top_k for p in ps) else 0
+        top_p = col([p.top_p for p in ps], torch.float32) if any(p.top_p < 1.0 for p in ps) else 1.0
+        return cls(rows, torch.tensor(rows, device="cpu").to(device), col([p.temperature for p in ps], torch.float32),
+                   top_k, top_p, [requests[i].gen for i in rows])
+
+
+def verify_sampled(logits: torch.Tensor, drafts: torch.Tensor, s: SampledRows):
+    """logits [S,K+1,V] and drafts [S,K] of the sampled rows -> (accepted [S], tokens [S,K+1]); row i emits
+    tokens[i, :accepted[i]+1] (the accepted drafts, then the recovered or bonus token)."""
+    S, K1, V = logits.shape
+    K = K1 - 1
+    p = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)                      # [S,K+1,V]
+    u = torch.stack([torch.rand(K, generator=g, dtype=torch.float64, device=logits.device) for g in s.gens])
+    p_draft = p[:, :K].gather(-1, drafts[..., None])[..., 0].double()                    # p_i(d_i), [S,K]
+    accepted = (u <= p_draft).long().cumprod(1).sum(1)                                   # [S]
+    # the emitting position: the first rejection (p there without its draft) or the bonus position K
+    rows = torch.arange(S, device=logits.device)
+    dist = p[rows, accepted]                                                              # [S,V]
+    rejected = accepted < K
+    d_at = drafts[rows, accepted.clamp(max=max(K - 1, 0))] if K else torch.zeros_like(accepted)
+    dist = torch.where(rejected[:, None] & (torch.arange(V, device=logits.device) == d_at[:, None]), 0.0, dist)
+    # exponential race: argmax(dist / q) samples dist renormalised (a zero-sum residual cannot occur: a
+    # draft with p = 1 is always accepted)
+    q = torch.stack([exponential_noise(V, g, logits.device) for g in s.gens])
+    emitted = (dist / q).argmax(-1)
+    tokens = torch.cat([drafts, emitted[:, None]], 1)
+    tokens[rows, accepted] = emitted
+    return accepted, tokens

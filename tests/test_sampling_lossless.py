@@ -112,18 +112,23 @@ def test_speculative_sampling_matches_exact_distribution_and_wrong_verifier_fail
     assert 0.1 < m["draft_acceptance_rate"] < 0.95          # both accept and reject paths are exercised
     assert p > 1e-3, (stat, df, m)
 
-    def wrong(logits, drafts, temperature, top_k, top_p, gen):   # on rejection, resample from p (not p - q)
-        probs = probs_from_logits(logits, temperature, top_k, top_p)
-        out = []
-        for i in range(drafts.shape[0]):
-            d = int(drafts[i])
-            if torch.rand((), generator=gen, dtype=torch.float64) <= probs[i, d]:
-                out.append(d)
-                continue
-            out.append(int(sample_from(probs[i:i + 1], gen)[0]))
-            return i, out
-        out.append(int(sample_from(probs[-1:], gen)[0]))
-        return drafts.shape[0], out
+    def wrong(logits, drafts, rows):   # on rejection, resample from p (not p - q); rows: verify.SampledRows
+        probs = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)
+        acc, toks = [], []
+        for b, gen in enumerate(rows.gens):
+            out = []
+            for i in range(drafts.shape[1]):
+                d = int(drafts[b, i])
+                if torch.rand((), generator=gen, dtype=torch.float64) <= probs[b, i, d]:
+                    out.append(d)
+                    continue
+                out.append(int(sample_from(probs[b, i:i + 1], gen)[0]))
+                break
+            else:
+                out.append(int(sample_from(probs[b, -1:], gen)[0]))
+            acc.append(len(out) - 1)
+            toks.append(out + [0] * (drafts.shape[1] + 1 - len(out)))
+        return torch.tensor(acc), torch.tensor(toks)
     monkeypatch.setattr(engine_mod, "verify_sampled", wrong)
     p_bad, stat, df = chi2_pvalue(sample_counts(spec_llm(small, table, seed=2)), joint)
     assert p_bad < 1e-6, (stat, df)

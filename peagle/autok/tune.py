@@ -55,7 +55,8 @@ def add_parser(sub):
     p.add_argument("--dataset", default="mtbench", help="prompts for the acceptance: mtbench, humaneval, speed")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--dtype", default="float32")
+    from ..device import add_arguments
+    add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", default=None, help="write the speculative config JSON here (default: stdout)")
@@ -66,7 +67,7 @@ def run(a) -> int:
     from ..bench.runner import encode_prompt
     from ..data.benchmarks import load_dataset
     from ..errors import PeagleError
-    from ..llm import DEFAULT_MODEL, DTYPES, LLM
+    from ..llm import DEFAULT_MODEL, LLM
     from ..sampling import SamplingParams
     from ..spec_config import parse_spec_config
     from .factory import cost_model_for, k_max_for
@@ -87,7 +88,7 @@ def run(a) -> int:
     fixed = dict(spec.as_dict(), num_speculative_tokens=k_max)
     fixed.pop("max_num_speculative_tokens", None)
     fixed.pop("num_speculative_tokens_per_batch_size", None)
-    llm = LLM(model, dtype=a.dtype, seed=a.seed, speculative_config=fixed, max_num_seqs=min(a.num_prompts, 16))
+    llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=fixed, max_num_seqs=min(a.num_prompts, 16))
     eng = llm.engine
     prompts = [encode_prompt(llm.tokenizer, eng.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.num_prompts)]
     prompts = [p for p in prompts if len(p) + a.output_len < eng.max_model_len]
@@ -98,7 +99,7 @@ def run(a) -> int:
     e = expected_tokens(rate)
     prop = eng.proposer
     cost = cost_model_for(eng.target, lambda n: type(prop)(prop.head, k_max, n), spec.name, k_max, a.max_num_seqs,
-                          model, spec.model, DTYPES[a.dtype])
+                          model, spec.model, eng.target.dtype)
     ks = best_k_per_batch(e, cost, a.max_num_seqs)
     sched = ranges(ks)
     out = dict(spec.as_dict(), num_speculative_tokens=k_max, num_speculative_tokens_per_batch_size=sched)

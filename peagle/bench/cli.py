@@ -57,7 +57,8 @@ def add_parser(sub):
                    help="HF transformers peers at c=1: hf (generate), hf-pld (prompt lookup); '' for none")
     p.add_argument("--peer-prompts", type=int, default=None, help="prompts per dataset for the HF peers (16)")
     p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-pld")
-    p.add_argument("--dtype", default="float32")
+    from ..device import add_arguments
+    add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--random-heads", action="store_true",
@@ -105,7 +106,7 @@ def canonical_command(a) -> str:
         parts.append("--no-fill-concurrency")
     parts += ["--repeats", str(a.repeats), "--humaneval-format", a.humaneval_format, "--mtbench-turns",
               str(a.mtbench_turns), "--max-prompt-len", str(a.max_prompt_len), "--peers", ",".join(a.peers),
-              "--peer-prompts", str(a.peer_prompts), "--pld-tokens", str(a.pld_tokens), "--dtype", a.dtype,
+              "--peer-prompts", str(a.peer_prompts), "--pld-tokens", str(a.pld_tokens), "--device", a.device, "--dtype", a.dtype,
               "--seed", str(a.seed)]
     if a.threads:
         parts += ["--threads", str(a.threads)]

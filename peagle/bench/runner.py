@@ -34,16 +34,19 @@ def out_hash(ids) -> str:
 
 
 class _Timed:
-    """Wraps a callable, accumulating wall time and calls (bucketed by a key function)."""
+    """Wraps a callable, accumulating wall time and calls (bucketed by a key function). sync() (the device's
+    synchronize) runs before and after each call, so device work is timed where it is queued."""
 
-    def __init__(self, fn, key=lambda *a, **k: "call"):
-        self.fn, self.key, self.t, self.n = fn, key, {}, {}
+    def __init__(self, fn, key=lambda *a, **k: "call", sync=lambda: None):
+        self.fn, self.key, self.sync, self.t, self.n = fn, key, sync, {}, {}
 
     def __call__(self, *a, **k):
+        self.sync()
         t0 = time.perf_counter()
         try:
             return self.fn(*a, **k)
         finally:
+            self.sync()
             b = self.key(*a, **k)
             self.t[b] = self.t.get(b, 0.0) + time.perf_counter() - t0
             self.n[b] = self.n.get(b, 0) + 1
@@ -71,12 +74,14 @@ def encode_prompt(tok, vocab: int, p) -> list:
 class Bench:
     """Holds the target, tokenizer and heads; builds engines and encodes prompts."""
 
-    def __init__(self, model: str, heads: dict, dtype: str = "float32", seed: int = 0, max_batch: int = 128,
-                 remeasure: bool = False):
-        from ..llm import DTYPES, load_tokenizer
+    def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
+                 remeasure: bool = False, device: str = "auto"):
+        from ..device import resolve
+        from ..llm import load_tokenizer
         from ..models.llama import Transformer
-        self.model, self.heads_dirs, self.dtype, self.seed = model, heads, DTYPES[dtype], seed
-        self.target = Transformer.from_pretrained(model, self.dtype)
+        self.device, self.dtype = resolve(device, dtype)
+        self.model, self.heads_dirs, self.seed = model, heads, seed
+        self.target = Transformer.from_pretrained(model, self.dtype, self.device)
         self.tok = load_tokenizer(model)
         self._heads = {}
         self.max_batch, self.remeasure, self.costs = max_batch, remeasure, {}    # K "auto": cost model per method
@@ -96,7 +101,7 @@ class Bench:
             if not d:
                 raise PeagleError(f"no head directory for {method}")
             self._heads[method] = DrafterHead.from_pretrained(d, self.target.cfg, parallel=(method == "peagle"),
-                                                              dtype=self.dtype)
+                                                              dtype=self.dtype, device=self.device)
         return self._heads[method]
 
     def auto_policy(self, method: str, cls):
@@ -132,13 +137,15 @@ class Bench:
     # ---------------------------------------------------------------- one run
     def run(self, method: str, k: int, c: int, prompts_ids: list, params: SamplingParams, max_model_len: int) -> dict:
         eng = self.engine(method, k, c, max_model_len)
+        from ..device import synchronize
+        sync = (lambda: synchronize(self.device)) if self.device.type != "cpu" else (lambda: None)
         tgt_fwd = _Timed(self.target.forward, key=lambda *a, **kw: "prefill" if kw.get("logits_at") is not None
-                         else "decode")
+                         else "decode", sync=sync)
         self.target.forward = tgt_fwd
         prop = eng.proposer
         if prop is not None:
-            prop.propose = _Timed(prop.propose)
-            prop.prefill = _Timed(prop.prefill)
+            prop.propose = _Timed(prop.propose, sync=sync)
+            prop.prefill = _Timed(prop.prefill, sync=sync)
         try:
             pending = list(enumerate(prompts_ids))
             reqs, steps = [], 0
@@ -186,8 +193,10 @@ class Bench:
     def top2_gap(self, ids: list) -> float:
         """Gap between the target's two best logits for the token after ids (fresh prefill, batch 1)."""
         cache = self.target.new_cache(1, len(ids) + 8)
-        logits, _ = self.target.forward(torch.tensor([ids]), cache, 0, torch.zeros(1, dtype=torch.long),
-                                        logits_at=torch.tensor([len(ids) - 1]))
+        dev = self.device
+        logits, _ = self.target.forward(torch.tensor([ids], device=dev), cache, 0,
+                                        torch.zeros(1, dtype=torch.long, device=dev),
+                                        logits_at=torch.tensor([len(ids) - 1], device=dev), span=len(ids), s0=0)
         top = logits[0].topk(2).values
         return float(top[0] - top[1])
 
@@ -223,9 +232,10 @@ class _FirstToken:
 
 
 class HFPeer:
-    def __init__(self, model: str, dtype=torch.float32):
+    def __init__(self, model: str, dtype=torch.float32, device="cpu"):
         from transformers import AutoModelForCausalLM
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(self.device).eval()
         gc = self.model.generation_config
         eos = gc.eos_token_id if gc.eos_token_id is not None else self.model.config.eos_token_id
         self.eos = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
@@ -240,7 +250,7 @@ class HFPeer:
                                                                        top_k=0, top_p=1.0)
         if pld:
             kw["prompt_lookup_num_tokens"] = pld
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=self.device)
         out = self.model.generate(x, attention_mask=torch.ones_like(x), streamer=streamer, **kw)
         res = out[0, len(ids):].tolist()
         if not ignore_eos:                      # peagle keeps the EOS token it stopped on; so does HF

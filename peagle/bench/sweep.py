@@ -67,7 +67,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     called after each dataset (the CLI writes partial results there)."""
     t_start = time.time()
     heads = {"eagle3": a.eagle3_head, "peagle": a.peagle_head}
-    bench = Bench(a.model, heads, a.dtype, a.seed, max(a.concurrency), getattr(a, "remeasure", False))
+    bench = Bench(a.model, heads, a.dtype, a.seed, max(a.concurrency), getattr(a, "remeasure", False), a.device)
     methods = list(a.methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")               # the identity check and the speedups need it
@@ -77,6 +77,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     greedy = a.temperature == 0
     res = {"meta": {"command": a.command, "started_utc": _dt.datetime.utcnow().isoformat(timespec="seconds") + "Z",
                     "machine": machine_info(), "versions": versions(),
+                    "device": str(bench.device), "dtype": str(bench.dtype).replace("torch.", ""),
                     "model": portable_path(a.model), "heads": {m: portable_path(d) for m, d in heads.items()},
                     "settings": {k: portable_path(v) if k in PATH_SETTINGS else v
                                  for k, v in vars(a).items() if k not in ("func", "command")}},
@@ -151,7 +152,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                         f"  same={idt.get('identical', '-')}/{idt.get('n', '-')}  ({time.time() - t0:.0f}s)")
         if a.peers and base_c1 is not None and offline:
             peer_ids = enc[: a.peer_prompts]
-            hf = HFPeer(a.model)
+            hf = HFPeer(a.model, bench.dtype, bench.device)
             for name, pld in [("hf", 0), ("hf-pld", a.pld_tokens)]:
                 if name not in a.peers:
                     continue
@@ -207,7 +208,8 @@ def _online_sweep(a, bench, cfgs, batches, res, log, on_dataset):
     greedy = a.temperature == 0
     for m, k in cfgs:
         t0 = time.time()
-        with OnlineServer(a.model, m, k, bench.heads_dirs.get(m), max(a.concurrency), mlen, a.dtype, a.seed) as srv:
+        with OnlineServer(a.model, m, k, bench.heads_dirs.get(m), max(a.concurrency), mlen, a.dtype, a.seed,
+                          a.device) as srv:
             log(f"[online] {m} K={k}: peagle serve at {srv.url} (up in {time.time() - t0:.0f}s)")
             run_online(srv, m, k, 1, [batches[next(iter(batches))][0][0][:32]], 8, a.temperature, True)  # warm-up
             for (ds, c), (batch, _) in batches.items():

@@ -12,19 +12,21 @@ from .base import DraftBatch, Proposer
 class Eagle3Proposer(Proposer):
     name = "eagle3"
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
-        h, B, K = self.head, batch.ids.shape[0], k or self.k
-        rows = torch.arange(B)
-        pos = batch.start[:, None] + torch.arange(batch.ids.shape[1])[None]
-        normed, pre = h(batch.ids, h.combine(batch.aux), pos, cache=self.cache, b0=batch.b0, start=batch.start)
+        h, (B, T), K = self.head, batch.ids.shape, k or self.k
+        rows = torch.arange(B, device=batch.ids.device)
+        normed, pre = h(batch.ids, h.combine(batch.aux), None, cache=self.cache, b0=batch.b0, start=batch.start,
+                        span=batch.span, s0=batch.s0)
         last = batch.n_real - 1
         tok = self.argmax_target(normed[rows, last])
         g = pre[rows, last]
         drafts = [tok]
         p = batch.start + batch.n_real                 # position of the first draft
-        for _ in range(1, K):
-            normed, pre = h(tok[:, None], g[:, None], p[:, None], cache=self.cache, b0=batch.b0, start=p)
+        for j in range(1, K):                     # draft j + 1 at position p = start + n_real + j - 1
+            span = None if batch.span is None else batch.span + j
+            s0 = None if batch.s0 is None else batch.s0 + T + j - 1
+            normed, pre = h(tok[:, None], g[:, None], None, cache=self.cache, b0=batch.b0, start=p, span=span, s0=s0)
             tok = self.argmax_target(normed[:, 0])
             g = pre[:, 0]
             drafts.append(tok)

@@ -19,25 +19,26 @@ class PEagleProposer(Proposer):
         super().__init__(head, k, max_len, rows)
         if not head.parallel:
             raise ValueError("this head has no mask token / mask_hidden: it was not trained for parallel drafting")
-        with torch.inference_mode():
+        with torch.no_grad():
             self.mask_h = head.combine(head.mask_hidden.reshape(1, -1))[0]   # fc(mask_hidden), [H]
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
         h, K = self.head, k or self.k
         B, T = batch.ids.shape
+        dev = batch.ids.device
         W = T + K - 1
-        ar = torch.arange(W)[None]
+        ar = torch.arange(W, device=dev)[None]
         nr = batch.n_real[:, None]
         is_mask = (ar >= nr) & (ar < nr + K - 1)
-        ids = torch.zeros(B, W, dtype=torch.long)
+        ids = torch.zeros(B, W, dtype=torch.long, device=dev)
         ids[:, :T] = batch.ids
         ids = torch.where(ar < nr, ids, torch.where(is_mask, h.mask_token_id, 0))
-        hid = torch.zeros(B, W, self.mask_h.shape[0], dtype=self.mask_h.dtype)
+        hid = torch.zeros(B, W, self.mask_h.shape[0], dtype=self.mask_h.dtype, device=dev)
         hid[:, :T] = h.combine(batch.aux)
         hid = torch.where((ar < nr)[..., None], hid, torch.where(is_mask[..., None], self.mask_h, 0.0))
-        pos = batch.start[:, None] + ar
-        normed, _ = h(ids, hid, pos, cache=self.cache, b0=batch.b0, start=batch.start)
-        idx = nr - 1 + torch.arange(K)[None]                                   # new-token row + K-1 mask rows
-        sel = normed[torch.arange(B)[:, None], idx]
+        normed, _ = h(ids, hid, None, cache=self.cache, b0=batch.b0, start=batch.start,
+                      span=None if batch.span is None else batch.span + K - 1, s0=batch.s0)
+        idx = nr - 1 + torch.arange(K, device=dev)[None]                        # new-token row + K-1 mask rows
+        sel = normed[torch.arange(B, device=dev)[:, None], idx]
         return self.argmax_target(sel)

@@ -117,18 +117,20 @@ class DrafterHead(nn.Module):
             return mm(aux, self._fc_t)
         return self.fc(aux)
 
-    def forward(self, ids, hidden, pos, ctx_mask=None, cache=None, b0=0, start=None):
+    def forward(self, ids, hidden, pos, ctx_mask=None, cache=None, b0=0, start=None, span=None, s0=None):
         """ids [B,T], hidden [B,T,H] (fc'd target state or the drafter's own prenorm output), pos [B,T].
-        Attention: over a KV cache (cache, b0, start: causal from each row's start; inference, fused weights
-        from prepare_inference()) or an explicit bool ctx_mask [B|1, 1, T, T] over this block (training).
-        Returns (normed, prenorm), both [B,T,H]."""
+        Attention: over a KV cache (cache, b0, start: causal from each row's start; span/s0: host-side facts
+        as in layers.BlockCtx; inference, fused weights from prepare_inference()) or an explicit bool
+        ctx_mask [B|1, 1, T, T] over this block (training). Returns (normed, prenorm), both [B,T,H]."""
         if cache is not None:
-            return self._forward_cached(ids, hidden, cache, b0, start)
+            return self._forward_cached(ids, hidden, cache, b0, start, span, s0)
         return self.run_layers(ids, hidden, pos, lambda i: lambda q, k, v: attend(q, k, v, ctx_mask))
 
     def run_layers(self, ids, hidden, pos, attend_for_layer):
         """The training-path pass; attend_for_layer(i) gives layer i's attend_fn. Returns (normed, prenorm)."""
-        cos, sin = self._rope(hidden.device, hidden.dtype)(pos)
+        rope = self._rope(hidden.device, hidden.dtype)
+        rope.ensure(int(pos.max()) + 1)            # training path: one host read of the positions per pass
+        cos, sin = rope(pos)
         emb = self.embed_tokens(ids)
         x = hidden
         for i, layer in enumerate(self.layers):
@@ -149,12 +151,12 @@ class DrafterHead(nn.Module):
         return self
 
     @torch.no_grad()
-    def _forward_cached(self, ids, hidden, cache, b0, start):
+    def _forward_cached(self, ids, hidden, cache, b0, start, span=None, s0=None):
         if getattr(self, "_fused", None) is None:
             self.prepare_inference()
         c = self.cfg
         eps, nh, nkv, hd, inter = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]
-        ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1], b0)
+        ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1], b0, span, s0, cache.max_len)
         emb = F.embedding(ids, self.embed_tokens.weight)
         x = hidden
         for i, (L, (qkv_w, o_w, gu_w, d_w)) in enumerate(zip(self.layers, self._fused)):
@@ -178,7 +180,8 @@ class DrafterHead(nn.Module):
         save_head_dir(path, cfg, self.state_dict(), sort_keys=True)
 
     @classmethod
-    def from_pretrained(cls, path: str, target_cfg=None, parallel: bool | None = None, dtype=torch.float32):
+    def from_pretrained(cls, path: str, target_cfg=None, parallel: bool | None = None, dtype=torch.float32,
+                        device="cpu"):
         """A validated head; parallel None = what the head is (:func:`peagle.heads.config.is_parallel_head`)."""
         from ..heads.format import validate_head
         try:
@@ -198,4 +201,4 @@ class DrafterHead(nn.Module):
             missing = [m for m in missing if m not in ("d2t", "t2d")]   # full vocabulary: identity map (vLLM 0.32
         if missing or unexpected:                                         # refuses d2t on such heads)
             raise PeagleError(f"drafter head {path}: missing tensors {missing}, unexpected tensors {unexpected}")
-        return head.to(dtype).eval()
+        return head.to(device=device, dtype=dtype).eval()

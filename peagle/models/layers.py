@@ -37,21 +37,31 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 class Rope:
-    """cos/sin tables indexed by absolute position (HF's rotate-half convention)."""
+    """cos/sin tables indexed by absolute position (HF's rotate-half convention), on the run's device.
+
+    The tables cover max_pos positions; `ensure(n)` grows them from a host-side count. Looking positions up
+    never reads them back to the host (the cached inference path calls ensure() with its host-side span)."""
 
     def __init__(self, head_dim, theta, scaling, max_pos, dtype=torch.float32, device="cpu"):
-        self.inv, self.dtype, self.device = rope_inv_freq(head_dim, theta, scaling), dtype, device
+        self.inv, self.dtype, self.device = rope_inv_freq(head_dim, theta, scaling), dtype, torch.device(device)
         self._build(max_pos)
 
     def _build(self, n):
-        freqs = torch.outer(torch.arange(n, dtype=torch.float64), self.inv)
+        freqs = torch.outer(torch.arange(n, dtype=torch.float64, device="cpu"), self.inv)
         emb = torch.cat([freqs, freqs], -1)
-        self.cos = emb.cos().to(self.dtype).to(self.device)
-        self.sin = emb.sin().to(self.dtype).to(self.device)
+        self.cos = emb.cos().to(self.device, self.dtype)
+        self.sin = emb.sin().to(self.device, self.dtype)
+
+    @property
+    def size(self) -> int:
+        return self.cos.shape[0]
+
+    def ensure(self, n: int):
+        """Cover positions < n (a host int)."""
+        if n > self.size:
+            self._build(2 * n)
 
     def __call__(self, pos: torch.Tensor):
-        if int(pos.max()) >= self.cos.shape[0]:  # grow on demand (e.g. long training sequences)
-            self._build(2 * int(pos.max()) + 2)
         return self.cos[pos].unsqueeze(-2), self.sin[pos].unsqueeze(-2)  # [...,T,1,hd]
 
 
@@ -76,17 +86,33 @@ def attend(q, k, v, mask):
 
 
 class BlockCtx:
-    """Per-forward facts shared by all layers of a pass over a KV cache: positions, rope, mask, write mode."""
+    """Per-forward facts shared by all layers of a pass over a KV cache: positions, rope, mask, write mode.
 
-    def __init__(self, rope, start: torch.Tensor, T: int, b0: int = 0):
+    start [B] (device) is where each row's block of T new tokens begins. The host-side facts that size the
+    work come from the caller, so building a context never waits for the device:
+      span: an upper bound of max(start) + T; attention reads keys [0, span) and the mask (built from start
+            on the device) hides those past each query's own position, so any bound gives the same result.
+      s0:   given when every row starts at host position s0: the block is written as one slice, and a
+            one-token block with span == s0 + 1 needs no mask.
+    Without span (callers off the hot path: tests, tools) both are read from start once, on the host.
+    limit: the cache's length. Padding positions of a ragged block may run past it (a row with few real
+    tokens next to one with many); they are written at limit - 1 instead, which no real query of that row
+    sees (real positions stay below limit - 1: the engine sizes its caches so)."""
+
+    def __init__(self, rope, start: torch.Tensor, T: int, b0: int = 0, span: int | None = None,
+                 s0: int | None = None, limit: int | None = None):
         self.B, self.T, self.b0 = start.shape[0], T, b0
-        self.pos = start[:, None] + torch.arange(T)[None]
-        self.S = int(self.pos.max()) + 1
-        self.uniform = bool((start == start[0]).all())
-        self.s0 = int(start[0])
-        self.cos, self.sin = rope(self.pos)
-        # rows sharing one start with a single new token see every cached key: no mask needed
-        self.mask = None if (self.uniform and T == 1) else causal_block_mask(start, T, self.S)
+        if span is None:
+            span = int(start.max()) + T
+            s0 = int(start[0]) if bool((start == start[0]).all()) else None
+        self.pos = start[:, None] + torch.arange(T, device=start.device)[None]
+        self.pos_w = self.pos
+        if limit is not None and span > limit:
+            span, self.pos_w = limit, self.pos.clamp(max=limit - 1)
+        self.S, self.s0 = span, s0
+        rope.ensure(max(span, T))
+        self.cos, self.sin = rope(self.pos_w)
+        self.mask = None if (s0 is not None and T == 1 and span == s0 + 1) else causal_block_mask(start, T, span)
 
 
 def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: int, nkv: int, hd: int,
@@ -99,13 +125,11 @@ def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: in
         qk = torch.cat([rms_norm(qk[:, :, :nh], q_norm, eps), rms_norm(qk[:, :, nh:], k_norm, eps)], 2)
     qk = apply_rope(qk, ctx.cos, ctx.sin)                 # q and k heads rotated in one go
     q, k = qk[:, :, :nh], qk[:, :, nh:]
-    b0 = ctx.b0
-    if ctx.uniform:                                      # contiguous slice write, no index_put
-        cache.k[layer][b0:b0 + B, :, ctx.s0:ctx.s0 + T] = k.transpose(1, 2)
-        cache.v[layer][b0:b0 + B, :, ctx.s0:ctx.s0 + T] = v.transpose(1, 2)
+    if ctx.s0 is not None:                               # contiguous slice write, no index_put
+        cache.write_at(layer, ctx.b0, ctx.s0, k, v)
     else:
-        cache.write(layer, b0, ctx.pos, k, v)
-    kc, vc = cache.view(layer, b0, B, ctx.S)
+        cache.write(layer, ctx.b0, ctx.pos_w, k, v)
+    kc, vc = cache.view(layer, ctx.b0, B, ctx.S)
     return attend(q, kc, vc, ctx.mask)
 
 

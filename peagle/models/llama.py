@@ -47,7 +47,7 @@ class Transformer:
     """Target model. forward() appends a [B,T] block of tokens per row to the cache and returns logits."""
 
     def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu"):
-        self.cfg, self.dtype, self.device = cfg, dtype, device
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         try:
             self.embed = weights["model.embed_tokens.weight"]
             self.norm = weights["model.norm.weight"]
@@ -76,13 +76,18 @@ class Transformer:
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, b0: int, start: torch.Tensor,
-                aux_ids: tuple = (), logits_at: torch.Tensor | None = None):
+                aux_ids: tuple = (), logits_at: torch.Tensor | None = None, span: int | None = None,
+                s0: int | None = None):
         """tokens [B,T] for cache rows b0..b0+B-1, each row's block starting at position start[b].
+        span, s0: host-side facts about the positions (see layers.BlockCtx); the engine always passes span,
+        so a forward never reads a device value back (without span, start is read once on the host).
         Returns (logits [B,T,V] or [B,V] at logits_at per row, aux [B,T,len(aux_ids)*H] or None).
         Does not change cache.lens: the caller sets lengths after deciding what to keep."""
         c = self.cfg
         B, T = tokens.shape
-        ctx = BlockCtx(self.rope, start, T, b0)
+        dev = self.device
+        tokens, start = tokens.to(dev), start.to(dev)
+        ctx = BlockCtx(self.rope, start, T, b0, span, s0, cache.max_len)
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         x = F.embedding(tokens, self.embed)
         aux = []
@@ -96,6 +101,6 @@ class Transformer:
         if len(self.layers) in aux_ids:
             aux.append(x)
         if logits_at is not None:
-            x = x[torch.arange(B), logits_at]
+            x = x[torch.arange(B, device=dev), logits_at.to(dev)]
         logits = mm(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head_t)
         return logits.float(), (torch.cat(aux, -1) if aux else None)

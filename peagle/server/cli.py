@@ -27,7 +27,8 @@ def add_parser(sub):
                    help="requests that may wait for a row beyond --max-num-seqs (default 4x max-num-seqs); "
                         "more get HTTP 429")
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--dtype", default="float32")
+    from ..device import add_arguments
+    add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20)
@@ -70,8 +71,8 @@ def resolve_config(model, spec_flag, env=None):
     return model, name, parsed
 
 
-def build_state(model_dir, name, spec, dtype="float32", seed=0, max_num_seqs=128, max_waiting=None,
-                max_model_len=None, max_body_bytes=8 << 20):
+def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
+                max_model_len=None, max_body_bytes=8 << 20, device="auto"):
     from ..errors import PeagleError
     from ..llm import build_engine, load_tokenizer
     from .app import ServerState
@@ -80,7 +81,7 @@ def build_state(model_dir, name, spec, dtype="float32", seed=0, max_num_seqs=128
     if max_waiting is not None and max_waiting < 0:
         raise PeagleError("--max-waiting must be >= 0")
     engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec,
-                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
     return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, max_body_bytes=max_body_bytes)
@@ -93,11 +94,12 @@ def run(args) -> int:
     model = args.model or args.model_opt
     model_dir, name, spec = resolve_config(model, args.speculative_config)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
-                        args.max_num_seqs, args.max_waiting, args.max_model_len, args.max_body_bytes)
+                        args.max_num_seqs, args.max_waiting, args.max_model_len, args.max_body_bytes, args.device)
     sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "
-          f"max_model_len={state.max_model_len}", flush=True)
+          f"max_model_len={state.max_model_len} device={state.engine.device} "
+          f"dtype={str(state.engine.target.dtype).replace('torch.', '')}", flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.access_log, timeout_graceful_shutdown=5)
     return 0

@@ -191,7 +191,7 @@ def run(args) -> int:
     if not todo:
         return 0
     # KV cache rows sized for prompt + generation (not the target's full context): much less memory
-    llm = LLM(model=args.model, max_num_seqs=args.batch, seed=args.seed,
+    llm = LLM(model=args.model, max_num_seqs=args.batch, seed=args.seed, device=args.device, dtype=args.dtype,
               max_model_len=args.max_prompt_tokens * args.turns + args.max_new_tokens * args.turns + 16)
     from tqdm import tqdm
     bar = tqdm(total=len(items), initial=done_prompts, desc="datagen", unit="prompt")
@@ -222,6 +222,8 @@ def add_parser(sub):
     p.add_argument("--shard-size", type=int, default=128, help="prompts per shard")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    from ..device import add_arguments
+    add_arguments(p)
     p.add_argument("--part", default="0/1", help="i/n: run only shards with index %% n == i (parallel workers "
                    "on one --out; start one first so it writes the prompt plan)")
 

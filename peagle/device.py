@@ -1,0 +1,73 @@
+"""Where a run computes: one device and one dtype, decided once when it starts (nanoGPT style).
+
+Invariant: every tensor of a run lives on the device and floating weights / caches / activations use the dtype
+chosen here; nothing below this module asks torch which devices exist. "auto" picks CUDA with bfloat16 when a
+GPU is visible (float16 on GPUs without bfloat16), else the CPU with float32. Asking for CUDA on a machine
+without one is a one-line PeagleError, not a stack trace."""
+from __future__ import annotations
+
+import torch
+
+from .errors import PeagleError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_device(device="auto") -> torch.device:
+    """"auto" | "cpu" | "cuda" | "cuda:N" | torch.device -> torch.device (CUDA checked to exist)."""
+    if isinstance(device, torch.device):
+        dev = device
+    else:
+        name = str(device or "auto").strip().lower()
+        if name == "auto":
+            return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        try:
+            dev = torch.device(name)
+        except RuntimeError:
+            raise PeagleError(f"device must be one of {', '.join(DEVICE_CHOICES)} (or cuda:N), got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise PeagleError("device cuda was asked for but no CUDA GPU is available (torch.cuda.is_available() is "
+                          "False); use --device cpu or auto")
+    if dev.type not in ("cpu", "cuda", "meta"):
+        raise PeagleError(f"device must be one of {', '.join(DEVICE_CHOICES)}, got {device!r}")
+    return dev
+
+
+def resolve_dtype(dtype="auto", device: torch.device | str = "cpu") -> torch.dtype:
+    """"auto" -> bfloat16 on CUDA (float16 where the GPU lacks bfloat16), float32 on the CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype or "auto").strip().lower()
+    if name == "auto":
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if name not in DTYPES:
+        raise PeagleError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    return DTYPES[name]
+
+
+def resolve(device="auto", dtype="auto") -> tuple[torch.device, torch.dtype]:
+    dev = resolve_device(device)
+    return dev, resolve_dtype(dtype, dev)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def add_arguments(p):
+    """--device and --dtype, the same for every command that runs a model."""
+    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                   help="auto: CUDA when available, else CPU (default auto)")
+    p.add_argument("--dtype", default="auto", type=str.lower, choices=DTYPE_CHOICES + ("fp32", "bf16", "fp16"),
+                   help="auto: bfloat16 on CUDA, float32 on CPU (default auto)")
+
+
+def synchronize(device: torch.device):
+    """Wait for the device's queued work (timing only; the engine's step never calls this)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
