@@ -73,9 +73,9 @@ def from_eagle3(path: str, target, layers: int, mask_token: int):
     src = DrafterHead.from_pretrained(path, target.cfg)
     if src.parallel:
         raise PeagleError(f"--init-from-eagle3 {path} is a parallel (P-EAGLE) head; it needs an EAGLE-3 one")
-    cfg = {k: v for k, v in src.cfg.items() if k != "peagle"}  # the source's training record is not ours
-    cfg.update(num_hidden_layers=layers, ptd_token_id=mask_token, pard_token=mask_token)
-    return src, cfg, torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
+    hc = HeadConfig.from_dict({k: v for k, v in src.cfg.items() if k != "peagle"})  # its record is not ours
+    hc.num_hidden_layers, hc.mask_token_id = layers, mask_token
+    return src, hc.to_dict(), torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
 
 
 def load_eagle3_into(head, src) -> list[str]:
