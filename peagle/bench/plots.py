@@ -89,11 +89,7 @@ def acceptance(s, out) -> str:
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    p = os.path.join(out, "acceptance_vs_k.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
+    return _save(plt, fig, out, "acceptance_vs_k.png")
 
 
 def drafter_time(s, out) -> str:
@@ -123,11 +119,7 @@ def drafter_time(s, out) -> str:
     else:                                        # online-only runs: the timing split lives in the server
         ax.text(0.5, 0.5, "no drafter timing (online runs)", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("Drafter vs verification time per step")
-    fig.tight_layout()
-    p = os.path.join(out, "drafter_time_vs_k.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
+    return _save(plt, fig, out, "drafter_time_vs_k.png")
 
 
 def auto_vs_best(s, out) -> str:
