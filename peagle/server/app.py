@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .detok import IncrementalDetokenizer
-from .loop import EngineLoop, Handle
+from .loop import EngineLoop, Failure, Gone, Handle, Tokens
 from .prometheus import ServerMetrics
 from .protocol import (ApiError, ChatRequest, CompletionRequest, check_unsupported, error_body, parse_body,
                        sampling_params)
@@ -301,11 +301,10 @@ class _Gen:
         self.t_last = now
         self.n_out += len(new_ids)
 
-    def _final(self, item):
-        _, _, finished, reason, stop_at, stats = item
-        self.finished, self.finish_reason, self.stop_text_at = True, reason, stop_at
+    def _final(self, item: Tokens):
+        self.finished, self.finish_reason, self.stop_text_at = True, item.finish_reason, item.stop_text_at
         self.h.done = True
-        self.state.metrics.success(reason)
+        self.state.metrics.success(item.finish_reason)
         self.state.metrics.e2e.observe(time.perf_counter() - self.h.arrival)
 
     def _usage(self):
@@ -325,15 +324,15 @@ class _Gen:
         try:
             while not self.finished:
                 for item in await self._next_items():
-                    if item[0] == "gone":
+                    if isinstance(item, Gone):
                         raise _ClientGone()
-                    if item[0] == "error":
+                    if isinstance(item, Failure):
                         self.finished = self.h.done = True
-                        raise ApiError(item[1], item[2], "invalid_request_error" if item[1] < 500
+                        raise ApiError(item.status, item.message, "invalid_request_error" if item.status < 500
                                        else "internal_error")
-                    self.detok.ids.extend(item[1])
-                    self._observe(item[1])
-                    if item[2]:
+                    self.detok.ids.extend(item.ids)
+                    self._observe(item.ids)
+                    if item.finished:
                         self._final(item)
         except _ClientGone:
             return Response(status_code=499)
@@ -390,14 +389,16 @@ class _Gen:
                 items = await self._next_items()
                 new, final = [], None
                 for item in items:
-                    if item[0] == "error":
+                    if isinstance(item, Failure):
                         self.finished = self.h.done = True
-                        typ = "invalid_request_error" if item[1] < 500 else "internal_error"
-                        yield f"data: {json.dumps({'error': error_body(item[2], typ)['error']})}\n\n"
+                        typ = "invalid_request_error" if item.status < 500 else "internal_error"
+                        yield f"data: {json.dumps({'error': error_body(item.message, typ)['error']})}\n\n"
                         yield "data: [DONE]\n\n"
                         return
-                    new += item[1]
-                    if item[2]:
+                    if isinstance(item, Gone):
+                        continue
+                    new += item.ids
+                    if item.finished:
                         final = item
                 self._observe(new)
                 if final is not None:
@@ -432,7 +433,7 @@ async def _watch_disconnect(request: Request, h: Handle):
         while True:
             msg = await request.receive()
             if msg["type"] == "http.disconnect":
-                h.queue.put_nowait(("gone",))
+                h.queue.put_nowait(Gone())
                 return
     except asyncio.CancelledError:
         pass

@@ -6,11 +6,12 @@ their Handle's asyncio.Queue (one call_soon_threadsafe per engine step for all o
 Admission: `try_reserve()` counts requests from acceptance until the engine is done with them (finished,
 aborted or failed); beyond max_num_seqs running + max_waiting waiting the server answers 429.
 
-Fault isolation: a bad request raises in `engine.add_request` (-> 400 for that request only). An exception
-inside `engine.step()` during prefill leaves the running rows untouched (prefill writes only the new rows),
-so the newly admitted requests are retried one per step and the one that fails alone is failed (500); an
-exception while decoding leaves the batch state unknown, so the running requests are failed (500) and
-their rows freed; waiting requests and the server carry on."""
+Fault isolation, from the engine's typed errors (peagle/errors.py): a bad request raises PeagleError in
+`engine.add_request` (-> 400 for that request only). A PrefillError names the newly admitted requests it
+dropped; the running rows are untouched (prefill writes only the new rows), so those requests are retried one
+per step and the one that fails alone is failed (500). A DecodeError (or anything else out of a step) leaves
+the batch state unknown, so the running requests it names are failed (500) and their rows freed; waiting
+requests and the server carry on."""
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,9 @@ import logging
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 
-from ..errors import PeagleError
+from ..errors import DecodeError, PeagleError, PrefillError
 
 log = logging.getLogger("peagle.serve")
 
@@ -37,9 +39,38 @@ class Handle:
         self.retried = False              # engine side: already retried alone after a prefill failure
 
 
-# items put on Handle.queue:
-#   ("out", new_ids, finished, finish_reason, stop_text_at, stats|None)
-#   ("error", http_status, message)
+# ---- what a Handle's queue carries (put by the engine thread, or Gone by the HTTP side)
+@dataclass(frozen=True)
+class Tokens:
+    """New tokens of one request from one engine step; finished: the request is done (reason, stats set)."""
+    ids: list
+    finished: bool
+    finish_reason: str | None = None
+    stop_text_at: int | None = None
+    stats: dict | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The request failed: answer with this HTTP status and message."""
+    status: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Gone:
+    """The client disconnected (non-streaming requests' watcher)."""
+
+
+# ---- what the command deque carries (HTTP side -> engine thread)
+@dataclass(frozen=True)
+class _Add:
+    handle: Handle
+
+
+@dataclass(frozen=True)
+class _Abort:
+    rid: str
 
 
 class EngineLoop:
@@ -95,11 +126,11 @@ class EngineLoop:
 
     def submit(self, h: Handle):
         """Hand a reserved request to the engine thread."""
-        self._cmds.append(("add", h))
+        self._cmds.append(_Add(h))
         self._wake.set()
 
     def abort(self, rid: str):
-        self._cmds.append(("abort", rid))
+        self._cmds.append(_Abort(rid))
         self._wake.set()
 
     # ------------------------------------------------------------------ engine thread
@@ -120,10 +151,10 @@ class EngineLoop:
         for h in list(self._handles.values()):
             self._fail(h, 503, "server is shutting down")
         while self._cmds:
-            cmd, x = self._cmds.popleft()
-            if cmd == "add":
+            cmd = self._cmds.popleft()
+            if isinstance(cmd, _Add):
                 self.unreserve()
-                self._post([(x, ("error", 503, "server is shutting down"))])
+                self._post([(cmd.handle, Failure(503, "server is shutting down"))])
 
     def _snap(self):
         self._spec = self.engine.metrics.as_dict() if self._spec_on else None
@@ -133,7 +164,7 @@ class EngineLoop:
         """Live counts (len() of the engine's lists is safe to read from any thread) + spec metrics as of the
         last step."""
         e = self.engine
-        return {"running": len(e.running), "waiting": len(e.waiting) + sum(c[0] == "add" for c in list(self._cmds)),
+        return {"running": len(e.running), "waiting": len(e.waiting) + sum(isinstance(c, _Add) for c in list(self._cmds)),
                 "rows_in_use": e.num_rows_in_use, "in_flight": self._in_flight, "spec": self._spec}
 
     def _release(self, h: Handle):
@@ -157,13 +188,13 @@ class EngineLoop:
             self._release(h)
         if self.metrics is not None and status >= 500:
             self.metrics.failed.inc()
-        self._post([(h, ("error", status, message))])
+        self._post([(h, Failure(status, message))])
 
     def _drain(self):
         while self._cmds:
-            cmd, x = self._cmds.popleft()
-            if cmd == "add":
-                h = x
+            cmd = self._cmds.popleft()
+            if isinstance(cmd, _Add):
+                h = cmd.handle
                 if h.done:                       # client already gone
                     self.unreserve()
                     continue
@@ -171,33 +202,32 @@ class EngineLoop:
                     self.engine.add_request(h.rid, h.prompt_ids, h.params, h.prompt_text)
                 except PeagleError as e:
                     self.unreserve()
-                    self._post([(h, ("error", 400, str(e)))])
+                    self._post([(h, Failure(400, str(e)))])
                     continue
                 except Exception as e:  # noqa: BLE001
                     log.exception("add_request failed for %s", h.rid)
                     self.unreserve()
-                    self._post([(h, ("error", 500, f"internal error: {type(e).__name__}: {e}"))])
+                    self._post([(h, Failure(500, f"internal error: {type(e).__name__}: {e}"))])
                     continue
                 self._handles[h.rid] = h
-            elif cmd == "abort":
-                h = self._handles.get(x)
+            else:
+                h = self._handles.get(cmd.rid)
                 if h is not None:
-                    self.engine.abort(x)
+                    self.engine.abort(cmd.rid)
                     self._release(h)
-                    self._isolate.discard(x)
+                    self._isolate.discard(cmd.rid)
                     if self.metrics is not None:
                         self.metrics.aborted.inc()
 
     def _step(self):
         e = self.engine
-        before = [r.request_id for r in e.waiting]
         try:
             outs = e.step()
         except Exception as ex:  # noqa: BLE001
             self.step_errors += 1
             self.last_error = f"{type(ex).__name__}: {ex}"
             log.error("engine step failed: %s\n%s", self.last_error, "".join(traceback.format_exc(limit=8)))
-            self._recover(ex, before)
+            self._recover(ex)
             return
         self.steps += 1
         items, ntok = [], 0
@@ -211,7 +241,7 @@ class EngineLoop:
             if o.finished:
                 self._release(h)
                 stats = {"num_drafts": r.num_drafts, "num_accepted": r.num_accepted}
-            items.append((h, ("out", list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, stats)))
+            items.append((h, Tokens(list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, stats)))
         if self.metrics is not None and ntok:
             self.metrics.generation_tokens.inc(ntok)
         self._snap()                      # spec counters current before clients see this step's tokens
@@ -222,18 +252,17 @@ class EngineLoop:
             if not self._isolate:
                 e.prefill_token_budget = self._budget
 
-    def _recover(self, ex: Exception, before: list):
+    def _recover(self, ex: Exception):
         e = self.engine
-        frames = {f.name for f in traceback.extract_tb(ex.__traceback__)}
-        msg = f"internal error: {type(ex).__name__}: {ex}"
-        if "_prefill" in frames:
-            waiting = {r.request_id for r in e.waiting}
-            new = [rid for rid in before if rid not in waiting and rid in self._handles]
+        cause = ex.__cause__ or ex
+        msg = f"internal error: {type(cause).__name__}: {cause}"
+        if isinstance(ex, PrefillError):
+            # the engine dropped these requests; the running ones are untouched
+            new = [rid for rid in ex.request_ids if rid in self._handles]
             retry = [self._handles[rid] for rid in new if len(new) > 1 and not self._handles[rid].retried]
             for rid in new:
                 h = self._handles[rid]
                 if h in retry:
-                    e.abort(rid)                 # drop whatever half-state it has, re-add it fresh
                     h.retried = True
                 else:
                     self._fail(h, 500, msg)
@@ -250,12 +279,14 @@ class EngineLoop:
             if self._isolate:
                 e.prefill_token_budget = 0
         else:
-            for r in list(e.running):
-                h = self._handles.get(r.request_id)
+            # a decode step (or anything else) failed: the named (else all running) requests' state is unknown
+            rids = ex.request_ids if isinstance(ex, DecodeError) else [r.request_id for r in e.running]
+            for rid in rids:
+                h = self._handles.get(rid)
                 if h is not None:
                     self._fail(h, 500, msg)
                 else:
-                    e.abort(r.request_id)
+                    e.abort(rid)
 
 
 def _deliver(items):

@@ -1,0 +1,52 @@
+"""The engine's typed step errors: a failed prefill names (and drops) only the requests it was admitting and
+leaves the running ones exact; a failed decode step names the running requests."""
+import pytest
+import torch
+
+from peagle import LLM, SamplingParams
+from peagle.errors import DecodeError, PrefillError
+
+SP = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_dirs):
+    return tiny_dirs["llama"]
+
+
+def test_prefill_error_names_new_requests_and_running_ones_stay_exact(target):
+    want = LLM(target).generate([[5, 6, 7]], SP)[0].outputs[0].token_ids
+    e = LLM(target).engine
+    a = e.add_request("a", [5, 6, 7], SP)
+    e.step()
+    orig = e.target.forward
+
+    def poisoned(toks, *args, **kw):
+        if kw.get("logits_at") is not None:
+            raise RuntimeError("poisoned prefill")
+        return orig(toks, *args, **kw)
+    e.target.forward = poisoned
+    e.add_request("b", [8, 9], SP)
+    e.add_request("c", [10, 11, 12], SP)
+    with pytest.raises(PrefillError) as ei:
+        e.step()
+    assert ei.value.request_ids == ["b", "c"] and "poisoned prefill" in str(ei.value.__cause__)
+    assert [r.request_id for r in e.running] == ["a"] and not e.waiting
+    del e.target.forward
+    while e.has_unfinished():
+        e.step()
+    assert a.output_ids == want
+
+
+def test_decode_error_names_the_running_requests(target):
+    e = LLM(target).engine
+    for rid in ("a", "b"):
+        e.add_request(rid, [5, 6, 7], SP)
+    e.step()
+    lens = e.cache.lens[:2].clone()
+    e.target.forward = lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("decode blew up"))
+    with pytest.raises(DecodeError) as ei:
+        e.step()
+    assert sorted(ei.value.request_ids) == ["a", "b"]
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    assert torch.equal(e.cache.lens[:2], lens)          # the step failed before changing any length
