@@ -91,7 +91,8 @@ class BlockCtx:
     start [B] (device) is where each row's block of T new tokens begins. The host-side facts that size the
     work come from the caller, so building a context never waits for the device:
       span: an upper bound of max(start) + T; attention reads keys [0, span) and the mask (built from start
-            on the device) hides those past each query's own position, so any bound gives the same result.
+            on the device) hides those past each query's own position, so any bound gives the same result
+            (up to the order of floating-point sums).
       s0:   given when every row starts at host position s0: the block is written as one slice, and a
             one-token block with span == s0 + 1 needs no mask.
     Without span (callers off the hot path: tests, tools) both are read from start once, on the host.
