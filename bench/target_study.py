@@ -29,7 +29,7 @@ def shape_name(cfg: dict) -> str:
 def evaluate(run_dir: Path, data_dir: Path, rows: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from peagle.target.train import SOURCES, eval_loss, heldout_rows, load_tokens
+    from peagle.target.tokens import SOURCES, eval_loss, heldout_rows, load_tokens
 
     st = torch.load(run_dir / "ckpt.pt", map_location="cpu", weights_only=False)
     cfg = LlamaConfig(**{k: v for k, v in st["config"].items() if k not in ("architectures", "model_type")})

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..train.common import resolve_device, tune_malloc
-from .train import SOURCES, eval_loss, heldout_rows, load_tokens, tokenize_corpus, unigram_loss
+from .tokens import SOURCES, eval_loss, heldout_rows, load_tokens, tokenize_corpus, unigram_loss
 
 
 def truncate_body(completion: str) -> tuple[str, bool]:

@@ -340,7 +340,6 @@ class Trainer:
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
         log = open(os.path.join(a.out, "train_log.jsonl"), "a") if self.rank == 0 else None
         acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []
-        t_last = time.time()
         stop_at = time.time() + a.max_minutes * 60 - self.elapsed if a.max_minutes else None
         while self.step < self.total:
             t0 = time.time()
