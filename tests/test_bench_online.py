@@ -42,6 +42,7 @@ def test_online_equals_offline(online_run):
         assert r["ttft_ms"]["mean"] > 0 and r["output_tok_s"] > 0
         if r["method"] != "baseline":                       # server /metrics counters, this run only
             assert r["metrics"]["num_drafts"] > 0
+            assert r["metrics"]["num_steps_per_k"][3] > 0 and r["mean_k"] == 3 == o["mean_k"]   # K histogram
             assert r["metrics"]["mean_acceptance_length"] == pytest.approx(
                 o["metrics"]["mean_acceptance_length"], abs=0.15)
     md = open(os.path.join(out, "report.md")).read()

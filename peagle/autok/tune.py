@@ -110,6 +110,9 @@ def run(a) -> int:
         b = (s + t) // 2
         gain = float(e[k] / cost.predict(b)[k] * cost.predict(b)[0])
         print(f"  batch {s}-{t}: K={k}  (at B={b}: {gain:.2f}x plain decoding, estimated)", file=sys.stderr)
+    if spec.parallel_drafting:
+        print("peagle tune: note: vLLM's dynamic K with parallel drafting keeps the configured K's mask slots "
+              "(vLLM PR #45695, open at the time of writing); check your vLLM version", file=sys.stderr)
     text = json.dumps(out)
     if a.out:
         with open(a.out, "w") as f:
