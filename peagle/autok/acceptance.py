@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 
-import torch
+import numpy as np
 
 DEFAULT_FIRST = 0.6          # alpha_1 before any evidence when the head carries no training accuracy
 
 
 class Acceptance:
+    """Small float64 numpy arrays (k_max <= 32, a batch of rows): per-step cost is microseconds."""
+
     def __init__(self, k_max: int, prior: list | None = None, prior_weight: float = 4.0,
                  half_life_rows: float = 4096.0, request_weight: float = 16.0, request_half_life: float = 128.0):
         self.k_max = int(k_max)
@@ -30,48 +32,49 @@ class Acceptance:
         self.w0, self.wr = prior_weight, request_weight
         self.decay = 0.5 ** (1.0 / half_life_rows)
         self.decay_r = 0.5 ** (1.0 / request_half_life)
-        self.s = torch.zeros(self.k_max, dtype=torch.float64)     # successes per position (global, aged)
-        self.t = torch.zeros(self.k_max, dtype=torch.float64)     # trials per position
-        self.slots: dict[str, int] = {}                           # request id -> row of rs / rt
+        self.s = np.zeros(self.k_max)        # successes per position (global, aged)
+        self.t = np.zeros(self.k_max)        # trials per position
+        self.slots: dict[str, int] = {}     # request id -> row of rs / rt
         self._free: list[int] = []
-        self.rs = torch.zeros(0, self.k_max, dtype=torch.float64)
-        self.rt = torch.zeros(0, self.k_max, dtype=torch.float64)
+        self.rs = np.zeros((0, self.k_max))
+        self.rt = np.zeros((0, self.k_max))
 
-    def global_alpha(self) -> torch.Tensor:
-        a, prev = [], self.first
+    def global_alpha(self) -> np.ndarray:
+        a, prev = np.empty(self.k_max), self.first
+        s, t = self.s.tolist(), self.t.tolist()
         for j in range(self.k_max):
             prior = self.first if j == 0 else prev * self.ratio[j]
-            prev = float((self.s[j] + self.w0 * prior) / (self.t[j] + self.w0))
-            a.append(prev)
-        return torch.tensor(a, dtype=torch.float64)
+            prev = a[j] = (s[j] + self.w0 * prior) / (t[j] + self.w0)
+        return a
 
-    def alphas(self, rids) -> torch.Tensor:
+    def alphas(self, rids) -> np.ndarray:
         """[B, k_max]: each row's alpha (its own evidence shrunk toward the global estimate)."""
-        g = self.global_alpha()[None].expand(len(rids), -1)
-        idx = [self.slots.get(r, -1) for r in rids]
-        known = torch.tensor([i >= 0 for i in idx])
-        if not bool(known.any()):
-            return g.clone()
-        sel = torch.tensor([max(i, 0) for i in idx])
-        own = (self.rs[sel] + self.wr * g) / (self.rt[sel] + self.wr)
-        return torch.where(known[:, None], own, g)
+        g = self.global_alpha()
+        idx = np.array([self.slots.get(r, -1) for r in rids], dtype=np.int64)
+        known = idx >= 0
+        out = np.broadcast_to(g, (len(rids), self.k_max)).copy()
+        if known.any():
+            sel = idx[known]
+            out[known] = (self.rs[sel] + self.wr * g) / (self.rt[sel] + self.wr)
+        return out
 
-    def expected_tokens(self, rids) -> torch.Tensor:
+    def expected_tokens(self, rids) -> np.ndarray:
         """[k_max + 1]: sum over rows of E[accepted + 1 | K] for K = 0..k_max."""
-        c = self.alphas(rids).clamp(1e-6, 1 - 1e-6).cumprod(1).sum(0)
-        return torch.cat([torch.zeros(1, dtype=torch.float64), c.cumsum(0)]) + len(rids)
+        c = np.clip(self.alphas(rids), 1e-6, 1 - 1e-6).cumprod(1).sum(0)
+        return np.concatenate([[0.0], c.cumsum()]) + len(rids)
 
-    def observe(self, rids, k: int, accepted: torch.Tensor):
-        B = len(rids)
-        self.s *= self.decay ** B
-        self.t *= self.decay ** B
+    def observe(self, rids, k: int, accepted):
+        """accepted: accepted drafts per row (any int sequence or tensor of length B)."""
+        d = self.decay ** len(rids)
+        self.s *= d
+        self.t *= d
         self._keep(rids)
         if not k:
             return
-        idx = torch.tensor([self._slot(r) for r in rids])
-        a = accepted.to(torch.long)[:, None]
-        pos = torch.arange(k)[None]
-        trial, succ = (pos <= a).double(), (pos < a).double()         # [B, k]
+        idx = np.array([self._slot(r) for r in rids], dtype=np.int64)
+        a = np.asarray(accepted.tolist() if hasattr(accepted, "tolist") else accepted, dtype=np.int64)[:, None]
+        pos = np.arange(k)[None]
+        trial, succ = (pos <= a).astype(np.float64), (pos < a).astype(np.float64)       # [B, k]
         self.t[:k] += trial.sum(0)
         self.s[:k] += succ.sum(0)
         self.rt[idx] *= self.decay_r
@@ -94,8 +97,8 @@ class Acceptance:
             if not self._free:
                 n = self.rs.shape[0]
                 grow = max(8, n)
-                self.rs = torch.cat([self.rs, torch.zeros(grow, self.k_max, dtype=torch.float64)])
-                self.rt = torch.cat([self.rt, torch.zeros(grow, self.k_max, dtype=torch.float64)])
+                self.rs = np.concatenate([self.rs, np.zeros((grow, self.k_max))])
+                self.rt = np.concatenate([self.rt, np.zeros((grow, self.k_max))])
                 self._free.extend(range(n + grow - 1, n - 1, -1))
             i = self.slots[rid] = self._free.pop()
         return i

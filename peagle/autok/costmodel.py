@@ -17,6 +17,7 @@ import math
 import os
 import platform
 
+import numpy as np
 import torch
 
 FORMAT = 1
@@ -71,7 +72,7 @@ class CostModel:
         if not batch_sizes or len(times) != len(batch_sizes):
             raise ValueError("a cost model needs one row of times per batch size")
         self.bs = [int(b) for b in batch_sizes]
-        self.t = torch.tensor(times, dtype=torch.float64).clamp_min(1e-6)        # [G, k_max + 1]
+        self.t = np.maximum(np.asarray(times, dtype=np.float64), 1e-6)        # [G, k_max + 1]
         self.rate, self.scale_rate, self.meta = rate, scale_rate, dict(meta or {})
         self.scale, self.updates = 1.0, 0
 
@@ -88,21 +89,21 @@ class CostModel:
         w = (B - bs[i - 1]) / (bs[i] - bs[i - 1])
         return [(i - 1, 1.0 - w), (i, w)]
 
-    def predict(self, B: int) -> torch.Tensor:
+    def predict(self, B: int) -> np.ndarray:
         """[k_max + 1]: seconds per step at batch size B for each K."""
         out = sum(w * self.t[i] for i, w in self._weights(B))
         if B > self.bs[-1]:
-            out = torch.maximum(out, self.t[-1])
+            out = np.maximum(out, self.t[-1])
         return self.scale * out
 
     def update(self, B: int, k: int, seconds: float):
         if seconds <= 0 or not 0 <= k <= self.k_max:
             return
 
-        def err():
-            return max(-0.5, min(0.5, math.log(seconds) - math.log(float(self.predict(B)[k]))))
-        self.scale *= math.exp(self.scale_rate * err())
-        e = err()
+        gap = math.log(seconds) - math.log(float(self.predict(B)[k]))
+        e1 = max(-0.5, min(0.5, gap))
+        self.scale *= math.exp(self.scale_rate * e1)
+        e = max(-0.5, min(0.5, gap - self.scale_rate * e1))          # what the new scale leaves
         ws = self._weights(B)
         if B > self.bs[-1]:
             ws = [(len(self.bs) - 1, 1.0)]
@@ -113,8 +114,8 @@ class CostModel:
     def monotone(self) -> "CostModel":
         """Make the grid nondecreasing in K (least-squares isotonic fit per batch size) and in B."""
         for i in range(self.t.shape[0]):
-            self.t[i] = torch.tensor(_isotonic(self.t[i].tolist()), dtype=torch.float64)
-        self.t = self.t.cummax(0).values
+            self.t[i] = _isotonic(self.t[i].tolist())
+        self.t = np.maximum.accumulate(self.t, axis=0)
         return self
 
     def copy(self) -> "CostModel":

@@ -15,16 +15,15 @@ import json
 import os
 import sys
 
-import torch
+import numpy as np
 
 
-def expected_tokens(rate_per_pos: list) -> torch.Tensor:
+def expected_tokens(rate_per_pos: list) -> np.ndarray:
     """[k_max + 1]: E[accepted + 1 | K] from P(accepted >= i), i = 1..k_max."""
-    r = torch.tensor([0.0] + [float(x) for x in rate_per_pos], dtype=torch.float64)
-    return 1.0 + r.cumsum(0)
+    return 1.0 + np.cumsum([0.0] + [float(x) for x in rate_per_pos])
 
 
-def best_k_per_batch(expected: torch.Tensor, cost, max_batch: int) -> list:
+def best_k_per_batch(expected: np.ndarray, cost, max_batch: int) -> list:
     """[K for B = 1..max_batch]: argmax_K E(K) / t(B, K) (the batch's tokens per second)."""
     k_max = expected.shape[0] - 1
     return [int((expected / cost.predict(b)[: k_max + 1]).argmax()) for b in range(1, max_batch + 1)]
@@ -72,6 +71,7 @@ def run(a) -> int:
     from ..spec_config import parse_spec_config
     from .factory import cost_model_for, k_max_for
     if a.threads:
+        import torch
         torch.set_num_threads(a.threads)
     if a.max_num_seqs < 1 or a.num_prompts < 1 or a.output_len < 1:
         raise PeagleError("--max-num-seqs, --num-prompts and --output-len must be >= 1")
