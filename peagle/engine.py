@@ -15,7 +15,8 @@ before decoding, because a request may stop at its first token and context-readi
 Row invariant (row i = running[i]): the target cache holds all of the sequence but its last token
 (cache.lens[i] = seq_len - 1; state.last[i] = the last token); the drafter cache holds the positions below
 cache.lens[i] - state.draft_n[i], and state.draft_ids/aux hold the draft_n rows the next step with K > 0 adds
-there (a K = 0 step appends its row to them: the drafter catches up later).
+there (a K = 0 step appends its row to them, and a request admitted while the K policy is not drafting
+starts with its whole prompt there: the drafter catches up later).
 cache.lens is the one record of lengths on the device; the host keeps each request's token list and, from
 the copies, `seq_len` and `draft_rows`, used only to size work (attention spans, block widths)."""
 from __future__ import annotations
@@ -201,7 +202,9 @@ class Engine:
         st.last[b0:b0 + B] = first
         for r, n in zip(new, lens):
             r.seq_len = n + 1
-        if self.proposer is not None:
+        if self.proposer is not None and not self.k_policy.drafts_next(b0 + B):
+            self._defer_drafter_context(new, b0, toks, aux, plen, first)
+        elif self.proposer is not None:
             # drafter context: position q gets token x_{q+1} with the target's aux state at q, for q < P - 1;
             # the row at P - 1 (the first sampled token) is what the first decode step adds
             if T > 1:
@@ -215,6 +218,21 @@ class Engine:
             for r in new:
                 r.draft_rows = 1
         return first
+
+    def _defer_drafter_context(self, new, b0, toks, aux, plen, first):
+        """The K policy is not drafting: the whole prompt's drafter rows (x_{q+1} with aux at q, q = 0..P-1, the
+        last one the first sampled token) wait in the row state for the catch-up of the next K > 0 step, so a
+        request that never drafts costs no drafter work."""
+        B, T, st = len(new), toks.shape[1], self.state
+        st.ensure(b0 + B, max(self.k, T) + 1, None if aux is None else aux.shape[-1],
+                  None if aux is None else aux.dtype)
+        st.draft_ids[b0:b0 + B, : T - 1] = toks[:, 1:]
+        st.draft_ids[b0 + torch.arange(B, device=self.device), plen - 1] = first
+        if aux is not None:
+            st.draft_aux[b0:b0 + B, :T] = aux[:, :T]
+        st.draft_n[b0:b0 + B] = plen
+        for r in new:
+            r.draft_rows = len(r.prompt_token_ids)
 
     def _decode(self) -> list[StepOutput]:
         rows = self.running

@@ -2,8 +2,6 @@
 them into an LLM's engine."""
 from __future__ import annotations
 
-import itertools
-
 from peagle.autok.policy import FixedK, KPolicy
 from peagle.drafters.base import Proposer
 from peagle.spec_metrics import SpecMetrics
@@ -27,13 +25,18 @@ class ScriptedK(KPolicy):
 
     def __init__(self, k_max, script):
         super().__init__(k_max)
-        self._it = itertools.cycle(script)
+        self.script, self.i = list(script), 0
         self.chosen, self.observed = [], []
 
     def choose(self, rows):
-        k = next(self._it)
+        k = self.script[self.i % len(self.script)]
+        self.i += 1
         self.chosen.append(k)
         return k
+
+    def drafts_next(self, batch_size):
+        """Whether the next scripted K drafts (K = 0 next: new prompts wait for the drafter's catch-up)."""
+        return self.script[self.i % len(self.script)] > 0
 
     def observe(self, rows, k, accepted, step_s):
         self.observed.append((len(rows), k, accepted.tolist()))

@@ -12,6 +12,8 @@ def test_schedule_lookup_like_vllm():
     assert BatchSizeSchedule([[1, 4, 9], [5, 8, 0]], k_max=5).k_for(6) == 0       # K = 0 allowed
     assert p.describe()["schedule"] == [[1, 16, 3], [32, 128, 2]]
     assert FixedK(4).choose([object()] * 3) == 4
+    sched = BatchSizeSchedule([[1, 2, 5], [3, 8, 0]], k_max=5)
+    assert sched.drafts_next(2) and not sched.drafts_next(3)     # K = 0 ahead: prompts wait for the catch-up
 
 
 @pytest.mark.parametrize("bad,msg", [

@@ -64,6 +64,7 @@ class DrafterFeed:
 
     def __init__(self, engine):
         self.e, self.fed, self.aux, self.calls = engine, {}, {}, []
+        self.first = {}                  # request id -> "prefill" or "propose" (prompt deferred to the catch-up)
         p = engine.proposer
         prefill, propose = p.prefill, p.propose
 
@@ -82,6 +83,7 @@ class DrafterFeed:
 
     def _check(self, r, batch, i, n, newest=False):
         start, all_ids = int(batch.start[i]), r.all_ids
+        self.first.setdefault(r.request_id, "propose" if newest else "prefill")
         assert start == self.fed.get(r.request_id, 0), (r.request_id, start, self.fed.get(r.request_id))
         assert batch.ids[i, :n].tolist() == all_ids[start + 1:start + 1 + n]
         if newest:
@@ -118,6 +120,7 @@ def test_k_changing_mid_request_greedy_identical_and_drafter_catches_up(target, 
     steps = m["num_steps_per_k"]
     assert all(steps[k] > 0 for k in set(SCRIPT)) and steps[0] > 0
     assert feed.calls == [k for _, k, _ in policy.observed if k]          # K = 0: the drafter does not run
+    assert set(feed.first.values()) == {"prefill", "propose"}               # admitted before K = 0: prompt deferred
     assert m["num_draft_tokens"] == sum(b * k for b, k, _ in policy.observed)
     assert m["num_accepted_tokens"] == sum(sum(a) for _, _, a in policy.observed)
     assert m["k_policy"]["mode"] == "scripted"

@@ -40,6 +40,9 @@ class AutoK(KPolicy):
                      "tokens_per_s": rate}
         return k
 
+    def drafts_next(self, batch_size: int) -> bool:
+        return self.last.get("k", 1) > 0             # as the last step chose (before any: yes)
+
     def observe(self, rows, k, accepted, step_s):
         self.acc.observe([r.request_id for r in rows], k, accepted)
         if self.refine:

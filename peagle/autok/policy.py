@@ -21,6 +21,11 @@ class KPolicy:
         """rows: the engine's running Request objects (the batch of this step)."""
         raise NotImplementedError
 
+    def drafts_next(self, batch_size: int) -> bool:
+        """Will the coming steps draft (K > 0)? If not, the engine leaves new prompts to the drafter's catch-up
+        instead of prefilling the drafter at admission."""
+        return self.k_max > 0
+
     def observe(self, rows, k: int, accepted, step_s: float) -> None:
         """After a decode step: K used, accepted drafts per row (tensor [B]; zeros when K = 0) and the step's
         wall time in seconds (drafting + verification + bookkeeping)."""
@@ -82,6 +87,9 @@ class BatchSizeSchedule(KPolicy):
 
     def choose(self, rows) -> int:
         return self.k_for(len(rows))
+
+    def drafts_next(self, batch_size: int) -> bool:
+        return self.k_for(batch_size) > 0
 
     def describe(self) -> dict:
         return {**super().describe(), "schedule": [list(e) for e in self.schedule]}
