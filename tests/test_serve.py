@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,43 +18,17 @@ import urllib.request
 import openai
 import pytest
 
-from heads import save_random_head
-from tiny import make_tiny_tokenizer
-
-from peagle import LLM, SamplingParams
+from peagle import SamplingParams
 from peagle.server.detok import IncrementalDetokenizer
-from peagle.server.runner import BackgroundServer
+from serving import (K, client, get_json, get_text, greedy, post, ref_complete, spec_cfg, start, stream_completion,
+                     wait_idle)
+from serving import head_dir, model_dir, ref_llm  # noqa: F401 (fixtures)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["Hello there", "The quick brown fox", "Speculative decoding drafts", "Once upon a time, in a land",
            "café naïve 東京 😀", "def main(): return", "Numbers: 1 2 3", "Servers stream tokens"]
 CHATS = [[{"role": "user", "content": "hi"}],
          [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about the fox."}]]
-K = 3
-
-
-# ---------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def model_dir(tiny_dirs, tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("serve") / "tiny")
-    shutil.copytree(tiny_dirs["llama"], d)       # the session's tiny Llama, plus a tokenizer with a chat template
-    make_tiny_tokenizer(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def head_dir(model_dir, tmp_path_factory):
-    return save_random_head(model_dir, str(tmp_path_factory.mktemp("serve-head") / "p"), layers=2)
-
-
-def spec_cfg(head):
-    return {"method": "eagle3", "model": head, "num_speculative_tokens": K, "parallel_drafting": True}
-
-
-def start(model_dir, spec=None, **kw):
-    from peagle.server.cli import build_state, resolve_config
-    m, name, sp = resolve_config(model_dir, json.dumps(spec) if spec else None, env={})
-    return BackgroundServer(build_state(m, "tiny", sp, **kw)).start()
 
 
 @pytest.fixture(scope="module")
@@ -75,58 +48,6 @@ def spec(model_dir, head_dir):
 @pytest.fixture(scope="module", params=["plain", "peagle"])
 def server(request):
     return request.getfixturevalue("plain" if request.param == "plain" else "spec")
-
-
-@pytest.fixture(scope="module")
-def ref_llm(model_dir):
-    return LLM(model_dir)
-
-
-def client(srv, retries=0):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=retries, timeout=120)
-
-
-def greedy(max_tokens, **kw):
-    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
-
-
-def ref_complete(llm, prompts, max_tokens, **kw):
-    return [o.outputs[0] for o in llm.generate(list(prompts), greedy(max_tokens, **kw))]
-
-
-def get_json(srv, path):
-    with urllib.request.urlopen(srv.url + path, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def get_text(srv, path):
-    with urllib.request.urlopen(srv.url + path, timeout=30) as r:
-        return r.read().decode()
-
-
-def wait_idle(srv, timeout=20.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        d = get_json(srv, "/debug/engine")
-        if d["rows_in_use"] == 0 and d["waiting"] == 0 and d["in_flight"] == 0:
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    raise AssertionError(f"engine not idle after {timeout}s: {get_json(srv, '/debug/engine')}")
-
-
-def stream_completion(c, prompt, max_tokens, extra_body=None, **kw):
-    pieces, ids, fin, usage = [], [], None, None
-    s = c.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-                             stream_options={"include_usage": True},
-                             extra_body={"return_token_ids": True, **(extra_body or {})}, **kw)
-    for ch in s:
-        if ch.usage is not None:
-            usage = ch.usage
-        if ch.choices:
-            pieces.append(ch.choices[0].text)
-            ids += ch.choices[0].model_extra.get("token_ids") or []
-            fin = ch.choices[0].finish_reason or fin
-    return "".join(pieces), ids, fin, usage
 
 
 # ---------------------------------------------------------------- unit: incremental detokenization
@@ -255,16 +176,6 @@ def test_stop_strings_seeds_and_metrics(plain, spec, ref_llm):
 
 
 # ---------------------------------------------------------------- bad input
-def post(srv, path, body: bytes, headers=None):
-    req = urllib.request.Request(srv.url + path, data=body, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 BAD = [  # (path, body, status, param)
     ("/v1/completions", b'{"model": "tiny", "prompt": ', 400, None),
     ("/v1/completions", b'[1, 2]', 400, None),
@@ -300,7 +211,7 @@ BAD = [  # (path, body, status, param)
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -3},
      400, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 3000}]}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 3000}]}, 400, "messages"),
 ]
 
 
@@ -575,8 +486,8 @@ def test_cli_serve_subprocess(model_dir, head_dir, ref_llm):
         port = s.getsockname()[1]
     env = {**os.environ, "PEAGLE_SPECULATIVE_CONFIG": json.dumps(spec_cfg(head_dir)), "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", model_dir, "--port", str(port),
-                          "--max-num-seqs", "4", "--log-level", "warning"], env=env, cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                          "--max-num-seqs", "4", "--max-tokens-limit", "16", "--log-level", "warning"], env=env,
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         class S:
             url = f"http://127.0.0.1:{port}"
@@ -592,10 +503,12 @@ def test_cli_serve_subprocess(model_dir, head_dir, ref_llm):
             time.sleep(0.2)
         d = get_json(S, "/debug/engine")
         assert d["speculative"]["method"] == "peagle" and d["max_num_seqs"] == 4
-        c = openai.OpenAI(base_url=S.url + "/v1", api_key="none", max_retries=0)
+        c = client(S)
         ref = ref_complete(ref_llm, [PROMPTS[4]], 16)[0]
         r = c.completions.create(model=model_dir, prompt=PROMPTS[4], max_tokens=16, temperature=0)
         assert r.choices[0].text == ref.text
+        with pytest.raises(openai.BadRequestError, match="at most 16"):
+            c.completions.create(model=model_dir, prompt=PROMPTS[4], max_tokens=17)
     finally:
         p.terminate()
         try:

@@ -3,6 +3,8 @@
 - cli.py:      the `peagle serve` command line (model, --speculative-config, limits) -> uvicorn
 
 - protocol.py: request models, OpenAI-style errors, request -> SamplingParams
+- prompt.py:   request -> prompt token ids (completions, chat template)
+- limits.py:   per-request limits (body size, prompt tokens, max_tokens and its default, stop strings and ids)
 - detok.py:    incremental detokenization for streaming (holds back partial UTF-8 and stop-string prefixes)
 - loop.py:     the engine loop thread (the only thread touching the engine): continuous batching, admission, aborts
 - prometheus.py: Prometheus metrics (own registry; vLLM's names for spec-decode counters)

@@ -15,12 +15,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .detok import IncrementalDetokenizer
+from .limits import Limits, read_body
 from .loop import EngineLoop, Failure, Gone, Handle, Tokens
 from .prometheus import ServerMetrics
+from .prompt import chat_prompt, completion_prompt
 from .protocol import (ApiError, ChatRequest, CompletionRequest, check_unsupported, error_body, parse_body,
                        sampling_params)
 
 log = logging.getLogger("peagle.serve")
+COMPLETIONS_MAX_TOKENS = 16     # OpenAI's default for completions that give no max_tokens
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/debug/engine")
 
 
@@ -28,12 +31,12 @@ class ServerState:
     """Everything the app needs: the engine (owned by the loop thread), a tokenizer for the HTTP side, names."""
 
     def __init__(self, engine, tokenizer, model_name: str, model_dir: str, spec=None, max_waiting: int = 512,
-                 max_body_bytes: int = 8 << 20, aliases=()):
+                 limits: Limits | None = None, aliases=()):
         self.engine, self.tokenizer = engine, tokenizer
         self.model_name, self.model_dir, self.spec = model_name, model_dir, spec
         self.names = {model_name, model_dir, os.path.abspath(model_dir), *aliases}
         self.max_model_len = engine.max_model_len
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits or Limits()
         self.metrics = ServerMetrics(model_name)
         self.loop = EngineLoop(engine, max_waiting, self.metrics)
         self.metrics.loop = self.loop
@@ -101,32 +104,33 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         t0 = time.perf_counter()
-        req = parse_body(await _read_body(request, state.max_body_bytes), CompletionRequest)
+        req = parse_body(await read_body(request, state.limits.max_body_bytes), CompletionRequest)
         _check_model(state, req.model)
         check_unsupported(req)
-        ids, text = _completion_prompt(state, req.prompt)
-        return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens, t0=t0)
+        ids, text = completion_prompt(state, req.prompt)
+        given = "max_tokens" in req.model_fields_set     # absent: OpenAI's 16 (or the server's default)
+        return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens, t0=t0,
+                               fallback=None if given else COMPLETIONS_MAX_TOKENS)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         t0 = time.perf_counter()
-        req = parse_body(await _read_body(request, state.max_body_bytes), ChatRequest)
+        req = parse_body(await read_body(request, state.limits.max_body_bytes), ChatRequest)
         _check_model(state, req.model)
         check_unsupported(req)
-        ids = _chat_prompt(state, req)
+        ids = chat_prompt(state, req)
         mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return await _generate(state, request, req, ids, None, chat=True, max_tokens=mt, t0=t0)
 
-    return _StatusCounter(app, m)
+    return _StatusCounter(app, m, app.state)
 
 
 class _StatusCounter:
     """Pure ASGI middleware counting responses by route and status (no BaseHTTPMiddleware: it breaks streaming
     disconnect detection)."""
 
-    def __init__(self, app, metrics):
-        self.app, self.m = app, metrics
-        self.state = app.state
+    def __init__(self, app, metrics, app_state):
+        self.app, self.m, self.state = app, metrics, app_state
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -145,94 +149,16 @@ class _StatusCounter:
 
 
 # ---------------------------------------------------------------- request helpers
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, or 413. A body over the limit is still read (and dropped) up to 8x the limit, so that an
-    ordinary client gets to read the 413 instead of a broken pipe; beyond that the connection is cut."""
-    n = request.headers.get("content-length")
-    drain_cap = 8 * limit
-    if n is not None and n.isdigit() and int(n) > drain_cap:
-        raise ApiError(413, f"request body is {n} bytes; the limit is {limit}", code="request_too_large")
-    chunks, size = [], 0
-    async for c in request.stream():
-        size += len(c)
-        if size > drain_cap:
-            break
-        if size <= limit:
-            chunks.append(c)
-    if size > limit:
-        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
-    return b"".join(chunks)
-
-
 def _check_model(state: ServerState, name):
     if name is not None and name not in state.names:
-        raise ApiError(404, f"The model `{name}` does not exist. This server serves `{state.model_name}`.",
+        raise ApiError(404, f"The model `{name[:200]}` does not exist. This server serves `{state.model_name}`.",
                        "not_found_error", "model", "model_not_found")
 
 
-def _need_tokenizer(state):
-    if state.tokenizer is None:
-        raise ApiError(400, f"{state.model_name} has no tokenizer: send the prompt as a list of token ids",
-                       param="prompt")
-
-
-def _completion_prompt(state: ServerState, prompt):
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise ApiError(400, "only one prompt per request is supported", param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        _need_tokenizer(state)
-        if len(prompt) > 64 * state.max_model_len + 4096:     # cheap bound before tokenizing megabytes
-            raise ApiError(400, f"prompt is far longer than the context ({state.max_model_len} tokens)",
-                           param="prompt", code="context_length_exceeded")
-        ids = state.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        text = prompt
-    else:
-        ids, text = list(prompt), None
-        if ids and (min(ids) < 0 or max(ids) >= state.vocab_size):
-            raise ApiError(400, f"prompt token ids must be in 0..{state.vocab_size - 1}", param="prompt")
-    return _check_prompt_len(state, ids), text
-
-
-def _check_prompt_len(state, ids):
-    if not ids:
-        raise ApiError(400, "prompt is empty", param="prompt")
-    if len(ids) >= state.max_model_len:
-        raise ApiError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, your "
-                            f"prompt has {len(ids)} tokens (the context must hold the prompt and at least one "
-                            f"generated token).", param="prompt", code="context_length_exceeded")
-    return ids
-
-
-def _chat_prompt(state: ServerState, req: ChatRequest):
-    _need_tokenizer(state)
-    tok = state.tokenizer
-    if not getattr(tok, "chat_template", None):
-        raise ApiError(400, f"{state.model_name} has no chat template", param="messages")
-    if not req.messages:
-        raise ApiError(400, "messages must not be empty", param="messages")
-    msgs = []
-    for i, mm in enumerate(req.messages):
-        c = mm.content
-        if isinstance(c, list):
-            if any(p.type != "text" or p.text is None for p in c):
-                raise ApiError(400, f"messages[{i}].content: only text parts are supported", param="messages")
-            c = "".join(p.text for p in c)
-        msgs.append({"role": mm.role, "content": c or ""})
-    if sum(len(x["content"]) for x in msgs) > 64 * state.max_model_len + 4096:
-        raise ApiError(400, f"messages are far longer than the context ({state.max_model_len} tokens)",
-                       param="messages", code="context_length_exceeded")
-    try:     # the same call as LLM.apply_chat_template
-        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the client's
-        raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from None
-    ids = list(out["input_ids"] if hasattr(out, "keys") else out)
-    return _check_prompt_len(state, ids)
-
-
-async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens, t0=None):
-    params = sampling_params(req, max_tokens, len(ids), state.max_model_len)
+async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens, t0=None,
+                    fallback=None):
+    params = sampling_params(req, state.limits.max_tokens_for(max_tokens, len(ids), state.max_model_len, fallback))
+    state.limits.check_stop(params.stop, params.stop_token_ids)
     if params.stop and (state.tokenizer is None or state.engine.tok is None):
         raise ApiError(400, "stop strings need a tokenizer; this model has none (use stop_token_ids)", param="stop")
     if any(not 0 <= t < state.vocab_size for t in params.stop_token_ids):

@@ -31,7 +31,16 @@ def add_parser(sub):
     add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    g = p.add_argument_group("request limits (over a limit: HTTP 4xx naming the parameter)")
+    g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body size (default 8 MiB)")
+    g.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt tokens (default: the context)")
+    g.add_argument("--max-tokens-limit", type=int, default=None,
+                   help="the largest max_tokens a request may ask for (default: the rest of the context)")
+    g.add_argument("--default-max-tokens", type=int, default=None,
+                   help="max_tokens for requests that give none (default: --max-tokens-limit, else the rest of the "
+                        "context)")
+    g.add_argument("--max-stop", type=int, default=16, help="stop strings, and stop_token_ids, per request")
+    g.add_argument("--max-stop-chars", type=int, default=512, help="characters per stop string")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true")
     p.set_defaults(func=run)
@@ -72,7 +81,7 @@ def resolve_config(model, spec_flag, env=None):
 
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
-                max_model_len=None, max_body_bytes=8 << 20, device="auto"):
+                max_model_len=None, limits=None, device="auto"):
     from ..errors import PeagleError
     from ..llm import build_engine, load_tokenizer
     from .app import ServerState
@@ -84,17 +93,20 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
                                    max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
-    return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, max_body_bytes=max_body_bytes)
+    return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits)
 
 
 def run(args) -> int:
     import uvicorn
 
     from .app import create_app
+    from .limits import Limits
     model = args.model or args.model_opt
     model_dir, name, spec = resolve_config(model, args.speculative_config)
+    limits = Limits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit, args.default_max_tokens,
+                    args.max_stop, args.max_stop_chars)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
-                        args.max_num_seqs, args.max_waiting, args.max_model_len, args.max_body_bytes, args.device)
+                        args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits, device=args.device)
     sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "

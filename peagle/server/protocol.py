@@ -60,7 +60,6 @@ class _Common(_Strict):
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16                    # OpenAI's default for completions
     best_of: int | None = None
     echo: bool | None = False
     logprobs: int | None = None
@@ -143,27 +142,16 @@ def check_unsupported(req: _Common):
             raise ApiError(400, "only response_format type 'text' is supported", param="response_format")
 
 
-def sampling_params(req: _Common, max_tokens: int | None, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """The request's sampling parameters; checks max_tokens against the context like vLLM does."""
+def sampling_params(req: _Common, max_tokens: int | None) -> SamplingParams:
+    """The request's sampling parameters (max_tokens already checked against the limits and the context)."""
     for name in ("temperature", "top_p"):
         _finite(name, getattr(req, name))
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-        if prompt_len + max_tokens > max_model_len:
-            raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-                                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
-                                f"{max_tokens} in the completion). Please reduce the length of the prompt or "
-                                f"completion.", param="max_tokens", code="context_length_exceeded")
     if req.top_k is not None and req.top_k < -1:
         raise ApiError(400, f"top_k must be -1 (off), 0 (off) or positive, got {req.top_k}", param="top_k")
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > 16 or any(len(s) > 512 for s in stop):
-        raise ApiError(400, "at most 16 stop strings of at most 512 characters", param="stop")
     try:
         return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
                               top_p=1.0 if req.top_p is None else req.top_p,
-                              top_k=req.top_k or 0, max_tokens=max_tokens, stop=stop,
+                              top_k=req.top_k or 0, max_tokens=max_tokens, stop=req.stop,
                               stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=req.seed)
     except PeagleError as e:
         msg = str(e)

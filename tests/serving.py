@@ -1,0 +1,115 @@
+"""Shared by the server tests: the tiny served model and its random head (fixtures: import them into a test
+module), servers on loopback ports, the plain-decoding reference and small HTTP helpers. A server with API keys
+is called with its first key (the helpers read it from the server's state)."""
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from heads import save_random_head
+from tiny import make_tiny_tokenizer
+
+from peagle import LLM, SamplingParams
+from peagle.server.runner import BackgroundServer
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_dirs, tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("serve") / "tiny")
+    shutil.copytree(tiny_dirs["llama"], d)       # the session's tiny Llama, plus a tokenizer with a chat template
+    make_tiny_tokenizer(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def head_dir(model_dir, tmp_path_factory):
+    return save_random_head(model_dir, str(tmp_path_factory.mktemp("serve-head") / "p"), layers=2)
+
+
+@pytest.fixture(scope="module")
+def ref_llm(model_dir):
+    return LLM(model_dir)
+
+
+def spec_cfg(head):
+    return {"method": "eagle3", "model": head, "num_speculative_tokens": K, "parallel_drafting": True}
+
+
+def start(model_dir, spec=None, **kw):
+    from peagle.server.cli import build_state, resolve_config
+    m, name, sp = resolve_config(model_dir, json.dumps(spec) if spec else None, env={})
+    return BackgroundServer(build_state(m, "tiny", sp, **kw)).start()
+
+
+def auth_headers(srv) -> dict:
+    keys = getattr(getattr(srv, "state", None), "api_keys", ())
+    return {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+
+def client(srv, retries=0):
+    key = auth_headers(srv).get("Authorization", "Bearer none").split(" ", 1)[1]
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=retries, timeout=120)
+
+
+def greedy(max_tokens, **kw):
+    return SamplingParams(temperature=0, max_tokens=max_tokens, **kw)
+
+
+def ref_complete(llm, prompts, max_tokens, **kw):
+    return [o.outputs[0] for o in llm.generate(list(prompts), greedy(max_tokens, **kw))]
+
+
+def _get(srv, path):
+    return urllib.request.urlopen(urllib.request.Request(srv.url + path, headers=auth_headers(srv)), timeout=30)
+
+
+def get_json(srv, path):
+    with _get(srv, path) as r:
+        return json.loads(r.read())
+
+
+def get_text(srv, path):
+    with _get(srv, path) as r:
+        return r.read().decode()
+
+
+def post(srv, path, body: bytes, headers=None, auth=True):
+    """-> (status, parsed JSON body). auth: send the server's key (if it has one); headers may replace it."""
+    hs = {"Content-Type": "application/json", **(auth_headers(srv) if auth else {}), **(headers or {})}
+    req = urllib.request.Request(srv.url + path, data=body, method="POST", headers=hs)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def wait_idle(srv, timeout=20.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        d = get_json(srv, "/debug/engine")
+        if d["rows_in_use"] == 0 and d["waiting"] == 0 and d["in_flight"] == 0:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"engine not idle after {timeout}s: {get_json(srv, '/debug/engine')}")
+
+
+def stream_completion(c, prompt, max_tokens, extra_body=None, **kw):
+    pieces, ids, fin, usage = [], [], None, None
+    s = c.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                             stream_options={"include_usage": True},
+                             extra_body={"return_token_ids": True, **(extra_body or {})}, **kw)
+    for ch in s:
+        if ch.usage is not None:
+            usage = ch.usage
+        if ch.choices:
+            pieces.append(ch.choices[0].text)
+            ids += ch.choices[0].model_extra.get("token_ids") or []
+            fin = ch.choices[0].finish_reason or fin
+    return "".join(pieces), ids, fin, usage
