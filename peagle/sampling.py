@@ -30,8 +30,8 @@ class SamplingParams:
             raise PeagleError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise PeagleError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is None or self.top_k < 0:
-            self.top_k = 0
+        if self.top_k is None or self.top_k < 0 or self.top_k >= 2 ** 31:    # 2**31 and more: no vocabulary is
+            self.top_k = 0                                                    # that large (and int64 may overflow)
         if self.max_tokens is not None and self.max_tokens < 1:
             raise PeagleError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.n != 1:
@@ -63,6 +63,7 @@ def probs_from_logits(logits: torch.Tensor, temperature, top_k, top_p) -> torch.
         drop = (ps.cumsum(-1) - ps) >= top_p      # keep the smallest prefix reaching top_p
         if torch.is_tensor(top_p):
             drop = drop & (top_p < 1.0)
+        drop[..., 0] = False                       # and always the top token (top_p below fp32's tiniest)
         sx = sx.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(-1, si, sx)
     return x.softmax(-1)

@@ -132,3 +132,17 @@ def test_speculative_sampling_matches_exact_distribution_and_wrong_verifier_fail
     monkeypatch.setattr(engine_mod, "verify_sampled", wrong)
     p_bad, stat, df = chi2_pvalue(sample_counts(spec_llm(small, table, seed=2)), joint)
     assert p_bad < 1e-6, (stat, df)
+
+
+def test_top_k_beyond_any_vocabulary_is_off():
+    assert SamplingParams(top_k=10 ** 30).top_k == 0 and SamplingParams(top_k=2 ** 31 - 1).top_k == 2 ** 31 - 1
+
+
+def test_top_p_below_float32_keeps_the_top_token():
+    """A top_p that rounds to 0 in float32 (e.g. 1e-320 from a client) keeps the most likely token instead of
+    dropping every token (which gave NaN probabilities and a failed request)."""
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0], [3.0, 0.0, 0.0, 0.0]])
+    per_row = torch.tensor([[1e-320], [1e-45]], dtype=torch.float32)          # the batched verifier's form
+    for top_p in (1e-320, 1e-45, 1e-9, per_row):
+        p = probs_from_logits(logits, 1.0, 0, top_p)
+        assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])), top_p

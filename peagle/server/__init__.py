@@ -2,7 +2,8 @@
 
 - cli.py:      the `peagle serve` command line (model, --speculative-config, limits) -> uvicorn
 
-- protocol.py: request models, OpenAI-style errors, request -> SamplingParams
+- protocol.py: request models (JSON that is not valid Unicode: a 400 naming the field), OpenAI-style errors,
+               request -> SamplingParams
 - prompt.py:   request -> prompt token ids (completions, chat template)
 - limits.py:   per-request limits (body size, prompt tokens, max_tokens and its default, stop strings and ids)
 - detok.py:    incremental detokenization for streaming (holds back partial UTF-8 and stop-string prefixes)

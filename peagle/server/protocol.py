@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -88,14 +89,26 @@ class ChatRequest(_Common):
     response_format: dict | None = None
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_body(raw: bytes, cls):
-    """bytes -> request model, or ApiError(400) with the offending parameter."""
+    """bytes -> request model, or ApiError(400) naming the offending parameter. Text that is not valid Unicode
+    (bytes that are not UTF-8, JSON escapes of lone surrogates) is a 400 naming the field that holds it."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        text = raw.decode("utf-8")
+        clean = not _SURROGATE_ESCAPE.search(text)
+    except UnicodeDecodeError:   # invalid bytes become lone surrogates, so that check_text names their field
+        text, clean = raw.decode("utf-8", "surrogateescape"), False
+    try:
+        data = json.loads(text.removeprefix("\ufeff"))
+    except (ValueError, RecursionError) as e:     # ValueError: JSONDecodeError, ints over Python's digit limit
+        msg = str(e).encode("ascii", "backslashreplace").decode()[:200]
+        raise ApiError(400, f"request body is not valid JSON: {msg}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    if not clean:
+        check_text(data)
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -105,6 +118,31 @@ def parse_body(raw: bytes, cls):
         where = ".".join(loc) if loc else "body"
         raise ApiError(400, f"invalid value for '{where}': {err.get('msg')}", param=param,
                        code="invalid_type") from None
+
+
+def check_text(data: dict):
+    """400 for the first string (value or field name) that is not valid Unicode; the error names the field
+    (e.g. messages[0].content) and never echoes the text."""
+    todo = [(data, "", None)]
+    while todo:
+        v, where, param = todo.pop()
+        if isinstance(v, str):
+            _check_str(v, f"'{where}'", param)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                _check_str(k, f"a field name in '{where}'" if where else "a field name", param)
+                name = k.encode("ascii", "backslashreplace").decode()[:64]
+                todo.append((x, f"{where}.{name}" if where else name, param or name))
+        elif isinstance(v, list):
+            todo.extend((x, f"{where}[{i}]", param) for i, x in enumerate(v))
+
+
+def _check_str(s: str, what: str, param):
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{what} is not valid Unicode text (a lone surrogate or invalid UTF-8 at character "
+                            f"{e.start})", param=param, code="invalid_unicode") from None
 
 
 def _finite(name, v):
