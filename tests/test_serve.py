@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -484,13 +485,16 @@ def test_cli_serve_subprocess(model_dir, head_dir, ref_llm):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PEAGLE_SPECULATIVE_CONFIG": json.dumps(spec_cfg(head_dir)), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PEAGLE_SPECULATIVE_CONFIG": json.dumps(spec_cfg(head_dir)), "OMP_NUM_THREADS": "1",
+           "PEAGLE_API_KEY": "sk-env-1, sk-env-2"}
+    env.pop("VLLM_API_KEY", None)
     p = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", model_dir, "--port", str(port),
                           "--max-num-seqs", "4", "--max-tokens-limit", "16", "--log-level", "warning"], env=env,
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         class S:
             url = f"http://127.0.0.1:{port}"
+            state = types.SimpleNamespace(api_keys=("sk-env-2",))     # the helpers send this key
         t0 = time.monotonic()
         while True:
             try:
@@ -503,6 +507,8 @@ def test_cli_serve_subprocess(model_dir, head_dir, ref_llm):
             time.sleep(0.2)
         d = get_json(S, "/debug/engine")
         assert d["speculative"]["method"] == "peagle" and d["max_num_seqs"] == 4
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=S.url + "/v1", api_key="none", max_retries=0).models.list()
         c = client(S)
         ref = ref_complete(ref_llm, [PROMPTS[4]], 16)[0]
         r = c.completions.create(model=model_dir, prompt=PROMPTS[4], max_tokens=16, temperature=0)

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .auth import ApiKeyAuth
 from .detok import IncrementalDetokenizer
 from .limits import Limits, read_body
 from .loop import EngineLoop, Failure, Gone, Handle, Tokens
@@ -31,12 +32,13 @@ class ServerState:
     """Everything the app needs: the engine (owned by the loop thread), a tokenizer for the HTTP side, names."""
 
     def __init__(self, engine, tokenizer, model_name: str, model_dir: str, spec=None, max_waiting: int = 512,
-                 limits: Limits | None = None, aliases=()):
+                 limits: Limits | None = None, api_keys=(), aliases=()):
         self.engine, self.tokenizer = engine, tokenizer
         self.model_name, self.model_dir, self.spec = model_name, model_dir, spec
         self.names = {model_name, model_dir, os.path.abspath(model_dir), *aliases}
         self.max_model_len = engine.max_model_len
         self.limits = limits or Limits()
+        self.api_keys = tuple(api_keys)
         self.metrics = ServerMetrics(model_name)
         self.loop = EngineLoop(engine, max_waiting, self.metrics)
         self.metrics.loop = self.loop
@@ -122,7 +124,7 @@ def create_app(state: ServerState) -> FastAPI:
         mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return await _generate(state, request, req, ids, None, chat=True, max_tokens=mt, t0=t0)
 
-    return _StatusCounter(app, m, app.state)
+    return _StatusCounter(ApiKeyAuth(app, state.api_keys), m, app.state)
 
 
 class _StatusCounter:

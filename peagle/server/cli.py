@@ -31,6 +31,9 @@ def add_parser(sub):
     add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require `Authorization: Bearer KEY` on every route but /health and /metrics; repeatable "
+                        "or comma-separated; also from $PEAGLE_API_KEY or $VLLM_API_KEY (the flag wins)")
     g = p.add_argument_group("request limits (over a limit: HTTP 4xx naming the parameter)")
     g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body size (default 8 MiB)")
     g.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt tokens (default: the context)")
@@ -81,7 +84,7 @@ def resolve_config(model, spec_flag, env=None):
 
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
-                max_model_len=None, limits=None, device="auto"):
+                max_model_len=None, limits=None, device="auto", api_keys=()):
     from ..errors import PeagleError
     from ..llm import build_engine, load_tokenizer
     from .app import ServerState
@@ -93,25 +96,33 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
                                    max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
-    return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits)
+    return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits, api_keys=api_keys)
 
 
 def run(args) -> int:
+    import sys
+
     import uvicorn
 
     from .app import create_app
+    from .auth import exposed_without_key, resolve_api_keys
     from .limits import Limits
     model = args.model or args.model_opt
     model_dir, name, spec = resolve_config(model, args.speculative_config)
     limits = Limits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit, args.default_max_tokens,
                     args.max_stop, args.max_stop_chars)
+    keys = resolve_api_keys(args.api_key, os.environ)
+    if exposed_without_key(args.host, keys):
+        print(f"peagle serve: WARNING: binding {args.host} without an API key: anyone who can reach this port can "
+              "use the model (set --api-key or $PEAGLE_API_KEY)", file=sys.stderr, flush=True)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
-                        args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits, device=args.device)
+                        args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits, device=args.device,
+                        api_keys=keys)
     sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "
           f"max_model_len={state.max_model_len} device={state.engine.device} "
-          f"dtype={str(state.engine.target.dtype).replace('torch.', '')}", flush=True)
+          f"dtype={str(state.engine.target.dtype).replace('torch.', '')} api_keys={len(keys)}", flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.access_log, timeout_graceful_shutdown=5)
     return 0
