@@ -19,3 +19,20 @@ from tiny import save_tiny  # noqa: E402
 def tiny_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     return {f: save_tiny(f, str(root / f)) for f in ("llama", "qwen2", "qwen3", "mistral")}
+
+
+_NOTES = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def summary_note(request):
+    """Append a line to the end-of-run summary (e.g. how many cases a fuzz test ran): shown even under -q."""
+    return request.config.stash.setdefault(_NOTES, []).append
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    notes = config.stash.get(_NOTES, [])
+    if notes:
+        terminalreporter.section("notes")
+        for line in notes:
+            terminalreporter.write_line(line)
