@@ -20,9 +20,11 @@ def online_run(tiny_dirs, tmp_path_factory):
     e3 = save_random_head(tgt, str(root / "e3"), parallel=False)
     pe = save_random_head(tgt, str(root / "pe"), parallel=True)
     out = str(root / "out")
-    rc = main(["bench", "--model", tgt, "--eagle3-head", e3, "--peagle-head", pe, "--datasets", "humaneval,mtbench",
-               "--num-prompts", "2", "--output-len", "12", "--ks", "3", "--concurrency", "1,3", "--peers", "",
-               "--threads", "1", "--mode", "both", "--out", out])
+    with pytest.MonkeyPatch.context() as mp:      # a key meant for another server is not passed on to bench's own
+        mp.setenv("VLLM_API_KEY", "sk-for-some-other-server")
+        rc = main(["bench", "--model", tgt, "--eagle3-head", e3, "--peagle-head", pe, "--datasets",
+                   "humaneval,mtbench", "--num-prompts", "2", "--output-len", "12", "--ks", "3", "--concurrency",
+                   "1,3", "--peers", "", "--threads", "1", "--mode", "both", "--out", out])
     assert rc == 0
     with open(os.path.join(out, "results.json")) as f:
         return out, json.load(f)

@@ -30,8 +30,11 @@ def free_port() -> int:
 
 
 def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float = 300, env=None):
-    """`peagle serve MODEL` (model None or "demo": the embedded default) on a free loopback port.
+    """`peagle serve MODEL` (model None or "demo": the embedded default) on a free loopback port, without API keys
+    (a key in the environment, e.g. $VLLM_API_KEY, is not passed on: the clients here send none).
     Returns (process, base url) once /health answers; raises RuntimeError if it exits or never comes up."""
+    from .auth import ENV_KEYS
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ENV_KEYS}
     port = free_port()
     cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])
     cmd += ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--log-level", "warning", *extra]
