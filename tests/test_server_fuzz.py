@@ -35,7 +35,8 @@ valid_texts = st.one_of(st.sampled_from(PROMPTS), st.text(max_size=24),
                         st.builds(lambda s, n: s * n, st.sampled_from(["word ", "x", "東京", "😀"]),
                                   st.integers(0, 2000)))
 texts = st.one_of(valid_texts, st.lists(st.one_of(st.characters(), surrogate), max_size=12).map("".join))
-ints = st.one_of(st.integers(-3, 40), st.integers(-2 ** 70, 2 ** 70))
+ints = st.one_of(st.integers(-3, 40), st.integers(-2 ** 70, 2 ** 70),     # and the edges of machine integers:
+                 st.sampled_from([2 ** 31, 2 ** 32, 2 ** 63 - 1, 2 ** 63, 2 ** 64, -2 ** 63 - 1, 10 ** 30]))
 scalars = st.one_of(st.none(), st.booleans(), ints, st.floats(), texts)
 junk = st.recursive(scalars, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(texts, c, max_size=4)),
                     max_leaves=10)
@@ -48,9 +49,9 @@ roles = st.sampled_from(["system", "user", "user", "assistant", "developer", "to
 COMMON = {
     "model": st.sampled_from(["tiny", "other"]),
     "max_tokens": st.one_of(st.none(), st.integers(-1, 20)),
-    "temperature": st.one_of(st.sampled_from([0, 0.0]), st.floats(0, 3)),
+    "temperature": st.one_of(st.sampled_from([0, 0.0]), st.floats(0, 3), st.floats(min_value=0)),
     "top_p": st.floats(0, 1),
-    "top_k": st.integers(-2, 600),
+    "top_k": st.one_of(st.integers(-2, 600), ints),
     "seed": ints,
     "stop": st.one_of(texts, st.lists(texts, max_size=3)),
     "stop_token_ids": st.lists(st.integers(-1, 520), max_size=3),
