@@ -8,9 +8,10 @@ import openai
 import pytest
 
 from heads import save_random_head
-from peagle import LLM, SamplingParams
-from peagle.server.runner import BackgroundServer
+from serving import BackgroundServer
 from tiny import make_tiny_tokenizer
+
+from peagle import LLM, SamplingParams
 
 PROMPTS = ["Hello there", "The quick brown fox", "Once upon a time, in a land", "def main(): return"]
 

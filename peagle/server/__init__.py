@@ -10,5 +10,4 @@
 - loop.py:     the engine loop thread (the only thread touching the engine): continuous batching, admission, aborts
 - prometheus.py: Prometheus metrics (own registry; vLLM's names for spec-decode counters)
 - app.py:      the FastAPI app
-- runner.py:   run the server in a background thread (tests, benchmarks)
 """

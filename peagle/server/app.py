@@ -106,9 +106,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         t0 = time.perf_counter()
-        req = parse_body(await read_body(request, state.limits.max_body_bytes), CompletionRequest)
-        _check_model(state, req.model)
-        check_unsupported(req)
+        req = await _read_request(state, request, CompletionRequest)
         ids, text = completion_prompt(state, req.prompt)
         given = "max_tokens" in req.model_fields_set     # absent: OpenAI's 16 (or the server's default)
         return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens, t0=t0,
@@ -117,9 +115,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         t0 = time.perf_counter()
-        req = parse_body(await read_body(request, state.limits.max_body_bytes), ChatRequest)
-        _check_model(state, req.model)
-        check_unsupported(req)
+        req = await _read_request(state, request, ChatRequest)
         ids = chat_prompt(state, req)
         mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return await _generate(state, request, req, ids, None, chat=True, max_tokens=mt, t0=t0)
@@ -151,10 +147,14 @@ class _StatusCounter:
 
 
 # ---------------------------------------------------------------- request helpers
-def _check_model(state: ServerState, name):
-    if name is not None and name not in state.names:
-        raise ApiError(404, f"The model `{name[:200]}` does not exist. This server serves `{state.model_name}`.",
-                       "not_found_error", "model", "model_not_found")
+async def _read_request(state: ServerState, request: Request, model_cls):
+    """The body as a request of model_cls, for this server's model, with no unsupported option."""
+    req = parse_body(await read_body(request, state.limits.max_body_bytes), model_cls)
+    if req.model is not None and req.model not in state.names:
+        raise ApiError(404, f"The model `{req.model[:200]}` does not exist. This server serves "
+                       f"`{state.model_name}`.", "not_found_error", "model", "model_not_found")
+    check_unsupported(req)
+    return req
 
 
 async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens, t0=None,
