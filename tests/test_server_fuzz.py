@@ -8,7 +8,7 @@ integers, a missing or wrong key; streaming or not, sometimes hanging up mid-way
 complete HTTP response below 500 (a 4xx carries an OpenAI-style error; a 200 a full JSON body, or an SSE stream
 that ends in [DONE] with no error event), no connection is dropped by the server; afterwards the server is
 healthy, no row is in use, no engine step failed, and greedy outputs are identical to plain offline decoding.
-Derandomized (the same cases every run); PEAGLE_FUZZ_EXAMPLES sets how many (default 400)."""
+Derandomized (a fixed seed, no example database); PEAGLE_FUZZ_EXAMPLES sets how many (default 400)."""
 import collections
 import http.client
 import json
