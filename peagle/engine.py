@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .autok.policy import FixedK, KPolicy
+from .compile import bucket, compile_step
 from .drafters.base import DraftBatch, Proposer
 from .errors import DecodeError, PeagleError, PrefillError
 from .spec_metrics import SpecMetrics
@@ -69,7 +70,7 @@ class StepOutput:
 class Engine:
     def __init__(self, target, tokenizer=None, proposer: Proposer | None = None, k: int = 0,
                  max_num_seqs: int = 128, max_model_len: int | None = None, seed: int = 0,
-                 prefill_token_budget: int = 8192, k_policy: KPolicy | None = None):
+                 prefill_token_budget: int = 8192, k_policy: KPolicy | None = None, compile: bool = False):
         self.target, self.tok, self.proposer = target, tokenizer, proposer
         self.device = torch.device(target.device)
         self.k = k if proposer is not None else 0          # the largest K a step may use
@@ -95,6 +96,9 @@ class Engine:
         self._sampled_stale = True
         self.metrics = SpecMetrics(max(self.k, 1))
         self.metrics.extra = lambda: {"k_policy": self.k_policy.describe()}
+        self.compiled = compile                 # peagle/compile.py: compiled forwards, no host-keyed fast paths
+        if compile:
+            compile_step(target, proposer)
     # ---------------------------------------------------------------- requests
     def add_request(self, request_id, prompt_token_ids, params: SamplingParams, prompt=None) -> Request:
         ids = list(prompt_token_ids)
@@ -193,7 +197,7 @@ class Engine:
         plen = torch.tensor(lens, dtype=torch.long, device="cpu").to(dev)
         zeros = torch.zeros(B, dtype=torch.long, device=dev)
         logits, aux = self.target.forward(toks, self.cache, b0, zeros, self.aux_ids, logits_at=plen - 1,
-                                          span=T, s0=0)
+                                          **self._shape(T, 0))
         self.running += new
         self._sampled_stale = True
         self.cache.lens[b0:b0 + B] = plen
@@ -209,7 +213,7 @@ class Engine:
             # the row at P - 1 (the first sampled token) is what the first decode step adds
             if T > 1:
                 self.proposer.prefill(DraftBatch(toks[:, 1:], None if aux is None else aux[:, : T - 1], zeros,
-                                                 plen - 1, b0, new, span=T - 1, s0=0))
+                                                 plen - 1, b0, new, **self._shape(T - 1, 0)))
             st.draft_ids[b0:b0 + B, 0] = first
             if aux is not None:
                 st.ensure(b0 + B, self.k + 1, aux.shape[-1], aux.dtype)
@@ -248,8 +252,8 @@ class Engine:
                 T = max(n)
                 dn = st.draft_n[:B]
                 db = DraftBatch(st.draft_ids[:B, :T], None if st.draft_aux is None else st.draft_aux[:B, :T],
-                                start - dn, dn, 0, rows, span=max(a - b for a, b in zip(m, n)) + T,
-                                s0=m[0] - n[0] if B == 1 else None)
+                                start - dn, dn, 0, rows, **self._shape(max(a - b for a, b in zip(m, n)) + T,
+                                                                       m[0] - n[0] if B == 1 else None))
                 drafts = self.proposer.propose(db, K).to(self.device)
                 t1 = time.perf_counter()
                 self.metrics.draft_time_s += t1 - t0
@@ -258,8 +262,8 @@ class Engine:
             else:
                 block = st.last[:B, None]
                 drafts = block[:, :0]
-            logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids, span=max(m) + K + 1,
-                                              s0=m[0] if B == 1 else None)
+            logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids,
+                                              **self._shape(max(m) + K + 1, m[0] if B == 1 else None))
             acc, toks = self._verify(logits, drafts, self._sampled_rows())
             host = self._advance(B, K, acc, toks, aux)
         except Exception as e:
@@ -304,6 +308,10 @@ class Engine:
         st.last[:B] = toks[:, 0]
         start += 1
         return [[0, t] for t in self._to_host(toks[:, 0])]
+
+    def _shape(self, span: int, s0: int | None) -> dict:
+        """The host-side facts a forward gets (layers.BlockCtx); compiled: spans in buckets, no s0 fast path."""
+        return {"span": bucket(span), "s0": None} if self.compiled else {"span": span, "s0": s0}
 
     def _verify(self, logits: torch.Tensor, drafts: torch.Tensor, sampled: SampledRows | None):
         """logits [B,K+1,V], drafts [B,K] -> (accepted [B] (None for plain greedy), tokens [B,K+1]), all on

@@ -16,8 +16,10 @@ def add_parser(sub):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
+    from .compile import add_argument
     from .device import add_arguments
     add_arguments(p)
+    add_argument(p)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--speculative-config", default=None,
                    help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
@@ -31,7 +33,7 @@ def run(args) -> int:
     from .sampling import SamplingParams
     from .spec_config import parse_spec_config
     parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, seed=args.seed or 0, speculative_config=args.speculative_config,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0, speculative_config=args.speculative_config,
               max_model_len=args.max_model_len)
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens, seed=args.seed)

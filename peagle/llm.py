@@ -46,8 +46,9 @@ def load_tokenizer(path: str):
 
 
 def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None,
-                 device="auto"):
-    """Target, tokenizer and proposer on one device and dtype (peagle.device.resolve), in one Engine."""
+                 device="auto", compile=False):
+    """Target, tokenizer and proposer on one device and dtype (peagle.device.resolve), in one Engine
+    (compile: peagle/compile.py)."""
     from .autok.factory import k_max_for, make_policy
     from .device import resolve
     from .drafters.eagle3 import Eagle3Proposer
@@ -68,20 +69,20 @@ def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_s
         k = k_max_for(spec, head.cfg)
         proposer = cls(head, k, mlen + 3 * k + 8)
         policy = make_policy(spec, target, head, lambda n: cls(head, k, n), k, max_num_seqs, model, dtype)
-    eng = Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=policy)
+    eng = Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=policy, compile=compile)
     return eng, tok, spec
 
 
 class LLM:
     def __init__(self, model: str | None = None, dtype: str = "auto", seed: int = 0,
                  speculative_config=None, max_num_seqs: int = 128, max_model_len: int | None = None,
-                 device: str = "auto", **kw):
+                 device: str = "auto", compile: bool = False, **kw):
         model = model or DEFAULT_MODEL
         if kw:
             raise PeagleError(f"unsupported LLM argument(s): {', '.join(kw)}")
         self.model = model
         self.engine, self.tokenizer, self.spec = build_engine(model, dtype, seed, speculative_config,
-                                                              max_num_seqs, max_model_len, device)
+                                                              max_num_seqs, max_model_len, device, compile)
         self.device, self.dtype = self.engine.device, self.engine.target.dtype
         self._next = 0
 

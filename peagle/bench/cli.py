@@ -57,8 +57,10 @@ def add_parser(sub):
                    help="HF transformers peers at c=1: hf (generate), hf-pld (prompt lookup); '' for none")
     p.add_argument("--peer-prompts", type=int, default=None, help="prompts per dataset for the HF peers (16)")
     p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-pld")
+    from ..compile import add_argument
     from ..device import add_arguments
     add_arguments(p)
+    add_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--random-heads", action="store_true",
@@ -110,6 +112,8 @@ def canonical_command(a) -> str:
               "--seed", str(a.seed)]
     if a.threads:
         parts += ["--threads", str(a.threads)]
+    if a.compile:
+        parts.append("--compile")
     if a.remeasure:
         parts.append("--remeasure")
     if a.random_heads:

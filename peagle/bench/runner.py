@@ -75,11 +75,12 @@ class Bench:
     """Holds the target, tokenizer and heads; builds engines and encodes prompts."""
 
     def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
-                 remeasure: bool = False, device: str = "auto"):
+                 remeasure: bool = False, device: str = "auto", compile: bool = False):
         from ..device import resolve
         from ..llm import load_tokenizer
         from ..models.llama import Transformer
         self.device, self.dtype = resolve(device, dtype)
+        self.compile = compile
         self.model, self.heads_dirs, self.seed = model, heads, seed
         self.target = Transformer.from_pretrained(model, self.dtype, self.device)
         self.tok = load_tokenizer(model)
@@ -128,7 +129,8 @@ class Bench:
                 k, policy = self.auto_policy(method, cls)
             proposer = cls(self.head(method), k, mlen + 3 * k + 8)
         torch.manual_seed(self.seed)
-        eng = Engine(self.target, self.tok, proposer, k if proposer else 0, c, mlen, self.seed, k_policy=policy)
+        eng = Engine(self.target, self.tok, proposer, k if proposer else 0, c, mlen, self.seed, k_policy=policy,
+                     compile=self.compile)
         eng.cache.ensure_rows(c)                  # allocate outside the timed region
         if proposer is not None:
             proposer.cache.ensure_rows(c)

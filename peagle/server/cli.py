@@ -27,8 +27,10 @@ def add_parser(sub):
                    help="requests that may wait for a row beyond --max-num-seqs (default 4x max-num-seqs); "
                         "more get HTTP 429")
     p.add_argument("--max-model-len", type=int, default=None)
+    from ..compile import add_argument
     from ..device import add_arguments
     add_arguments(p)
+    add_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -84,7 +86,7 @@ def resolve_config(model, spec_flag, env=None):
 
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
-                max_model_len=None, limits=None, device="auto", api_keys=()):
+                max_model_len=None, limits=None, device="auto", api_keys=(), compile=False):
     from ..errors import PeagleError
     from ..llm import build_engine, load_tokenizer
     from .app import ServerState
@@ -93,7 +95,8 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
     if max_waiting is not None and max_waiting < 0:
         raise PeagleError("--max-waiting must be >= 0")
     engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec,
-                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device)
+                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
+                                   compile=compile)
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
     return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits, api_keys=api_keys)
@@ -117,7 +120,7 @@ def run(args) -> int:
               "use the model (set --api-key or $PEAGLE_API_KEY)", file=sys.stderr, flush=True)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
                         args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits, device=args.device,
-                        api_keys=keys)
+                        api_keys=keys, compile=args.compile)
     sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "
