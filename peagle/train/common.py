@@ -22,13 +22,11 @@ import torch
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` = CUDA when available, else CPU; ``cuda`` under torchrun = this rank's GPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(name)
+    """:func:`peagle.device.resolve_device`; under torchrun a bare ``cuda`` is this rank's GPU (LOCAL_RANK)."""
+    from ..device import resolve_device as resolve
+
+    dev = resolve(name)
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda: no CUDA device is available")
         if dev.index is None:
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
