@@ -20,30 +20,36 @@ import torch
 
 
 class KVCache:
+    """n_kv / head_dim None: layers are allocated on their first write (``alloc``), each with its own shape
+    (targets whose layers differ, e.g. Gemma 4's wider global layers; KV-shared layers never allocate)."""
+
     def __init__(self, n_layers, n_kv, head_dim, max_len, rows=1, dtype=torch.float32, device="cpu",
                  lens: bool = True):
         self.n_layers, self.n_kv, self.head_dim, self.max_len = n_layers, n_kv, head_dim, max_len
         self.dtype, self.device = dtype, torch.device(device)
-        self.rows = 0
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.lens = torch.zeros(0, dtype=torch.long, device=self.device) if lens else None
-        self.ensure_rows(rows)
+        self.rows = max(rows, 1)
+        self.k: list[torch.Tensor | None] = [None] * n_layers
+        self.v: list[torch.Tensor | None] = [None] * n_layers
+        self.lens = torch.zeros(self.rows, dtype=torch.long, device=self.device) if lens else None
+        if n_kv is not None:
+            for i in range(n_layers):
+                self.alloc(i, n_kv, head_dim)
+
+    def alloc(self, layer: int, n_kv: int, head_dim: int):
+        for store in (self.k, self.v):
+            store[layer] = torch.zeros((self.rows, n_kv, self.max_len, head_dim), dtype=self.dtype, device=self.device)
 
     def ensure_rows(self, n: int):
         """Grow to at least n rows (existing rows are kept)."""
         if n <= self.rows:
             return
         n = max(n, 2 * self.rows)
-        shape = (n, self.n_kv, self.max_len, self.head_dim)
         for store in (self.k, self.v):
-            for i in range(self.n_layers):
-                new = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                if store and i < len(store):
-                    new[: self.rows] = store[i]
+            for i, old in enumerate(store):
+                if old is not None:
+                    new = torch.zeros((n, *old.shape[1:]), dtype=self.dtype, device=self.device)
+                    new[: self.rows] = old
                     store[i] = new
-                else:
-                    store.append(new)
         if self.lens is not None:
             lens = torch.zeros(n, dtype=torch.long, device=self.device)
             lens[: self.rows] = self.lens
@@ -76,6 +82,7 @@ class KVCache:
             return
         for store in (self.k, self.v):
             for t in store:
-                t[dst].copy_(t[src])
+                if t is not None:
+                    t[dst].copy_(t[src])
         if self.lens is not None:
             self.lens[dst] = self.lens[src]

@@ -5,6 +5,8 @@ import json
 import sys
 import time
 
+from .models.loader import add_backend_argument
+
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a prompt, streaming to stdout")
@@ -20,6 +22,7 @@ def add_parser(sub):
     from .device import add_arguments
     add_arguments(p)
     add_argument(p)
+    add_backend_argument(p)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--speculative-config", default=None,
                    help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
@@ -34,7 +37,7 @@ def run(args) -> int:
     from .spec_config import parse_spec_config
     parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
     llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0, speculative_config=args.speculative_config,
-              max_model_len=args.max_model_len)
+              max_model_len=args.max_model_len, target_backend=args.target_backend)
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens, seed=args.seed)
     if args.chat:

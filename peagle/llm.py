@@ -46,18 +46,18 @@ def load_tokenizer(path: str):
 
 
 def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None,
-                 device="auto", compile=False):
+                 device="auto", compile=False, target_backend="auto"):
     """Target, tokenizer and proposer on one device and dtype (peagle.device.resolve), in one Engine
-    (compile: peagle/compile.py)."""
+    (compile: peagle/compile.py); the target's implementation per target_backend (peagle/models/loader.py)."""
     from .autok.factory import k_max_for, make_policy
     from .device import resolve
     from .drafters.eagle3 import Eagle3Proposer
     from .drafters.peagle import PEagleProposer
     from .models.drafter import DrafterHead
-    from .models.llama import Transformer
+    from .models.loader import load_target
     device, dtype = resolve(device, dtype)
     torch.manual_seed(seed)
-    target = Transformer.from_pretrained(model, dtype, device)
+    target = load_target(model, dtype, target_backend, device)
     tok = load_tokenizer(model)
     spec = parse_spec_config(speculative_config)
     proposer, k, policy = None, 0, None
@@ -76,13 +76,14 @@ def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_s
 class LLM:
     def __init__(self, model: str | None = None, dtype: str = "auto", seed: int = 0,
                  speculative_config=None, max_num_seqs: int = 128, max_model_len: int | None = None,
-                 device: str = "auto", compile: bool = False, **kw):
+                 device: str = "auto", compile: bool = False, target_backend: str = "auto", **kw):
         model = model or DEFAULT_MODEL
         if kw:
             raise PeagleError(f"unsupported LLM argument(s): {', '.join(kw)}")
         self.model = model
         self.engine, self.tokenizer, self.spec = build_engine(model, dtype, seed, speculative_config,
-                                                              max_num_seqs, max_model_len, device, compile)
+                                                              max_num_seqs, max_model_len, device, compile,
+                                                              target_backend)
         self.device, self.dtype = self.engine.device, self.engine.target.dtype
         self._next = 0
 

@@ -36,3 +36,11 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.section("notes")
         for line in notes:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory):
+    """Tiny GPT-OSS, Qwen3-MoE, Gemma 3 and Gemma 4 checkpoints (transformers backend), with tokenizers."""
+    from families import HF_FAMILIES, save_family
+    root = tmp_path_factory.mktemp("families")
+    return {f: save_family(f, str(root / f)) for f in HF_FAMILIES}

@@ -53,8 +53,10 @@ def cost_model_for(target, make_proposer, method: str, k_max: int, max_batch: in
                    dtype, log=_log, refresh: bool = False) -> CostModel:
     """The cached cost model of this machine/model/head if it covers k_max and max_batch; else (or with
     refresh) measured now (once: tens of seconds on a CPU for a small model) and saved."""
-    name, ident = cache_key(model_dir, head_dir, method, dtype, {"ctx_len": CTX_LEN, "steps": STEPS,
-                                                                 "device": str(target.device)})
+    settings = {"ctx_len": CTX_LEN, "steps": STEPS, "device": str(target.device)}
+    if getattr(target, "backend", "native") != "native":       # the transformers backend's steps cost more
+        settings["backend"] = target.backend
+    name, ident = cache_key(model_dir, head_dir, method, dtype, settings)
     path = os.path.join(cache_dir(), name)
     cm = None if refresh else CostModel.load(path)
     if cm is None or not cm.covers(k_max, max_batch):

@@ -6,6 +6,8 @@ import os
 import shlex
 import time
 
+from ..models.loader import add_backend_argument
+
 QUICK = dict(num_prompts=4, output_len=64, ks=[3, 7, "auto"], concurrency=[1, 4], peer_prompts=2)
 FULL = dict(num_prompts=None, output_len=256, ks=[1, 3, 5, 7, "auto"], concurrency=[1, 2, 4, 8, 16, 32, 64, 128],
             peer_prompts=16)
@@ -61,6 +63,7 @@ def add_parser(sub):
     from ..device import add_arguments
     add_arguments(p)
     add_argument(p)
+    add_backend_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--random-heads", action="store_true",

@@ -21,9 +21,11 @@ class OnlineServer:
     """`peagle serve` in a subprocess for one (method, K); use as a context manager."""
 
     def __init__(self, model: str, method: str, k: int, head: str | None, max_num_seqs: int, max_model_len: int,
-                 dtype: str = "auto", seed: int = 0, device: str = "auto", compile: bool = False):
+                 dtype: str = "auto", seed: int = 0, device: str = "auto", compile: bool = False,
+                 target_backend: str = "auto"):
         self.args = (model, spec_json(method, k, head), max_num_seqs,
                      ["--max-model-len", str(max_model_len), "--device", device, "--dtype", dtype, "--seed", str(seed),
+                      "--target-backend", target_backend,
                       "--max-waiting", str(4 * max_num_seqs), "--served-model-name", "bench"]
                      + (["--compile"] if compile else []))
         self.proc, self.url = None, None

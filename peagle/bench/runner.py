@@ -75,14 +75,15 @@ class Bench:
     """Holds the target, tokenizer and heads; builds engines and encodes prompts."""
 
     def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
-                 remeasure: bool = False, device: str = "auto", compile: bool = False):
+                 remeasure: bool = False, device: str = "auto", compile: bool = False, target_backend: str = "auto"):
         from ..device import resolve
         from ..llm import load_tokenizer
-        from ..models.llama import Transformer
+        from ..models.loader import load_target
         self.device, self.dtype = resolve(device, dtype)
         self.compile = compile
         self.model, self.heads_dirs, self.seed = model, heads, seed
-        self.target = Transformer.from_pretrained(model, self.dtype, self.device)
+        self.target = load_target(model, self.dtype, target_backend, self.device)
+        self.backend = target_backend
         self.tok = load_tokenizer(model)
         self._heads = {}
         self.max_batch, self.remeasure, self.costs = max_batch, remeasure, {}    # K "auto": cost model per method

@@ -165,7 +165,7 @@ class HeadConfig:
         norm eps, rope base and context; ``mask_token`` makes it a P-EAGLE head."""
         if isinstance(target, Mapping):
             from ..models.config import ModelConfig
-            target = ModelConfig.from_dict(dict(target))
+            target = ModelConfig.describe(dict(target))
         return cls(hidden_size=target.hidden_size, intermediate_size=intermediate_size or target.intermediate_size,
                    num_hidden_layers=layers, num_attention_heads=target.num_attention_heads,
                    num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,

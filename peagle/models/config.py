@@ -15,6 +15,26 @@ SUPPORTED = {
 }
 
 
+def uniform_window(cfg: dict) -> int | None:
+    """The sliding window of every layer (None: full attention), read as transformers reads the config: per-layer
+    ``layer_types``, else Mistral's window on all layers, Qwen2/3's ``use_sliding_window`` on layers >=
+    ``max_window_layers``.  The native target runs one window for all layers: a mix raises PeagleError."""
+    mt, w = cfg.get("model_type"), cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if not types:
+        on = w is not None and cfg.get("use_sliding_window", mt == "mistral")
+        first = int(cfg.get("max_window_layers", 28)) if mt in ("qwen2", "qwen3") else 0
+        types = ["sliding_attention" if on and i >= first else "full_attention"
+                 for i in range(int(cfg.get("num_hidden_layers", 0)))]
+    kinds = set(types)
+    if kinds <= {"full_attention"}:
+        return None
+    if kinds == {"sliding_attention"}:
+        return int(w)
+    raise PeagleError(f"{mt}: sliding-window attention on some layers only ({sorted(kinds)}); the native target runs "
+                      "one window for all layers: use --target-backend transformers")
+
+
 @dataclass
 class ModelConfig:
     model_type: str
@@ -73,8 +93,39 @@ class ModelConfig:
                                          if "tie_word_embeddings" in cfg else False),
                 qkv_bias=(mt == "qwen2") or attn_bias, o_bias=(mt == "llama" and attn_bias),
                 mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=(mt == "qwen3"),
-                sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", mt == "mistral") else None,
+                sliding_window=uniform_window(cfg),
                 eos_token_ids=eos, raw=cfg)
+        except KeyError as e:
+            raise PeagleError(f"config.json is missing required field {e.args[0]!r}") from None
+
+    @classmethod
+    def describe(cls, cfg: dict) -> "ModelConfig":
+        """The sizes, vocabulary and context of any causal LM's config (a multimodal one's text_config), without
+        checking that the native target runs it (the transformers backend, new heads for any target)."""
+        if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
+            cfg = dict(cfg["text_config"], model_type=cfg["text_config"].get("model_type", cfg.get("model_type")))
+        if cfg.get("model_type") in SUPPORTED:
+            try:
+                return cls.from_dict(cfg)
+            except PeagleError:
+                pass                                   # e.g. a window on some layers only: sizes are still fine
+        try:
+            H, nh = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            rp = cfg.get("rope_parameters") or {}
+            if isinstance(rp.get("full_attention"), dict):         # per-attention-type rope (Gemma 3/4)
+                rp = rp["full_attention"]
+            eos = cfg.get("eos_token_id")
+            return cls(
+                model_type=str(cfg.get("model_type")), vocab_size=int(cfg["vocab_size"]), hidden_size=H,
+                intermediate_size=int(cfg.get("intermediate_size") or 4 * H),
+                num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=nh,
+                num_key_value_heads=int(cfg.get("num_key_value_heads") or nh),
+                head_dim=int(cfg.get("head_dim") or H // nh), rms_norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),
+                rope_theta=float(cfg.get("rope_theta") or rp.get("rope_theta") or 10000.0),
+                max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                sliding_window=cfg.get("sliding_window"),
+                eos_token_ids=[] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos], raw=cfg)
         except KeyError as e:
             raise PeagleError(f"config.json is missing required field {e.args[0]!r}") from None
 

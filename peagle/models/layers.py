@@ -71,10 +71,15 @@ def apply_rope(x, cos, sin):  # x [B,T,h,hd]
     return x * cos + rot * sin
 
 
-def causal_block_mask(start: torch.Tensor, T: int, S: int) -> torch.Tensor:
-    """[B,1,T,S] bool: query i of row b (position start_b+i) sees keys 0..start_b+i."""
-    qpos = start[:, None] + torch.arange(T, device=start.device)[None]
-    return (torch.arange(S, device=start.device)[None, None, :] <= qpos[:, :, None]).unsqueeze(1)
+def causal_block_mask(start: torch.Tensor, T: int, S: int, window: int | None = None) -> torch.Tensor:
+    """[B,1,T,S] bool: query i of row b (position q = start_b+i) sees keys p <= q, and with a sliding window
+    only p > q - window (transformers' rule: the window counts the query itself)."""
+    qpos = (start[:, None] + torch.arange(T, device=start.device)[None])[:, :, None]
+    k = torch.arange(S, device=start.device)[None, None, :]
+    m = k <= qpos
+    if window is not None:
+        m &= k > qpos - window
+    return m.unsqueeze(1)
 
 
 def attend(q, k, v, mask):
@@ -98,10 +103,11 @@ class BlockCtx:
     Without span (callers off the hot path: tests, tools) both are read from start once, on the host.
     limit: the cache's length. Padding positions of a ragged block may run past it (a row with few real
     tokens next to one with many); they are written at limit - 1 instead, which no real query of that row
-    sees (real positions stay below limit - 1: the engine sizes its caches so)."""
+    sees (real positions stay below limit - 1: the engine sizes its caches so).
+    window: a sliding window of every layer (Mistral); applied once span exceeds it."""
 
     def __init__(self, rope, start: torch.Tensor, T: int, b0: int = 0, span: int | None = None,
-                 s0: int | None = None, limit: int | None = None):
+                 s0: int | None = None, limit: int | None = None, window: int | None = None):
         self.B, self.T, self.b0 = start.shape[0], T, b0
         if span is None:
             span = int(start.max()) + T
@@ -113,7 +119,10 @@ class BlockCtx:
         self.S, self.s0 = span, s0
         rope.ensure(max(span, T))
         self.cos, self.sin = rope(self.pos_w)
-        self.mask = None if (s0 is not None and T == 1 and span == s0 + 1) else causal_block_mask(start, T, span)
+        if window is not None and span <= window:
+            window = None                                # no query has a key outside its window yet
+        self.mask = (None if (s0 is not None and T == 1 and span == s0 + 1 and window is None)
+                     else causal_block_mask(start, T, span, window))
 
 
 def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: int, nkv: int, hd: int,

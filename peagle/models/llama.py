@@ -46,6 +46,8 @@ class Layer:
 class Transformer:
     """Target model. forward() appends a [B,T] block of tokens per row to the cache and returns logits."""
 
+    backend = "native"
+
     def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu"):
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         try:
@@ -87,7 +89,7 @@ class Transformer:
         B, T = tokens.shape
         dev = self.device
         tokens, start = tokens.to(dev), start.to(dev)
-        ctx = BlockCtx(self.rope, start, T, b0, span, s0, cache.max_len)
+        ctx = BlockCtx(self.rope, start, T, b0, span, s0, cache.max_len, c.sliding_window)
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         x = F.embedding(tokens, self.embed)
         aux = []
@@ -104,3 +106,9 @@ class Transformer:
             x = x[torch.arange(B, device=dev), logits_at.to(dev)]
         logits = mm(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head_t)
         return logits.float(), (torch.cat(aux, -1) if aux else None)
+
+    @torch.no_grad()
+    def final_logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits over vocabulary ids `rows` (all if None) from final residuals h (aux id L)."""
+        w = self.lm_head if rows is None else self.lm_head[rows]
+        return F.linear(rms_norm(h.to(self.device).float(), self.norm.float(), self.cfg.rms_norm_eps), w.float())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..models.loader import add_backend_argument
+
 ENV_SPEC = "PEAGLE_SPECULATIVE_CONFIG"
 DEMO_K = 7
 
@@ -31,6 +33,7 @@ def add_parser(sub):
     from ..device import add_arguments
     add_arguments(p)
     add_argument(p)
+    add_backend_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -86,7 +89,7 @@ def resolve_config(model, spec_flag, env=None):
 
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
-                max_model_len=None, limits=None, device="auto", api_keys=(), compile=False):
+                max_model_len=None, limits=None, device="auto", api_keys=(), compile=False, target_backend="auto"):
     from ..errors import PeagleError
     from ..llm import build_engine, load_tokenizer
     from .app import ServerState
@@ -96,7 +99,7 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
         raise PeagleError("--max-waiting must be >= 0")
     engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec,
                                    max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
-                                   compile=compile)
+                                   compile=compile, target_backend=target_backend)
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
     return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits, api_keys=api_keys)
@@ -120,7 +123,7 @@ def run(args) -> int:
               "use the model (set --api-key or $PEAGLE_API_KEY)", file=sys.stderr, flush=True)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
                         args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits, device=args.device,
-                        api_keys=keys, compile=args.compile)
+                        api_keys=keys, compile=args.compile, target_backend=args.target_backend)
     sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "

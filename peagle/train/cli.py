@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 
+from ..models.loader import add_backend_argument
+
 
 def add_arguments(p):
     p.add_argument("--method", choices=["eagle3", "peagle"], required=True)
     p.add_argument("--target", default=None, help="target HF directory (default models/demo-target)")
+    add_backend_argument(p)
     p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated)")
     p.add_argument("--out", required=True, help="output head directory")
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")

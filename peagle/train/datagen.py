@@ -23,6 +23,7 @@ import textwrap
 import time
 
 from ..errors import PeagleError
+from ..models.loader import add_backend_argument
 from .data import shard_path, write_shard
 
 
@@ -191,6 +192,7 @@ def run(args) -> int:
         return 0
     # KV cache rows sized for prompt + generation (not the target's full context): much less memory
     llm = LLM(model=args.model, max_num_seqs=args.batch, seed=args.seed, device=args.device, dtype=args.dtype,
+              target_backend=args.target_backend,
               max_model_len=args.max_prompt_tokens * args.turns + args.max_new_tokens * args.turns + 16)
     from tqdm import tqdm
     bar = tqdm(total=len(items), initial=done_prompts, desc="datagen", unit="prompt")
@@ -210,6 +212,7 @@ def add_parser(sub):
     p = sub.add_parser("datagen", help="regenerate assistant turns with the target (drafter training data)",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="target HF directory (default models/demo-target)")
+    add_backend_argument(p)
     p.add_argument("--out", required=True, help="output directory (shards; rerun to resume)")
     p.add_argument("--num-prompts", type=int, default=3000)
     p.add_argument("--code-fraction", type=float, default=0.3)

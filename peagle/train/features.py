@@ -13,8 +13,6 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..models.layers import rms_norm
-
 
 class Teacher:
     def __init__(self, target, aux_ids, draft_ids: torch.Tensor):
@@ -24,9 +22,7 @@ class Teacher:
         # the final residual (teacher) is requested as one more aux state unless an aux id already is it
         self.req = self.aux_ids if self.L in self.aux_ids else self.aux_ids + (self.L,)
         self.T = target.cfg.hidden_size
-        self.lm = target.lm_head[draft_ids].float()
-        self.norm = target.norm.float()
-        self.eps = target.cfg.rms_norm_eps
+        self.draft_ids = draft_ids
 
     @torch.no_grad()
     def doc_features(self, docs: list[torch.Tensor], max_batch_tokens: int = 16384) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -53,8 +49,7 @@ class Teacher:
     @torch.no_grad()
     def teacher_logp(self, last: torch.Tensor) -> torch.Tensor:
         """log-probs over the draft vocabulary [n, Vd] (fp32), renormalised over the draft vocab."""
-        h = rms_norm(last.float(), self.norm, self.eps)
-        return F.log_softmax(F.linear(h, self.lm), -1)
+        return F.log_softmax(self.target.final_logits(last, self.draft_ids), -1)
 
 
 class FeatureCache:

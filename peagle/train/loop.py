@@ -129,7 +129,7 @@ class GradSync(torch.nn.Module):
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, a):
-        from ..models.llama import Transformer
+        from ..models.loader import load_target
         self.a = a
         self.device = resolve_device(getattr(a, "device", "cpu"))
         self.rank, self.world = dist_setup(self.device)
@@ -138,7 +138,7 @@ class Trainer:
         self.method = a.method
         self.K = a.depths if a.method == "peagle" else a.ttt_steps
         self.dtype = torch.bfloat16 if a.dtype in ("bf16", "bfloat16") else None
-        self.target = Transformer.from_pretrained(a.target)
+        self.target = load_target(a.target, backend=getattr(a, "target_backend", "auto"))
         self.docs = load_docs(a.data, a.max_docs)
         self.lengths = [len(d[0]) for d in self.docs]
         os.makedirs(a.out, exist_ok=True)
