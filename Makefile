@@ -49,7 +49,8 @@ $(VLLM_STAMP):
 
 # One vLLM subprocess runs every engine of the suite (bigram fixtures + the demo target with its shipped heads,
 # exported by `peagle export`); the parity table is printed and written to build/vllm-interop/demo-parity.md
-# (recorded in docs/vllm-parity.md).  Budget: install ~3-5 min + tests ~4-6 min on 2 idle cores.
+# (recorded in docs/vllm-parity.md), plus the target families (tests/vllm/test_vllm_families.py: 12 engines,
+# 8 heads trained first).  Budget: install ~3-5 min + tests ~6-10 min on 2 cores (10 min 18 s at load 6.5).
 test-vllm: $(VENV_STAMP) $(VLLM_STAMP)
 	@start=$$(date +%s); \
 	$(PY) -m pytest -q -rA -s -p no:cacheprovider -m vllm tests/vllm; rc=$$?; \

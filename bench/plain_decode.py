@@ -1,5 +1,9 @@
 """Plain (non-speculative) decoding: peagle's engine vs transformers `generate` on the same weights.
 
+--target-backend transformers times peagle's transformers-backed target (the one GPT-OSS, Qwen3-MoE, Gemma 3/4
+and any other AutoModelForCausalLM run on) against the same model's own generate(): goal <= 1.3x generate's
+time, i.e. peagle / transformers tok/s >= 0.77.  The default (auto) is the native target for Llama-family models.
+
 Greedy, exactly --max-tokens new tokens per prompt (EOS ignored on both sides), batch 1 (prompts one after
 another) and batch 8 (one batch of 8 prompts of mixed lengths; transformers pads on the left). The runs
 are interleaved (peagle, HF, peagle, HF, ...) and the median of --repeats is reported, with the ratio side
@@ -8,6 +12,7 @@ by side and whether the greedy tokens agree.
     .venv/bin/python bench/plain_decode.py                   # the demo target (a random one of its shape if absent)
     .venv/bin/python bench/plain_decode.py --model DIR --repeats 5 --json out.json
     .venv/bin/python bench/plain_decode.py --device cuda      # both sides on the GPU (bfloat16 unless --dtype)
+    .venv/bin/python bench/plain_decode.py --model DIR --target-backend transformers
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from peagle import LLM, SamplingParams  # noqa: E402
 from peagle.data.benchmarks import load_dataset  # noqa: E402
 from peagle.bench.randheads import target_or_random  # noqa: E402
 from peagle.llm import DEFAULT_MODEL  # noqa: E402
+from peagle.models.loader import add_backend_argument  # noqa: E402
 
 
 def prompts(llm, n: int, max_len: int) -> list:
@@ -117,9 +123,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-b1", type=int, default=4, help="prompts run one after another at batch 1")
     ap.add_argument("--max-prompt-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
+    add_backend_argument(ap)
     a = parse(ap, argv, __file__)
     model = target_or_random(a.model, os.path.join(tempfile.gettempdir(), "peagle-plain-decode"))
-    llm = LLM(model, max_num_seqs=max(int(b) for b in a.batches.split(",")), device=a.device, dtype=a.dtype)
+    llm = LLM(model, max_num_seqs=max(int(b) for b in a.batches.split(",")), device=a.device, dtype=a.dtype,
+              target_backend=a.target_backend)
     hf = HF(model, llm.device, llm.dtype)
     batches = [int(b) for b in a.batches.split(",")]
     ps = prompts(llm, max(max(batches), a.prompts_b1), a.max_prompt_len)
@@ -128,7 +136,8 @@ def main(argv=None) -> int:
     cfg = llm.engine.target.cfg
     print(f"\nPlain greedy decoding, {a.max_tokens} new tokens per prompt, median of {a.repeats} interleaved runs; "
           f"model {os.path.basename(model.rstrip('/'))} ({cfg.num_hidden_layers} layers, width {cfg.hidden_size}, "
-          f"vocab {cfg.vocab_size}), {llm.device} {str(llm.dtype).replace('torch.', '')}, "
+          f"vocab {cfg.vocab_size}), {llm.engine.target.backend} target, {llm.device} "
+          f"{str(llm.dtype).replace('torch.', '')}, "
           f"{torch.get_num_threads()} threads; batch 1 = {a.prompts_b1} prompts in turn, batch b = one batch of b prompts (lengths {[len(p) for p in ps[:max(batches)]]})\n")
     print("| batch | peagle tok/s | transformers tok/s | peagle ÷ transformers | same greedy tokens |")
     print("|---|---|---|---|---|")

