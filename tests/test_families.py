@@ -17,8 +17,6 @@ from tiny import hf_greedy, write_greedy_shard
 
 def peagle(*args):
     assert main([str(a) for a in args]) == 0, args
-    torch.set_flush_denormal(False)     # `peagle train` flushes denormals process-wide (train/common.fast_cpu):
-    #                                     undo it, later tests in this process (hypothesis) need IEEE floats
 
 
 @pytest.fixture(scope="module", params=HF_FAMILIES)

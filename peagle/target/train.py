@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data.corpus import build_corpus
-from ..train.common import (cosine_progress, fast_cpu, load_checkpoint, lr_factor, resolve_device, rng_state,
-                            save_checkpoint, seed_all, set_rng_state)
+from ..train.common import (cosine_progress, load_checkpoint, lr_factor, resolve_device, rng_state,
+                            save_checkpoint, seed_all, set_rng_state, tune_malloc)
 from .tokenizer import EOS_ID, PAD_ID, build_tokenizer, generation_config_dict
 from .tokens import (SOURCES, eval_loss, get_rows, heldout_rows, load_tokens, row_order, tokenize_corpus,
                      unigram_loss)
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     from transformers import LlamaForCausalLM
 
     args = parse_args(argv)
-    fast_cpu()
+    tune_malloc()
     cmd = "python -m peagle.target.train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     threads = ThreadTuner(args.threads)
     device = resolve_device(args.device)

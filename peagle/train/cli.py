@@ -60,9 +60,7 @@ def add_arguments(p):
 
 
 def run(a):
-    from .common import fast_cpu
     from .loop import Trainer
-    fast_cpu()
     if a.target is None:
         from ..llm import DEFAULT_MODEL
         a.target = DEFAULT_MODEL

@@ -1,4 +1,4 @@
-"""What every peagle trainer shares: device, CPU speed settings, the learning-rate schedule, atomic
+"""What every peagle trainer shares: device, heap settings, the learning-rate schedule, atomic
 checkpoints, RNG state and the process group.
 
 Invariants: the schedule is a pure function of (step, progress); a checkpoint file is either the old
@@ -31,17 +31,6 @@ def resolve_device(name: str = "auto") -> torch.device:
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
     return dev
-
-
-def fast_cpu() -> None:
-    """Flush denormal floats to zero and keep freed memory in the heap.
-
-    Adam's second-moment state and small gradients are full of denormal floats, which x86 CPUs
-    process ~100x slower than normal ones: on this 2-vCPU machine a demo-target step went from
-    4.5-10 s to 2.3 s and the AdamW update from 0.07-1.2 s to 0.02 s (bench/target_train_speed.py).
-    """
-    torch.set_flush_denormal(True)
-    tune_malloc()
 
 
 def tune_malloc() -> None:
