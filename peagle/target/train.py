@@ -51,6 +51,23 @@ def demo_config(vocab_size: int = 8192, **overrides):
 
 
 # ------------------------------------------------------------------ main
+def load_init(model, path: str) -> None:
+    """--init: the weights of an HF model directory of the same shape (warm restart; fresh optimizer)."""
+    from ..heads.io import load_tensors, read_config
+
+    src, cfg = read_config(path), model.config
+    for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "vocab_size"):
+        if src.get(k) != getattr(cfg, k):
+            raise SystemExit(f"--init {path}: {k}={src.get(k)} but this run has {getattr(cfg, k)}")
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_tensors(path).items()}, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise SystemExit(f"--init {path}: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    print(f"warm restart from {path}", flush=True)
+
+
+
 class ThreadTuner:
     """Chooses the torch thread count.  Fixed if ``n > 0``.  Otherwise (auto)
     it runs with the current best count and, every ``period`` steps, tries the
@@ -182,19 +199,7 @@ def main(argv=None) -> int:
     cfg = demo_config(args.vocab_size, **shape)
     model = LlamaForCausalLM(cfg)
     if args.init:
-        from safetensors.torch import load_file
-
-        init_cfg = json.loads((Path(args.init) / "config.json").read_text())
-        for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "vocab_size"):
-            if init_cfg.get(k) != getattr(cfg, k):
-                raise SystemExit(f"--init {args.init}: {k}={init_cfg.get(k)} but this run has {getattr(cfg, k)}")
-        sd = load_file(str(Path(args.init) / "model.safetensors"))
-        missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-        if unexpected or [k for k in missing if k != "lm_head.weight"]:
-            raise SystemExit(f"--init {args.init}: missing {missing}, unexpected {unexpected}")
-        model.tie_weights()
-        print(f"warm restart from {args.init}", flush=True)
+        load_init(model, args.init)
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M params, device {device}", flush=True)

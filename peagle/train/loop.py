@@ -52,15 +52,22 @@ def init_head(cfg: dict, target, draft_ids: torch.Tensor, method: str, seed: int
     return head
 
 
+def source_head(path: str, target, parallel: bool, flag: str):
+    """A trained head of this target that a run starts from, and its draft vocabulary (target ids);
+    refused when it is not of the kind ``flag`` needs."""
+    from ..models.drafter import DrafterHead
+    src = DrafterHead.from_pretrained(path, target.cfg)
+    if src.parallel != parallel:
+        kind = lambda p: "a parallel (P-EAGLE)" if p else "an EAGLE-3"  # noqa: E731
+        raise PeagleError(f"{flag} {path} is {kind(src.parallel)} head; {flag} needs {kind(parallel)} one")
+    return src, torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
+
+
 def warm_start(path: str, target, method: str):
     """--init: an existing head (same target) to continue training from, with its config and draft vocabulary;
     the optimizer and schedule start fresh."""
-    from ..models.drafter import DrafterHead
-    src = DrafterHead.from_pretrained(path, target.cfg)
-    if (method == "peagle") != src.parallel:
-        raise PeagleError(f"--init {path} is {'a parallel' if src.parallel else 'an EAGLE-3'} head; "
-                          f"--method {method} needs {'a parallel' if method == 'peagle' else 'an EAGLE-3'} one")
-    return src, dict(src.cfg), torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
+    src, draft_ids = source_head(path, target, method == "peagle", f"--method {method} --init")
+    return src, dict(src.cfg), draft_ids
 
 
 def from_eagle3(path: str, target, layers: int, mask_token: int):
@@ -69,30 +76,25 @@ def from_eagle3(path: str, target, layers: int, mask_token: int):
     on the residual stream (their output projections o_proj / down_proj are zero), so at step 0 the new head's
     depth-1 draft equals the EAGLE-3 head's; ``mask_hidden`` starts at zero (fc maps it to zero and the mask
     token's embedding alone marks the slot).  Returns (source head, config, draft ids)."""
-    from ..models.drafter import DrafterHead
-    src = DrafterHead.from_pretrained(path, target.cfg)
-    if src.parallel:
-        raise PeagleError(f"--init-from-eagle3 {path} is a parallel (P-EAGLE) head; it needs an EAGLE-3 one")
+    src, draft_ids = source_head(path, target, False, "--init-from-eagle3")
     hc = HeadConfig.from_dict({k: v for k, v in src.cfg.items() if k != "peagle"})  # its record is not ours
     hc.num_hidden_layers, hc.mask_token_id = layers, mask_token
-    return src, hc.to_dict(), torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
+    return src, hc.to_dict(), draft_ids
 
 
-def load_eagle3_into(head, src) -> list[str]:
+def load_eagle3_into(head, src) -> None:
     """Copy every tensor of ``src`` that ``head`` has with the same shape; zero the output projections of
-    the layers ``src`` lacks and ``mask_hidden``.  Returns the names copied."""
-    own, copied = head.state_dict(), []
+    the layers ``src`` lacks and ``mask_hidden``."""
+    own = head.state_dict()
     with torch.no_grad():
         for k, v in src.state_dict().items():
             if k in own and own[k].shape == v.shape:
                 own[k].copy_(v)
-                copied.append(k)
         for i in range(len(src.layers), len(head.layers)):
             for name, p in head.layers[i].named_parameters():
                 if name.endswith(("o_proj.weight", "down_proj.weight")):
                     p.zero_()
         head.mask_hidden.zero_()
-    return copied
 
 
 class GradSync(torch.nn.Module):
