@@ -116,3 +116,59 @@ def test_init_from_eagle3_starts_peagle_from_a_trained_eagle3_head(tiny_data, tm
     assert warm[0]["loss"] < 0.5 * cold[0]["loss"] and warm[0]["acc"][0] > cold[0]["acc"][0] + 0.1, (warm[0], cold[0])
     with pytest.raises(PeagleError, match="--method peagle"):
         _train(target, data, str(tmp_path / "bad"), "eagle3", 1, ["--init-from-eagle3", e3])
+
+
+def _trainer(target, data, out, method, extra=()):
+    import argparse
+    from peagle.train.loop import Trainer
+    ap = argparse.ArgumentParser()
+    cli.add_arguments(ap)
+    a = ap.parse_args(["--method", method, "--target", target, "--data", data, "--out", out, "--layers", "1",
+                       "--draft-vocab", "384", "--max-tokens", "192", "--batch-rows", "2", "--steps", "8",
+                       "--ckpt-every", "0", "--quiet", "--threads", "1", "--device", "cpu", *extra])
+    a.max_docs = None
+    return Trainer(a)
+
+
+@pytest.mark.parametrize("method,extra", [("peagle", ["--depths", "3", "--mask-token", "4", "--segment-len", "64"]),
+                                          ("peagle", ["--depths", "3", "--mask-token", "4", "--segment-len", "0"]),
+                                          ("eagle3", ["--ttt-steps", "3"])])
+def test_training_step_creates_no_tensor_without_an_explicit_device(tiny_data, tmp_path, method, extra):
+    """Training follows its device: with torch.set_default_device("meta") active, any tensor a training step
+    creates without an explicit device lands on "meta" and the first op mixing it with the run's tensors
+    raises.  The first step runs normally (it creates the optimizer state); the next ones under meta must
+    train exactly as without the trap (same loss as an identical trainer run normally)."""
+    target, data, _ = tiny_data
+    a, b = (_trainer(target, data, str(tmp_path / n), method, extra) for n in ("a", "b"))
+    assert a.train_step(0)["loss"] == b.train_step(0)["loss"]
+    torch.set_default_device("meta")
+    try:
+        got = [a.train_step(s) for s in (1, 2)]
+    finally:
+        torch.set_default_device(None)
+    want = [b.train_step(s) for s in (1, 2)]
+    assert [g["loss"] for g in got] == [w["loss"] for w in want]
+    assert all(torch.equal(g["correct"], w["correct"]) and g["correct"].device.type == "cpu" for g, w in zip(got, want))
+
+
+def test_the_meta_trap_catches_a_tensor_made_without_a_device(tiny_data, tmp_path, monkeypatch):
+    """Negative control for the test above: COD sampling's arange made without its device fails under meta."""
+    import peagle.train.cod as cod
+    target, data, _ = tiny_data
+    t = _trainer(target, data, str(tmp_path / "t"), "peagle", ["--depths", "3", "--mask-token", "4"])
+    t.train_step(0)
+
+    class TorchWithoutDevice:  # cod's torch, whose arange forgets the device it is given
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def arange(*s, device=None, **k):
+            return torch.arange(*s, **k)
+    monkeypatch.setattr(cod, "torch", TorchWithoutDevice())
+    torch.set_default_device("meta")
+    try:
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            t.train_step(1)
+    finally:
+        torch.set_default_device(None)

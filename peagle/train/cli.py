@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..device import add_arguments as add_device_arguments
 from ..models.loader import add_backend_argument
 
 
@@ -41,7 +42,8 @@ def add_arguments(p):
     p.add_argument("--warmup", type=float, default=0.03, help="fraction of steps (< 1) or steps (>= 1)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip", type=float, default=1.0)
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="training compute dtype (bf16 = autocast)")
+    add_device_arguments(p)  # --device / --dtype: where the target and head run; a dtype other than float32 is
+    # the head's autocast compute dtype (auto: CUDA + bfloat16 when available, else CPU + float32)
     p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the saved head weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)

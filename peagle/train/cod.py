@@ -37,7 +37,7 @@ def sample_cod(doc: torch.Tensor, lmask: torch.Tensor, K: int, r: float = 0.7, r
     """-> (anchor [E], depth [E]) in depth-major order.  full=True keeps every supervised rollout slot
     (no subsampling; used by tests and the parity check)."""
     n = doc.shape[0]
-    a0 = torch.arange(max(n - 1, 0))
+    a0 = torch.arange(max(n - 1, 0), device=doc.device)
     anchors, depths = [a0], [torch.zeros_like(a0)]
     seeds = a0[supervised(a0, torch.zeros_like(a0), doc, lmask)]
     prev = a0
@@ -49,7 +49,7 @@ def sample_cod(doc: torch.Tensor, lmask: torch.Tensor, K: int, r: float = 0.7, r
             if size <= 0 or len(cand) == 0:
                 break
             if len(cand) > size:
-                pick = torch.randperm(len(cand), generator=gen)[:size]
+                pick = torch.randperm(len(cand), generator=gen, device=cand.device)[:size]
                 cand = cand[pick.sort().values]
         if len(cand) == 0:
             break

@@ -51,7 +51,7 @@ def ttt_step_diag(head, ids, hidden, pos, mask0, kv0, diag):
 def step_counts(row: dict, ttt: int) -> torch.Tensor:
     """Supervised elements per unroll step [ttt]."""
     n = row["ids"].shape[0]
-    q = torch.arange(max(n - 1, 0))
+    q = torch.arange(max(n - 1, 0), device=row["doc"].device)
     return torch.stack([supervised(q, torch.full_like(q, k), row["doc"], row["lmask"]).sum() for k in range(ttt)])
 
 
@@ -62,12 +62,12 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
     mask (the reference); the default computes the diagonal part elementwise (same values, ~(k+1)x less
     attention work)."""
     n = row["ids"].shape[0]
-    q = torch.arange(n - 1)
     doc = row["doc"]
+    q = torch.arange(n - 1, device=doc.device)
     C = table.doc_causal(doc[: n - 1])
-    correct = torch.zeros(ttt, dtype=torch.long)
-    total = torch.zeros(ttt, dtype=torch.long)
-    ce_sum = torch.zeros(ttt)
+    correct = torch.zeros(ttt, dtype=torch.long, device=doc.device)
+    total = torch.zeros(ttt, dtype=torch.long, device=doc.device)
+    ce_sum = torch.zeros(ttt, device=doc.device)
     loss = 0.0
     kv0, hidden = None, None
     diag = [([], []) for _ in head.layers]
@@ -94,11 +94,11 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
             # which has the same gradient and reads as 0 for a perfect drafter
             ce = (logp.exp() * (logp - logq)).sum(-1)
             loss = loss + (decay ** k) * ce.sum() / float(counts[k])
-            ce_sum[k] = float(ce.detach().sum())
             with torch.no_grad():
+                ce_sum[k] = ce.sum()
                 ok = logits.argmax(-1) == row["label"][(q + k + 2)[s]]
-                total[k] += int(s.sum())
-                correct[k] += int(ok.sum())
+                total[k] += s.sum()
+                correct[k] += ok.sum()
     if backward and torch.is_tensor(loss):
         loss.backward()
     return {"ce": ce_sum, "correct": correct, "total": total}

@@ -22,11 +22,11 @@ class Teacher:
         # the final residual (teacher) is requested as one more aux state unless an aux id already is it
         self.req = self.aux_ids if self.L in self.aux_ids else self.aux_ids + (self.L,)
         self.T = target.cfg.hidden_size
-        self.draft_ids = draft_ids
+        self.draft_ids = draft_ids.to(target.device)
 
     @torch.no_grad()
     def doc_features(self, docs: list[torch.Tensor], max_batch_tokens: int = 16384) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per document: (aux [n, 3T], last [n, T]) (target dtype)."""
+        """Per document: (aux [n, 3T], last [n, T]) (target dtype, on the target's device)."""
         out: list = [None] * len(docs)
         order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
         i = 0
@@ -34,11 +34,12 @@ class Teacher:
             Tm = len(docs[order[i]])
             B = max(1, min(len(order) - i, max_batch_tokens // max(Tm, 1)))
             grp = order[i:i + B]
-            toks = torch.zeros(len(grp), Tm, dtype=torch.long)
+            dev = self.target.device
+            toks = torch.zeros(len(grp), Tm, dtype=torch.long, device=dev)
             for j, g in enumerate(grp):
                 toks[j, : len(docs[g])] = docs[g]
             cache = self.target.new_cache(len(grp), Tm + 8)
-            zeros = torch.zeros(len(grp), dtype=torch.long)
+            zeros = torch.zeros(len(grp), dtype=torch.long, device=dev)
             _, aux = self.target.forward(toks, cache, 0, zeros, aux_ids=self.req, logits_at=zeros)
             for j, g in enumerate(grp):
                 n = len(docs[g])
@@ -78,7 +79,7 @@ class FeatureCache:
             feats = teacher.doc_features([docs[i][0] for i in idx])
             sd = {}
             for i, (a, l) in zip(idx, feats):
-                sd[f"aux.{i}"], sd[f"last.{i}"] = a.half().contiguous(), l.half().contiguous()
+                sd[f"aux.{i}"], sd[f"last.{i}"] = a.half().cpu().contiguous(), l.half().cpu().contiguous()
             tmp = self._fn(c) + ".tmp"
             save_file(sd, tmp)
             os.replace(tmp, self._fn(c))
@@ -93,13 +94,21 @@ class FeatureCache:
 
 def pack_row(docs: list[tuple[torch.Tensor, torch.Tensor]], feats: list[tuple[torch.Tensor, torch.Tensor]],
              teacher: Teacher, index: torch.Tensor, max_tokens: int) -> dict:
-    """Concatenate documents (truncated to max_tokens) into one training row."""
+    """Concatenate documents (truncated to max_tokens) into one training row.  The token bookkeeping (ids,
+    doc, pos, lmask, label) stays on the CPU, where COD sampling reads it; aux and tlogp are on the
+    features' device.  :func:`to_device` moves a row (and its elements) to the training device once."""
     ids, doc, pos, lm, aux, last = [], [], [], [], [], []
+    cpu = torch.device("cpu")
     for j, ((t, m), (a, l)) in enumerate(zip(docs, feats)):
         n = min(len(t), max_tokens)
         ids.append(t[:n]); lm.append(m[:n].bool()); aux.append(a[:n]); last.append(l[:n])
-        doc.append(torch.full((n,), j, dtype=torch.long)); pos.append(torch.arange(n))
+        doc.append(torch.full((n,), j, dtype=torch.long, device=cpu)); pos.append(torch.arange(n, device=cpu))
     ids = torch.cat(ids)
     last = torch.cat(last)
     return {"ids": ids, "doc": torch.cat(doc), "pos": torch.cat(pos), "lmask": torch.cat(lm),
             "aux": torch.cat(aux).float(), "tlogp": teacher.teacher_logp(last), "label": index[ids]}
+
+
+def to_device(tensors: dict, device: torch.device) -> dict:
+    """The same dict with every tensor on ``device`` (one copy each; nothing when already there)."""
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in tensors.items()}

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from ..device import resolve_dtype
 from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
 from ..paths import portable_path, portable_paths
@@ -24,7 +25,7 @@ from . import eagle3_loss, peagle_loss
 from .common import (all_sum, barrier, broadcast, dist_setup, load_checkpoint, lr_factor, resolve_device,
                      rng_state, save_checkpoint, set_rng_state)
 from .data import epoch_rows, load_docs
-from .features import FeatureCache, Teacher, pack_row
+from .features import FeatureCache, Teacher, pack_row, to_device
 from .mask import MaskTable
 from .vocab import build_draft_vocab, mappings, token_counts
 
@@ -133,14 +134,18 @@ class Trainer:
     def __init__(self, a):
         from ..models.loader import load_target
         self.a = a
-        self.device = resolve_device(getattr(a, "device", "cpu"))
+        # one device and dtype for the run: the target (features) and the head live on the device; the dtype
+        # is the target's and, when not float32, the head's autocast compute dtype (weights stay float32)
+        self.device = resolve_device(getattr(a, "device", "auto"))
+        run_dtype = resolve_dtype(getattr(a, "dtype", "auto"), self.device)
         self.rank, self.world = dist_setup(self.device)
         if a.threads:
             torch.set_num_threads(a.threads)
         self.method = a.method
         self.K = a.depths if a.method == "peagle" else a.ttt_steps
-        self.dtype = torch.bfloat16 if a.dtype in ("bf16", "bfloat16") else None
-        self.target = load_target(a.target, backend=getattr(a, "target_backend", "auto"))
+        self.dtype = None if run_dtype == torch.float32 else run_dtype
+        self.target = load_target(a.target, dtype=run_dtype, backend=getattr(a, "target_backend", "auto"),
+                                  device=self.device)
         self.docs = load_docs(a.data, a.max_docs)
         self.lengths = [len(d[0]) for d in self.docs]
         os.makedirs(a.out, exist_ok=True)
@@ -175,6 +180,7 @@ class Trainer:
             self.head.load_state_dict(src.state_dict())
         elif src is not None:
             load_eagle3_into(self.head, src)
+        self.head.to(self.device)
         self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
         self.cache = None
         if a.feature_cache:
@@ -182,7 +188,7 @@ class Trainer:
             if self.rank == 0:
                 self.cache.build(self.teacher, self.docs)
             barrier(self.world)
-        self.table = MaskTable(a.max_tokens)
+        self.table = MaskTable(a.max_tokens, self.device)
         params = [p for p in self.head.parameters() if p.requires_grad]
         self.ddp = GradSync.wrap(self.head, self.world)
         self.opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=a.weight_decay)
@@ -215,7 +221,7 @@ class Trainer:
         if self.a.max_minutes:
             el = self.elapsed
             if self.world > 1:  # every rank must use the same lr: take rank 0's clock
-                el = self.elapsed = float(broadcast(torch.tensor([el], dtype=torch.float64), self.world))
+                el = self.elapsed = float(broadcast(self._stats([el]), self.world))
             frac = max(self.step / max(1, self.total), el / (60 * self.a.max_minutes))
             for g in self.opt.param_groups:
                 g["lr"] = self.a.lr * self.lr_factor(self.step, frac)
@@ -235,6 +241,7 @@ class Trainer:
         return e, [(i, rows[i]) for i in ids[self.rank::self.world]]
 
     def make_row(self, doc_ids):
+        """A packed row (token bookkeeping on the CPU; see pack_row)."""
         docs = [self.docs[i] for i in doc_ids]
         if self.cache is not None:
             feats = [self.cache.get(i) for i in doc_ids]
@@ -242,45 +249,49 @@ class Trainer:
             feats = self.teacher.doc_features([d[0][: self.a.max_tokens] for d in docs])
         return pack_row(docs, feats, self.teacher, self.index, self.a.max_tokens)
 
+    def _stats(self, values) -> torch.Tensor:
+        """float64 on the device (nccl all-reduces device tensors)."""
+        return torch.tensor(values, dtype=torch.float64, device=self.device)
+
     # ---------------------------------------------------------------- step
     def train_step(self, step) -> dict:
         a, K = self.a, self.K
         epoch, mine = self.batch_rows(step)
         rows = [(i, self.make_row(d)) for i, d in mine]
+        dev = self.device
         self.head.train()
+        # the step's statistics accumulate on the device: [loss sum, correct per depth, total per depth]
+        stats = torch.zeros(1 + 2 * K, dtype=torch.float64, device=dev)
+        correct, total = stats[1:1 + K], stats[1 + K:]
         if self.method == "peagle":
             els = []
-            for i, r in rows:
+            for i, r in rows:  # COD sampling on the CPU (a CPU generator seeded per row), then one copy
                 g = torch.Generator().manual_seed((a.seed * 1_000_003 + epoch) * 1_000_003 + i)
-                els.append(peagle_loss.make_elements(r, K, a.cod_r, a.cod_rmin, g))
-            denom = all_sum(torch.tensor([float(sum(int(e["sup"].sum()) for e in els))], dtype=torch.float64),
-                            self.world)
+                els.append(to_device(peagle_loss.make_elements(r, K, a.cod_r, a.cod_rmin, g), dev))
+            denom = all_sum(self._stats([float(sum(int(e["sup"].sum()) for e in els))]), self.world)
             denom = max(float(denom), 1.0)
-            loss_sum, correct, total = 0.0, torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)
             for (i, r), e in zip(rows, els):
-                st = peagle_loss.row_step(self.head, r, e, self.table, K, denom, a.segment_len,
+                st = peagle_loss.row_step(self.head, to_device(r, dev), e, self.table, K, denom, a.segment_len,
                                           autocast_dtype=self.dtype)
-                loss_sum += st["kl"]
+                stats[0] += st["kl"]
                 correct += st["correct"]
                 total += st["total"]
-            stats = torch.cat([torch.tensor([loss_sum], dtype=torch.float64), correct.double(), total.double()])
             stats = all_sum(stats, self.world)
             loss = float(stats[0]) / denom
         else:
-            counts = torch.zeros(K, dtype=torch.float64)
+            counts = self._stats([0.0] * K)
             for _, r in rows:
-                counts += eagle3_loss.step_counts(r, K).double()
-            counts = all_sum(counts, self.world)
-            ce, correct, total = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)
+                counts += eagle3_loss.step_counts(r, K).to(dev)
+            counts = all_sum(counts, self.world).cpu()
+            ce = self._stats([0.0] * K)
             for _, r in rows:
-                st = eagle3_loss.row_step(self.head, r, self.table, K, counts, a.decay, autocast_dtype=self.dtype)
-                ce += st["ce"].double()
+                st = eagle3_loss.row_step(self.head, to_device(r, dev), self.table, K, counts, a.decay,
+                                          autocast_dtype=self.dtype)
+                ce += st["ce"]
                 correct += st["correct"]
                 total += st["total"]
-            stats = all_sum(torch.cat([ce, correct.double(), total.double()]), self.world)
-            ce = stats[:K]
+            stats, ce = all_sum(stats, self.world), all_sum(ce, self.world).cpu()
             loss = float(sum((a.decay ** k) * ce[k] / max(float(counts[k]), 1.0) for k in range(K)))
-            stats = torch.cat([stats[:1], stats[K:]])
         params = [p for p in self.head.parameters() if p.requires_grad]
         if self.ddp is not None:
             self.ddp().backward()  # DDP sums every rank's accumulated gradients (see GradSync)
@@ -289,11 +300,12 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
+        stats = stats.cpu()  # the step's one host copy of its statistics
         correct, total = stats[1:1 + K], stats[1 + K:]
         return {"loss": loss, "gnorm": float(gnorm), "correct": correct, "total": total, "lr": lr}
 
     def _bcast_flag(self, flag: bool) -> bool:
-        return bool(broadcast(torch.tensor([int(flag)]), self.world))
+        return bool(broadcast(torch.tensor([int(flag)], device=self.device), self.world))
 
     # ---------------------------------------------------------------- checkpoints
     def _load_ckpt(self):

@@ -81,7 +81,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
         return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype)
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
     C = table.doc_causal(row["doc"])
-    acc = [torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)]
+    acc = [torch.zeros(K, dtype=torch.long, device=anchor.device) for _ in range(2)]
     kl_sum = 0.0
     n0 = int((depth == 0).sum())
     a0, d0 = anchor[:n0], depth[:n0]
@@ -131,7 +131,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
 
 def _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype):
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
-    acc = [torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)]
+    acc = [torch.zeros(K, dtype=torch.long, device=anchor.device) for _ in range(2)]
     if not bool(sup.any()):
         return {"kl": 0.0, "correct": acc[0], "total": acc[1]}
     with autocast(head.fc.weight.device, autocast_dtype):
