@@ -206,7 +206,9 @@ class Engine:
         st.last[b0:b0 + B] = first
         for r, n in zip(new, lens):
             r.seq_len = n + 1
-        if self.proposer is not None and not self.k_policy.drafts_next(b0 + B):
+        # the batch these rows will decode in: the running ones, these, and those still waiting for a row
+        coming = min(b0 + B + len(self.waiting), self.max_num_seqs)
+        if self.proposer is not None and not self.k_policy.drafts_next(coming):
             self._defer_drafter_context(new, b0, toks, aux, plen, first)
         elif self.proposer is not None:
             # drafter context: position q gets token x_{q+1} with the target's aux state at q, for q < P - 1;

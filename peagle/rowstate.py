@@ -31,7 +31,7 @@ class RowState:
         if rows <= self.rows and width <= self.width and not new_aux:
             return
         rows = max(rows, 2 * self.rows) if rows > self.rows else self.rows
-        width = max(width, self.width)
+        width = max(width, 2 * self.width) if width > self.width else self.width  # K = 0 steps grow it by 1
         self.last = _grown(self.last, (rows,), self.device)
         self.draft_n = _grown(self.draft_n, (rows,), self.device)
         self.draft_ids = _grown(self.draft_ids, (rows, width), self.device)

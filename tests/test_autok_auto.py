@@ -83,3 +83,56 @@ def test_per_request_acceptance_counts():
     e_bad = pol.acc.expected_tokens(["bad"])
     assert e_good[6] > 4 and e_bad[6] < 1.5
     assert pol.choose([Row("bad")]) < pol.choose([Row("good")]) == 6
+
+
+class Behind(Row):
+    """A running request whose drafter is `draft_rows` rows behind, with `left` tokens still to generate."""
+
+    def __init__(self, rid, draft_rows, left):
+        super().__init__(rid)
+        from peagle.sampling import SamplingParams
+        self.draft_rows, self.params, self.output_ids = draft_rows, SamplingParams(max_tokens=left + 10), [0] * 10
+
+
+def test_a_drafter_catch_up_is_paid_only_when_the_remaining_tokens_repay_it():
+    """After K = 0 steps the drafter is behind; the first K > 0 step feeds every skipped row (a padded block of
+    B x max rows), a one-off cost amortised over the tokens the batch still generates: a long backlog with few
+    tokens left stays at K = 0, the same backlog with many tokens left (or a short one) drafts."""
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=False)
+    pol.row_s = 1e-3
+    steady = pol.choose([Behind(f"r{i}", 1, 8) for i in range(4)])
+    assert steady > 0 and pol.last["catch_up_rows"] == 0
+    assert pol.choose([Behind(f"r{i}", 300, 8) for i in range(4)]) == 0          # 4 x 293 rows for 8 tokens
+    assert pol.last["catch_up_rows"] == 4 * (300 - 7)
+    assert pol.choose([Behind(f"r{i}", 300, 2000) for i in range(4)]) > 0        # repaid over many steps
+    assert pol.choose([Behind(f"r{i}", 12, 8) for i in range(4)]) > 0            # a short backlog
+
+
+def test_catch_up_cost_is_learned_from_catch_up_steps_and_kept_out_of_the_cost_model():
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=True)
+    prior = pol.row_s
+    assert prior > 0
+    rows = [Behind(f"r{i}", 50, 2000) for i in range(4)]
+    k = pol.choose(rows)
+    assert k > 0
+    before = pol.cost.t.copy()
+    steady = float(pol.cost.predict(4)[k])
+    pol.observe(rows, k, torch.zeros(4, dtype=torch.long), steady + 0.5)          # 0.5 s beyond steady state
+    assert abs(pol.row_s - 0.5 / (4 * (50 - 7))) < 1e-12 and pol.row_s != prior
+    assert (pol.cost.t == before).all() and pol.cost.updates == 0
+    steady_rows = [Behind(f"r{i}", 1, 2000) for i in range(4)]
+    k = pol.choose(steady_rows)
+    pol.observe(steady_rows, k, torch.zeros(4, dtype=torch.long), 0.5)
+    assert pol.cost.updates == 1                                                    # a steady step refines it
+
+
+def test_admission_prefills_the_drafter_only_for_a_batch_that_will_draft():
+    """drafts_next(B): the engine skips the drafter prefill of new prompts when a batch of B rows is expected
+    to decode with K = 0 (here: drafts rejected, so no batch size drafts; with good drafts B = 1 does)."""
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=False)
+    assert pol.drafts_next(1)
+    expensive = CostModel([1, 64], [[10e-3 + 30e-3 * k for k in range(7)], [40e-3 + 120e-3 * k for k in range(7)]])
+    pol2 = AutoK(6, expensive, Acceptance(6, prior=[0.3] * 6), refine=False)
+    assert not pol2.drafts_next(64) and not pol2.drafts_next(1)
+    feed(pol, [Row(f"r{i}") for i in range(64)], 0.02, 40, k=6)          # drafts are rejected
+    assert not pol.drafts_next(64)

@@ -22,8 +22,9 @@ class KPolicy:
         raise NotImplementedError
 
     def drafts_next(self, batch_size: int) -> bool:
-        """Will the coming steps draft (K > 0)? If not, the engine leaves new prompts to the drafter's catch-up
-        instead of prefilling the drafter at admission."""
+        """Will the coming steps, with `batch_size` rows (running + admitted + waiting, at most max_num_seqs),
+        draft (K > 0)? If not, the engine leaves new prompts to the drafter's catch-up instead of prefilling the
+        drafter at admission."""
         return self.k_max > 0
 
     def observe(self, rows, k: int, accepted, step_s: float) -> None:
