@@ -75,3 +75,13 @@ def test_cache_key_follows_the_head_content_not_its_path(tmp_path):
     (b / "config.json").write_text(json.dumps({"x": 2}))
     assert cache_key(str(m), str(b), "peagle", torch.float32, {"ctx_len": 64})[0] != ka
     assert cache_key(str(m), str(a), "eagle3", torch.float32, {"ctx_len": 64})[0] != ka
+
+
+def test_reports_show_cache_files_under_home_as_tilde(monkeypatch, tmp_path):
+    import os
+    from peagle.autok.costmodel import shown_path
+    monkeypatch.setenv("HOME", str(tmp_path / "u"))
+    inside = os.path.join(str(tmp_path / "u"), ".cache", "peagle", "costs-x.json")
+    assert shown_path(inside) == os.path.join("~", ".cache", "peagle", "costs-x.json")
+    assert os.path.expanduser(shown_path(inside)) == inside
+    assert shown_path(str(tmp_path / "other.json")) == str(tmp_path / "other.json") and shown_path(None) is None

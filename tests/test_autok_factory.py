@@ -36,7 +36,7 @@ def test_auto_is_greedy_identical_and_measures_once(target, tmp_path, capsys, pa
     assert len(m["num_steps_per_k"]) == 5 and sum(m["num_steps_per_k"]) > 0
     assert len(pol["step_time_s"]) == 5 and all(t > 0 for t in pol["step_time_s"])
     assert m["num_draft_tokens"] >= m["num_drafts"]
-    path = pol["cost_model"]
+    path = os.path.expanduser(pol["cost_model"])   # shown as ~/... when under the home directory
     assert os.path.dirname(path) == cache_dir() and os.path.isfile(path)
     with open(path) as f:
         saved = json.load(f)

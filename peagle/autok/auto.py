@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .acceptance import Acceptance
-from .costmodel import CostModel
+from .costmodel import CostModel, shown_path
 from .policy import KPolicy
 
 
@@ -96,7 +96,7 @@ class AutoK(KPolicy):
 
     def describe(self) -> dict:
         d = {**super().describe(), **self.acc.summary(), "cost_model_updates": self.cost.updates,
-             "cost_model": self.cost.meta.get("path")}
+             "cost_model": shown_path(self.cost.meta.get("path"))}
         for key, v in self.last.items():
             d[key] = [round(float(x), 6) for x in v] if hasattr(v, "tolist") else v
         return d

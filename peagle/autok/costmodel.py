@@ -31,6 +31,14 @@ def cache_dir() -> str:
     return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "peagle")
 
 
+def shown_path(path: str | None) -> str | None:
+    """A cache file's path as reports show it: under the home directory as ~/... (no user's home in reports)."""
+    if not path:
+        return path
+    home = os.path.expanduser("~")
+    return "~" + path[len(home):] if home not in ("", "/") and path.startswith(home + os.sep) else path
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
