@@ -85,3 +85,20 @@ def test_reports_show_cache_files_under_home_as_tilde(monkeypatch, tmp_path):
     assert shown_path(inside) == os.path.join("~", ".cache", "peagle", "costs-x.json")
     assert os.path.expanduser(shown_path(inside)) == inside
     assert shown_path(str(tmp_path / "other.json")) == str(tmp_path / "other.json") and shown_path(None) is None
+
+
+def test_a_cell_priced_out_by_costly_steps_relaxes_back_to_its_measured_value():
+    """A stretch of slow K = 3 steps (long contexts) raises that cell; while only K = 1 runs afterwards (at its
+    measured cost), the K = 3 cell drifts back toward its measured value, so K = 3 is tried again. Without
+    relaxation it would stay priced out."""
+    for relax, back in ((0.01, True), (0.0, False)):
+        cm = CostModel([1, 4, 16], [[1e-3 * b + 2e-3 * k for k in range(4)] for b in (1, 4, 16)], relax=relax)
+        measured = float(cm.predict(1)[3])
+        ratio = lambda: float(cm.predict(1)[3]) / float(cm.predict(1)[1]) / (measured / float(cm.t0[0, 1]))  # noqa: E731
+        for _ in range(200):
+            cm.update(1, 3, 3 * measured)
+        raised = ratio()                                 # K = 3 now priced above K = 1 by more than measured
+        for _ in range(300):
+            cm.update(1, 1, float(cm.t0[0, 1]) * cm.scale)
+        assert raised > 1.2
+        assert (ratio() < 1.02) == back, (relax, raised, ratio())

@@ -7,8 +7,9 @@ points and extrapolated linearly beyond the largest (never below the largest gri
 multiplied by one machine-wide `scale`. Online refinement, in log space, the error clipped to +-0.5 (one slow
 step caused by something else cannot swing the model): the scale follows every step (`scale_rate`: the whole
 machine got slower or faster, all K alike), and the grid cells the step was interpolated from follow what is
-left (`rate` x interpolation weight: this K at this batch size costs more or less than measured). Stored as
-JSON in the cache directory, one file per machine/model/head/settings (`cache_key`)."""
+left (`rate` x interpolation weight: this K at this batch size costs more or less than measured). Every cell
+also relaxes toward its measured value (`relax` of its log-distance per update), so a K priced out by a stretch
+of costly steps (long contexts) is tried again once they are over. Stored as JSON in the cache directory, one file per machine/model/head/settings (`cache_key`)."""
 from __future__ import annotations
 
 import hashlib
@@ -75,13 +76,16 @@ def cache_key(model_dir: str, head_dir: str, method: str, dtype, settings: dict)
 
 class CostModel:
     def __init__(self, batch_sizes: list, times: list, rate: float = 0.05, scale_rate: float = 0.05,
-                 meta: dict | None = None):
-        """times[i][k]: seconds per step at batch_sizes[i] (ascending) with K = k."""
+                 meta: dict | None = None, relax: float = 0.01):
+        """times[i][k]: seconds per step at batch_sizes[i] (ascending) with K = k.  relax: per update, every
+        cell's log-distance from its measured value shrinks by this fraction (half-life ~70 updates), so a
+        cell raised by a stretch of costly steps (long contexts) is tried again once they are over."""
         if not batch_sizes or len(times) != len(batch_sizes):
             raise ValueError("a cost model needs one row of times per batch size")
         self.bs = [int(b) for b in batch_sizes]
         self.t = np.maximum(np.asarray(times, dtype=np.float64), 1e-6)        # [G, k_max + 1]
-        self.rate, self.scale_rate, self.meta = rate, scale_rate, dict(meta or {})
+        self.t0 = self.t.copy()                                                # as measured
+        self.rate, self.scale_rate, self.meta, self.relax = rate, scale_rate, dict(meta or {}), relax
         self.scale, self.updates = 1.0, 0
 
     @property
@@ -115,6 +119,8 @@ class CostModel:
         ws = self._weights(B)
         if B > self.bs[-1]:
             ws = [(len(self.bs) - 1, 1.0)]
+        if self.relax:
+            self.t = self.t0 * (self.t / self.t0) ** (1.0 - self.relax)
         for i, w in ws:
             self.t[i, k] *= math.exp(self.rate * w * e)
         self.updates += 1
@@ -124,11 +130,12 @@ class CostModel:
         for i in range(self.t.shape[0]):
             self.t[i] = _isotonic(self.t[i].tolist())
         self.t = np.maximum.accumulate(self.t, axis=0)
+        self.t0 = self.t.copy()
         return self
 
     def copy(self) -> "CostModel":
-        c = CostModel(self.bs, self.t.tolist(), self.rate, self.scale_rate, self.meta)
-        c.scale = self.scale
+        c = CostModel(self.bs, self.t.tolist(), self.rate, self.scale_rate, self.meta, self.relax)
+        c.t0, c.scale = self.t0.copy(), self.scale
         return c
 
     # ------------------------------------------------------------------ storage
