@@ -46,6 +46,11 @@ class AutoK(KPolicy):
         secs = self.cost.predict(len(rids))[: self.k_max + 1]
         return tokens, secs, tokens / secs
 
+    def _best(self, rate) -> int:
+        """The K with the most tokens per second; a K > 0 must beat K = 0 by the margin."""
+        k = int(rate.argmax())
+        return 0 if k and rate[k] < rate[0] * (1 + self.margin) else k
+
     def catch_up_rows(self, rows) -> int:
         """Padded drafter rows the next K > 0 step feeds beyond a steady step's (B x (k_max + 1))."""
         n = max((getattr(r, "draft_rows", 0) for r in rows), default=0)
@@ -68,9 +73,7 @@ class AutoK(KPolicy):
             catch[0] = 0.0                                             # K = 0 feeds the drafter nothing
             secs = secs + catch
             rate = tokens / secs
-        k = int(rate.argmax())
-        if k and rate[k] < rate[0] * (1 + self.margin):
-            k = 0
+        k = self._best(rate)
         self.last = {"batch_size": len(rids), "k": k, "expected_tokens": tokens, "step_time_s": secs,
                      "tokens_per_s": rate, "catch_up_rows": extra, "drafter_row_s": self.row_s}
         return k
@@ -79,10 +82,7 @@ class AutoK(KPolicy):
         """Would a step of this many rows (the batch after admission), with the drafter caught up, draft? A
         prompt admitted when not gets no drafter prefill (it joins the catch-up), so a batch that will decode
         with K = 0 (large batches) never pays for drafter context it does not use."""
-        tokens = self.acc.expected_tokens([None] * batch_size)
-        rate = tokens / self.cost.predict(batch_size)[: self.k_max + 1]
-        k = int(rate.argmax())
-        return k > 0 and rate[k] >= rate[0] * (1 + self.margin)
+        return self._best(self.rates([None] * batch_size)[2]) > 0     # anonymous rows: the global estimate
 
     def observe(self, rows, k, accepted, step_s):
         self.acc.observe([r.request_id for r in rows], k, accepted)

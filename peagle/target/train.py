@@ -67,7 +67,6 @@ def load_init(model, path: str) -> None:
     print(f"warm restart from {path}", flush=True)
 
 
-
 class ThreadTuner:
     """Chooses the torch thread count.  Fixed if ``n > 0``.  Otherwise (auto)
     it runs with the current best count and, every ``period`` steps, tries the
