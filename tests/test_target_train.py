@@ -76,7 +76,7 @@ def test_evaluate_target_runs_on_a_trained_model(data_dir, tmp_path):
 
     out, _ = run(data_dir, tmp_path, "m", "--max-steps", "2")
     evaluate_target.main([str(out), "--data-dir", str(data_dir), "--eval-rows", "2", "--limit", "2",
-                          "--max-new-tokens", "8", "--threads", "1", "--device", "cpu", "--no-card"])
+                          "--max-new-tokens", "8", "--threads", "1", "--device", "cpu"])
     ev = json.loads((out / "eval.json").read_text())
     assert set(ev["heldout"]) == {"code", "chat"} and ev["heldout"]["code"]["loss"] > 0
     assert ev["humaneval"]["prompts"] == 2 and 0 <= ev["humaneval"]["parse_fraction"] <= 1

