@@ -27,7 +27,8 @@ def read_log(path: Path, offset_min: float) -> list[dict]:
 
 
 def smooth(xs: list[float], w: int = 5) -> list[float]:
-    return [sum(xs[max(0, i - w + 1):i + 1]) / len(xs[max(0, i - w + 1):i + 1]) for i in range(len(xs))]
+    windows = (xs[max(0, i - w + 1):i + 1] for i in range(len(xs)))
+    return [sum(x) / len(x) for x in windows]
 
 
 def plot(runs: dict[str, list[dict]], out: Path) -> None:
@@ -50,18 +51,18 @@ def plot(runs: dict[str, list[dict]], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-def table(runs: dict[str, list[dict]], evals: dict) -> str:
+def table(runs: dict[str, list[dict]], acc_by_ds: dict, speed_by_ds: dict) -> str:
     lines = ["| run | minutes | steps | last training accuracy per depth | dataset | acceptance length (K=7) | "
              "per-position acceptance | greedy identical | tokens/s (batch 1) |", "|---" * 9 + "|"]
     for name, log in runs.items():
         last = log[-1] if log else {"min": 0, "step": 0, "acc": []}
         acc = " / ".join(f"{a:.2f}" for a in last["acc"])
-        for ds, heads in evals.get("datasets", {}).items():
+        for ds, heads in acc_by_ds.items():
             h = heads.get(name)
-            if not isinstance(h, dict) or "acceptance_length" not in h:
+            if h is None:
                 continue
             pos = " / ".join(f"{p:.2f}" for p in h["acceptance_per_pos"])
-            tps = heads.get("batch1_tok_s", {}).get(name)
+            tps = speed_by_ds.get(ds, {}).get(name)
             lines.append(f"| {name} | {last['min']:.0f} | {last['step']} | {acc} | {ds} | "
                          f"{h['acceptance_length']:.3f} | {pos} | {'yes' if h['identical'] else 'NO'} | "
                          f"{tps if tps is not None else '–'} |")
@@ -83,19 +84,19 @@ def main(argv=None) -> int:
         if not log.is_file():
             raise SystemExit(f"error: {log} not found (a peagle train output directory is expected)")
         runs[name] = read_log(log, float(off or 0))
-    evals: dict = {"datasets": {}}
+    acc_by_ds: dict = {}      # dataset -> head name -> evaluate_heads' acceptance record
+    speed_by_ds: dict = {}    # dataset -> head name (or "plain") -> batch-1 tokens/s
     for f in a.eval:
-        for ds, heads in json.loads(Path(f).read_text()).get("datasets", {}).items():
-            merged = evals["datasets"].setdefault(ds, {})
-            speed = {**merged.get("batch1_tok_s", {}), **heads.get("batch1_tok_s", {})}
-            merged.update(heads)
-            merged["batch1_tok_s"] = speed
+        for ds, d in json.loads(Path(f).read_text()).get("datasets", {}).items():
+            acc_by_ds.setdefault(ds, {}).update({k: v for k, v in d.items()
+                                                 if isinstance(v, dict) and "acceptance_length" in v})
+            speed_by_ds.setdefault(ds, {}).update(d.get("batch1_tok_s", {}))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, out / "acc_vs_minutes.png")
     cmd = "python bench/training_study.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None
                                                                                  else sys.argv[1:]))
-    (out / "table.md").write_text(f"`{cmd}`\n\n{table(runs, evals)}\n")
+    (out / "table.md").write_text(f"`{cmd}`\n\n{table(runs, acc_by_ds, speed_by_ds)}\n")
     print((out / "table.md").read_text())
     return 0
 
