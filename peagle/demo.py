@@ -15,7 +15,7 @@ from .spec_config import speculative_config
 
 # no trailing newline: this byte-level BPE merges "\n" with the next line's indentation, so a prompt that
 # ends in a bare "\n" is off-distribution (see models/demo-target/README.md)
-CODE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""'
+CODE = 'def read_csv(path):\n    """Read a CSV file and return a list of rows."""'
 CHAT = [{"role": "user", "content": "How do I read a CSV file in Python and print each row?"}]
 K = 7
 
