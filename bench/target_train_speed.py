@@ -3,7 +3,7 @@
     python bench/target_train_speed.py --threads 2 --repeats 3 --steps 6
 
 Compares the trainer as it was (``HF LlamaForCausalLM``, per-parameter AdamW)
-with the current one (AdamW ``foreach``) on the demo shape, in interleaved blocks of ``--steps`` optimizer
+with the current one (AdamW ``foreach``) on the v1 demo shape (12x256), in interleaved blocks of ``--steps`` optimizer
 steps; the first step of each block is a warm-up and is not timed.  The rows
 are real training rows (code and chat, from ``--data-dir``'s token memmaps)
 when they exist, else uniform random tokens (say which in the table).  ``--shapes`` also measures candidate model shapes with the
@@ -21,7 +21,7 @@ import time
 import torch
 
 SHAPES = {  # name: (layers, hidden, intermediate, heads, kv_heads)
-    "demo-12x256": (12, 256, 688, 4, 2),
+    "v1-12x256": (12, 256, 688, 4, 2),
     "8x256": (8, 256, 688, 4, 2),
     "8x320": (8, 320, 864, 5, 1),
     "10x384": (10, 384, 1024, 6, 2),
@@ -83,8 +83,8 @@ def main(argv=None):
     else:
         g = torch.Generator().manual_seed(0)
         x, rows = torch.randint(6, 8192, (a.steps, a.batch_size, a.seq_len), generator=g), "uniform random tokens"
-    runs = {"before (AdamW per parameter)": ("demo-12x256", dict(foreach=False), False),
-            "after (AdamW foreach)": ("demo-12x256", dict(foreach=True), True)}
+    runs = {"before (AdamW per parameter)": ("v1-12x256", dict(foreach=False), False),
+            "after (AdamW foreach)": ("v1-12x256", dict(foreach=True), True)}
     for s in filter(None, a.shapes.split(",")):
         runs[f"after, shape {s}"] = (s, dict(foreach=True), True)
     state = {}

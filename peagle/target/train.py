@@ -39,7 +39,7 @@ def demo_config(vocab_size: int = 8192, **overrides):
     from transformers import LlamaConfig
 
     kw = dict(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=12,
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=688, num_hidden_layers=8,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, rms_norm_eps=1e-5,
         tie_word_embeddings=True, bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
