@@ -35,7 +35,7 @@ from peagle.bench.randheads import head_or_random, target_or_random  # noqa: E40
 from peagle.bench.runner import Bench  # noqa: E402
 from peagle.data.benchmarks import load_dataset  # noqa: E402
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD  # noqa: E402
-from peagle.paths import portable_path  # noqa: E402
+from peagle.paths import portable_path, portable_settings  # noqa: E402
 
 METHODS = ("baseline", "eagle3", "peagle")
 
@@ -101,9 +101,7 @@ def main(argv=None) -> int:
     print(f"\n## 2. P-EAGLE's share of its ideal speedup at c=1\n\nideal = AL x t_plain / (t_draft + t_verify) = "
           f"{p['al']:.2f} x {b['verify_ms']:.2f} / ({p['draft_ms']:.2f} + {p['verify_ms']:.2f}) = {ideal:.2f}x; "
           f"achieved {achieved:.2f}x; share {achieved / ideal:.2f} (goal >= 0.85)")
-    settings = {k: portable_path(v) if k in ("model", "eagle3_head", "peagle_head", "json") else v
-                for k, v in vars(a).items()}
-    out = {"settings": settings, "model": portable_path(model), "heads": {m: portable_path(h) for m, h in heads.items()},
+    out = {"settings": portable_settings(vars(a), ("model", "eagle3_head", "peagle_head", "json")), "model": portable_path(model), "heads": {m: portable_path(h) for m, h in heads.items()},
            "device": str(bench.device),
            "dtype": str(bench.dtype), "threads": torch.get_num_threads(), "runs": runs, "median": med,
            "peagle_ideal_speedup": ideal, "peagle_achieved_speedup": achieved, "peagle_share_of_ideal": achieved / ideal}

@@ -23,3 +23,10 @@ def portable_path(path: str | os.PathLike | None) -> str | None:
 def portable_paths(paths: str) -> str:
     """A comma-separated list of paths (e.g. --data a,b), each made portable."""
     return ",".join(portable_path(p) for p in paths.split(","))
+
+
+def portable_settings(settings: dict, path_keys, drop=()) -> dict:
+    """A run's settings (e.g. ``vars(args)``) for a results file: the values under ``path_keys`` made portable,
+    the keys in ``drop`` left out."""
+    return {k: portable_path(v) if k in path_keys else v
+            for k, v in settings.items() if k not in drop}

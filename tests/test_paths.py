@@ -1,7 +1,7 @@
 """Paths written into shipped artifacts (peagle/paths.py): never an absolute path of this machine."""
 import os
 
-from peagle.paths import REPO, portable_path, portable_paths
+from peagle.paths import REPO, portable_path, portable_paths, portable_settings
 
 
 def test_relative_under_the_working_directory_or_repo(tmp_path, monkeypatch):
@@ -17,3 +17,13 @@ def test_elsewhere_is_symbolic(tmp_path, monkeypatch):
     assert portable_path(outside) == "<external>/data2"
     assert portable_paths(f"{tmp_path}/a,{outside}") == "a,<external>/data2"
     assert portable_path(None) is None
+
+
+def test_settings_make_only_their_path_keys_portable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    outside = os.path.join(os.path.dirname(str(tmp_path)), "elsewhere", "head")
+    s = {"model": os.path.join(REPO, "models", "demo-target"), "head": outside, "json": None,
+         "note": outside, "k": 7, "func": print}
+    got = portable_settings(s, ("model", "head", "json"), drop=("func",))
+    assert got == {"model": os.path.join("models", "demo-target"), "head": "<external>/head", "json": None,
+                   "note": outside, "k": 7}

@@ -12,7 +12,7 @@ import torch
 
 from ..data.benchmarks import load_dataset
 from ..errors import PeagleError
-from ..paths import portable_path
+from ..paths import portable_path, portable_settings
 from ..sampling import SamplingParams
 from .runner import Bench, HFPeer
 
@@ -80,8 +80,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                     "machine": machine_info(), "versions": versions(),
                     "device": str(bench.device), "dtype": str(bench.dtype).replace("torch.", ""),
                     "model": portable_path(a.model), "heads": {m: portable_path(d) for m, d in heads.items()},
-                    "settings": {k: portable_path(v) if k in PATH_SETTINGS else v
-                                 for k, v in vars(a).items() if k not in ("func", "command")}},
+                    "settings": portable_settings(vars(a), PATH_SETTINGS, drop=("func", "command"))},
            "datasets": {}, "runs": [], "peers": []}
     for m in ("eagle3", "peagle"):
         if m in methods:
