@@ -1,14 +1,13 @@
 """EAGLE-3 TTT trainer: the unrolled training forward gives the logits of peagle's Eagle3Proposer."""
 import torch
 
-from heads import head_config
+from heads import head_config, propose_capturing_logits, random_target_states
 from peagle.models.drafter import DrafterHead
 from peagle.train.head_forward import ttt_forward
 from peagle.train.mask import MaskTable
 
 
 def test_ttt_unroll_matches_inference_proposer(tiny_dirs):
-    from peagle.drafters.base import DraftBatch
     from peagle.drafters.eagle3 import Eagle3Proposer
     from peagle.models.llama import Transformer
     target = Transformer.from_pretrained(tiny_dirs["llama"])
@@ -19,20 +18,9 @@ def test_ttt_unroll_matches_inference_proposer(tiny_dirs):
             if p.dim() == 2:
                 p.normal_(0, 0.1)
     head.eval()
-    g = torch.Generator().manual_seed(3)
     m, K = 11, 5
-    x = torch.randint(5, 500, (1, m + K + 2), generator=g)
-    _, aux = target.forward(x, target.new_cache(1, x.shape[1] + 8), 0, torch.zeros(1, dtype=torch.long),
-                            aux_ids=head.aux_ids)
-    prop = Eagle3Proposer(head, K, 64)
-    prop.prefill(DraftBatch(x[:, 1:m], aux[:, : m - 1], torch.zeros(1, dtype=torch.long), torch.tensor([m - 1])))
-    seen = []
-    orig = head.draft_logits
-    head.draft_logits = lambda h: seen.append(orig(h)) or seen[-1]
-    try:
-        drafts = prop.propose(DraftBatch(x[:, m:m + 1], aux[:, m - 1:m], torch.tensor([m - 1]), torch.tensor([1])))
-    finally:
-        del head.draft_logits
+    x, aux = random_target_states(target, head.aux_ids, m + K + 2, seed=3)
+    drafts, seen = propose_capturing_logits(Eagle3Proposer(head, K, 64), head, aux, x, m)
     inf = [s.reshape(-1, s.shape[-1])[-1] for s in seen]          # logits of draft 1..K
     # ground truth after x_m := the drafts, so teacher forcing feeds exactly what inference fed
     x[0, m + 1: m + K] = drafts[0, : K - 1]

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from heads import head_config
+from heads import head_config, propose_capturing_logits, random_target_states
 from peagle.models.drafter import DrafterHead
 from peagle.train.cod import sample_cod, supervised
 from peagle.train.mask import MaskTable
@@ -107,26 +107,14 @@ def test_partitioned_equals_flat(head, seg):
 
 def test_train_forward_matches_inference_proposer(tiny_dirs, head):
     """The training forward of a depth-0..K-1 rollout gives the draft logits PEagleProposer computes."""
-    from peagle.drafters.base import DraftBatch
     from peagle.drafters.peagle import PEagleProposer
     from peagle.models.llama import Transformer
     target = Transformer.from_pretrained(tiny_dirs["llama"])
     head = head.eval()
-    g = torch.Generator().manual_seed(7)
     m, k = 13, 6
-    x = torch.randint(5, 500, (1, m + k + 3), generator=g)
-    _, aux = target.forward(x, target.new_cache(1, x.shape[1] + 8), 0, torch.zeros(1, dtype=torch.long),
-                            aux_ids=head.aux_ids)
+    x, aux = random_target_states(target, head.aux_ids, m + k + 3, seed=7)
     # inference: prefill rows 0..m-2 (tokens x1..x_{m-1}), then one step with the new token x_m at position m-1
-    prop = PEagleProposer(head, k, 64)
-    prop.prefill(DraftBatch(x[:, 1:m], aux[:, : m - 1], torch.zeros(1, dtype=torch.long), torch.tensor([m - 1])))
-    seen = []
-    orig = head.draft_logits
-    head.draft_logits = lambda h: seen.append(orig(h)) or seen[-1]
-    try:
-        prop.propose(DraftBatch(x[:, m:m + 1], aux[:, m - 1:m], torch.tensor([m - 1]), torch.tensor([1])))
-    finally:
-        del head.draft_logits
+    _, seen = propose_capturing_logits(PEagleProposer(head, k, 64), head, aux, x, m)
     inf_logits = seen[-1][0]                                   # [k, Vd]
     # training: all depth-0 anchors + the rollout of anchor m-1 (depths 1..k-1)
     n = x.shape[1]
