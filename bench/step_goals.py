@@ -101,9 +101,10 @@ def main(argv=None) -> int:
     print(f"\n## 2. P-EAGLE's share of its ideal speedup at c=1\n\nideal = AL x t_plain / (t_draft + t_verify) = "
           f"{p['al']:.2f} x {b['verify_ms']:.2f} / ({p['draft_ms']:.2f} + {p['verify_ms']:.2f}) = {ideal:.2f}x; "
           f"achieved {achieved:.2f}x; share {achieved / ideal:.2f} (goal >= 0.85)")
-    out = {"settings": portable_settings(vars(a), ("model", "eagle3_head", "peagle_head", "json")), "model": portable_path(model), "heads": {m: portable_path(h) for m, h in heads.items()},
-           "device": str(bench.device),
-           "dtype": str(bench.dtype), "threads": torch.get_num_threads(), "runs": runs, "median": med,
+    out = {"settings": portable_settings(vars(a), ("model", "eagle3_head", "peagle_head", "json")),
+           "model": portable_path(model), "heads": {m: portable_path(h) for m, h in heads.items()},
+           "device": str(bench.device), "dtype": str(bench.dtype), "threads": torch.get_num_threads(),
+           "runs": runs, "median": med,
            "peagle_ideal_speedup": ideal, "peagle_achieved_speedup": achieved, "peagle_share_of_ideal": achieved / ideal}
     if not a.skip_hf:
         llm = LLM(model, max_num_seqs=8, device=a.device, dtype=a.dtype)
