@@ -31,11 +31,13 @@ from ..train.common import resolve_device, tune_malloc
 from .tokens import SOURCES, eval_loss, heldout_rows, load_tokens, tokenize_corpus, unigram_loss
 
 
-def truncate_body(completion: str) -> tuple[str, bool]:
+def truncate_body(completion: str, stopped: bool = False) -> tuple[str, bool]:
     """Cut a completion at the first non-blank line that starts at column 0
     (a dedent to top level: a new def/class/statement).  Returns
-    (text, completed).  Without such a line the last, possibly partial, line
-    is dropped and ``completed`` is False."""
+    (text, completed).  Without such a line, a completion that ended with a
+    stop token (``stopped``: the model closed the document) is whole and
+    complete; one cut by the token limit loses its last, possibly partial,
+    line and ``completed`` is False."""
     lines = completion.split("\n")
     for i, line in enumerate(lines):
         if i == 0 and not completion.startswith("\n") and line.strip() and not line[:1].isspace():
@@ -44,11 +46,13 @@ def truncate_body(completion: str) -> tuple[str, bool]:
             return "", True
         if i > 0 and line.strip() and not line[:1].isspace():
             return "\n".join(lines[:i]), True
+    if stopped:
+        return completion, True
     return "\n".join(lines[:-1]), False
 
 
-def body_parses(prompt: str, completion: str) -> dict:
-    body, completed = truncate_body(completion)
+def body_parses(prompt: str, completion: str, stopped: bool = False) -> dict:
+    body, completed = truncate_body(completion, stopped)
     try:
         ast.parse(prompt + body)
         ok = True
@@ -70,7 +74,8 @@ def repetition_rate(ids: list[int], n: int = 8) -> tuple[int, int]:
 
 
 def humaneval_generate(model, tok, prompts: list[str], max_new_tokens: int = 128, batch_size: int = 16,
-                       device="cpu") -> tuple[list[list[int]], float]:
+                       device="cpu") -> tuple[list[tuple[list[int], bool]], float]:
+    """Greedy continuations: ([(generated ids without the stop token, stopped by a stop token)], tokens/s)."""
     import torch
 
     tok.padding_side = "left"
@@ -91,7 +96,7 @@ def humaneval_generate(model, tok, prompts: list[str], max_new_tokens: int = 128
         for j, i in enumerate(idx):
             g = gen[j, enc["input_ids"].shape[1]:].tolist()
             cut = next((k for k, t in enumerate(g) if t in stop), len(g))  # stop ids and padding
-            res[i] = g[:cut]
+            res[i] = (g[:cut], cut < len(g))
             ntok += cut
         print(f"  humaneval batch {b // batch_size + 1}/{math.ceil(len(order) / batch_size)}", flush=True)
     outs = [res[i] for i in range(len(prompts))]
@@ -161,14 +166,14 @@ def main(argv=None) -> int:
         gens, tps = humaneval_generate(model, tok, prompts, args.max_new_tokens, args.batch_size, device)
         per = []
         rep_tot = tok_tot = 0
-        for p, prompt, g in zip(probs, prompts, gens):
+        for p, prompt, (g, stopped) in zip(probs, prompts, gens):
             comp = tok.decode(g, skip_special_tokens=True)
-            r = body_parses(prompt, comp)
+            r = body_parses(prompt, comp, stopped)
             rep, n = repetition_rate(g)
             rep_tot += rep
             tok_tot += n
-            per.append({"task_id": p["task_id"], "prompt_mode": mode, **r, "gen_tokens": n, "repeated": rep,
-                        "completion": comp})
+            per.append({"task_id": p["task_id"], "prompt_mode": mode, **r, "stopped": stopped, "gen_tokens": n,
+                        "repeated": rep, "completion": comp})
         N = len(per)
         key = "humaneval" if mode == "rstrip" else "humaneval_raw_prompt"
         res[key] = {
@@ -178,6 +183,7 @@ def main(argv=None) -> int:
             "parse_fraction": round(sum(r["parses"] and r["nonempty"] for r in per) / N, 4),
             "parse_fraction_incl_empty": round(sum(r["parses"] for r in per) / N, 4),
             "completed_fraction": round(sum(r["completed"] for r in per) / N, 4),
+            "stopped_fraction": round(sum(r["stopped"] for r in per) / N, 4),
             "repetition_rate_8gram": round(rep_tot / max(tok_tot, 1), 4),
             "generated_tokens": tok_tot, "generate_tokens_per_s": round(tps, 1),
         }

@@ -157,6 +157,9 @@ def parse_args(argv=None):
     ap.add_argument("--init", default=None,
                     help="warm restart: start from this HF model directory's weights (same shape and tokenizer) "
                          "with a fresh optimizer and a new schedule")
+    ap.add_argument("--start-row", type=int, default=0,
+                    help="begin this many rows into the seed's row order (a warm restart goes on with the rows "
+                         "the earlier run did not see: its steps x batch size)")
     ap.add_argument("--log-json", default=None, help="append {step, tokens, train_s, loss, lr} every 50 steps")
     ap.add_argument("--tiny", action="store_true", help="tiny model (smoke tests)")
     return ap.parse_args(argv)
@@ -219,6 +222,9 @@ def main(argv=None) -> int:
         step, train_seconds = st["step"], st["train_seconds"]
         total_steps, sizing, loss_ema = st["total_steps"], st.get("sizing"), st.get("loss_ema")
         set_rng_state(st["rng"])
+        if st.get("start_row", 0) != args.start_row:
+            raise SystemExit(f"--resume: the checkpoint started at row {st.get('start_row', 0)}, "
+                             f"not --start-row {args.start_row}")
         print(f"resumed from {ckpt_path} at step {step} ({train_seconds:.0f}s trained)", flush=True)
     elif args.resume:
         print(f"--resume: no checkpoint at {ckpt_path}, starting fresh", flush=True)
@@ -236,7 +242,8 @@ def main(argv=None) -> int:
         save_checkpoint(ckpt_path, {
             "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
             "total_steps": total_steps, "train_seconds": train_seconds, "sizing": sizing,
-            "loss_ema": loss_ema, "rng": rng_state(), "data_position": step * bs,
+            "loss_ema": loss_ema, "rng": rng_state(), "start_row": args.start_row,
+            "data_position": args.start_row + step * bs,
             "args": vars(args), "config": cfg.to_dict()})
 
     model.train()
@@ -261,7 +268,7 @@ def main(argv=None) -> int:
                                  args.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
-        x = get_rows(train_tok, order, step * bs, bs, seq).to(device)
+        x = get_rows(train_tok, order, args.start_row + step * bs, bs, seq).to(device)
         out = model(input_ids=x, labels=x)
         loss = out.loss
         opt.zero_grad(set_to_none=True)
@@ -309,7 +316,8 @@ def main(argv=None) -> int:
                    "train_seconds": round(train_seconds, 1),
                    "tokens_per_second": round(step * tokens_per_step / max(train_seconds, 1e-9), 1),
                    "stop_reason": stop_reason, "final_train_loss_ema": loss_ema, "seq_len": seq,
-                   "batch_size": bs, "peak_lr": args.lr, "schedule_sizing": sizing, "seed": args.seed,
+                   "batch_size": bs, "start_row": args.start_row, "peak_lr": args.lr, "schedule_sizing": sizing,
+                   "seed": args.seed,
                    "device": str(device), "train_corpus_tokens": n_train_tokens, "heldout": {}}
     for i, s in enumerate(SOURCES):
         rows = heldout_rows(load_tokens(bins[f"{s}.heldout"]), args.eval_rows, seq)
