@@ -80,6 +80,7 @@ def test_evaluate_target_runs_on_a_trained_model(data_dir, tmp_path):
     ev = json.loads((out / "eval.json").read_text())
     assert set(ev["heldout"]) == {"code", "chat"} and ev["heldout"]["code"]["loss"] > 0
     assert ev["humaneval"]["prompts"] == 2 and 0 <= ev["humaneval"]["parse_fraction"] <= 1
+    assert 0 <= ev["humaneval"]["stopped_fraction"] <= 1
 
 
 def test_start_row_moves_the_data_position_and_resume_keeps_it(data_dir, tmp_path):
@@ -88,8 +89,10 @@ def test_start_row_moves_the_data_position_and_resume_keeps_it(data_dir, tmp_pat
     assert json.loads((b / "training_stats.json").read_text())["start_row"] == 2
     assert torch.load(rd / "ckpt.pt", weights_only=False)["data_position"] == 2 + 1 * 2
     wa, wb = weights(a), weights(b)
-    assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # other rows, other step
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # same step, other rows
     with pytest.raises(SystemExit, match="started at row 2"):
         train.main(["--tiny", "--data-dir", str(data_dir), "--run-dir", str(rd), "--out", str(b), "--max-tokens",
                     str(8 * 2 * 64), "--batch-size", "2", "--seq-len", "64", "--threads", "1", "--device", "cpu",
                     "--resume"])
+    with pytest.raises(SystemExit, match="--start-row -1"):
+        run(data_dir, tmp_path, "neg", "--start-row", "-1")

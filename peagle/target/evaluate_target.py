@@ -6,9 +6,9 @@
   unigram distribution's cross-entropy on the same tokens);
 * HumanEval (164 prompts, raw prompt, no chat template): greedy continuations
   of 128 tokens with ``transformers`` ``generate``; the fraction whose first
-  completed function body parses with ``ast``, and the repetition rate (the
+  completed function body parses with ``ast``; the repetition rate (the
   fraction of generated tokens that extend an 8-gram already present in that
-  output).
+  output); the fraction of continuations that ended with a stop token.
 
 Writes ``eval.json`` and ``humaneval_samples.jsonl`` in the model directory (the model card, README.md,
 is written by hand and quotes them).
@@ -79,13 +79,12 @@ def humaneval_generate(model, tok, prompts: list[str], max_new_tokens: int = 128
     import torch
 
     tok.padding_side = "left"
-    outs: list[list[int]] = []
     stop = {0, 3}
     t0 = time.time()
     ntok = 0
     # Sort by length to reduce padding; restore order afterwards.
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    res: dict[int, list[int]] = {}
+    res: dict[int, tuple[list[int], bool]] = {}
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
         enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)

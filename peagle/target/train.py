@@ -188,6 +188,12 @@ def main(argv=None) -> int:
     order = row_order({s: len(t) // seq for s, t in zip(SOURCES, train_tok)}, args.seed)
     n_train_tokens = {s: int(len(t)) for s, t in zip(SOURCES, train_tok)}
     print(f"train tokens: {n_train_tokens}, rows: {len(order):,}", flush=True)
+    if not 0 <= args.start_row < len(order):
+        raise SystemExit(f"--start-row {args.start_row}: the row order has rows 0..{len(order) - 1}")
+    if args.start_row:
+        # Past the last row the order starts over, on rows an earlier run already saw.
+        print(f"starting at row {args.start_row:,}: {len(order) - args.start_row:,} unseen rows "
+              f"({(len(order) - args.start_row) // bs:,} steps) before the order starts over", flush=True)
 
     seed_all(args.seed)
     shape = dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=2,
