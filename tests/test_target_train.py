@@ -91,8 +91,6 @@ def test_start_row_moves_the_data_position_and_resume_keeps_it(data_dir, tmp_pat
     wa, wb = weights(a), weights(b)
     assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # same step, other rows
     with pytest.raises(SystemExit, match="started at row 2"):
-        train.main(["--tiny", "--data-dir", str(data_dir), "--run-dir", str(rd), "--out", str(b), "--max-tokens",
-                    str(8 * 2 * 64), "--batch-size", "2", "--seq-len", "64", "--threads", "1", "--device", "cpu",
-                    "--resume"])
+        run(data_dir, tmp_path, "r2", "--resume")  # same run directory, default --start-row 0
     with pytest.raises(SystemExit, match="--start-row -1"):
         run(data_dir, tmp_path, "neg", "--start-row", "-1")
