@@ -16,7 +16,9 @@ from .spec_config import speculative_config
 # no trailing newline: this byte-level BPE merges "\n" with the next line's indentation, so a prompt that
 # ends in a bare "\n" is off-distribution (see models/demo-target/README.md)
 CODE = 'def read_csv(path):\n    """Read a CSV file and return a list of rows."""'
-CHAT = [{"role": "user", "content": "How do I read a CSV file in Python and print each row?"}]
+# a ShareGPT-style coding question, like the chat half of the corpus; this target's greedy chat answers open
+# plausibly and then repeat themselves (models/demo-target/README.md)
+CHAT = [{"role": "user", "content": "What is the difference between a list and a tuple in Python?"}]
 K = 7
 
 
