@@ -17,7 +17,7 @@ from .spec_config import speculative_config
 # ends in a bare "\n" is off-distribution (see models/demo-target/README.md)
 CODE = 'def read_csv(path):\n    """Read a CSV file and return a list of rows."""'
 # a ShareGPT-style coding question, like the chat half of the corpus; this target's greedy chat answers open
-# plausibly and then repeat themselves (models/demo-target/README.md)
+# with a chat-like sentence and then repeat themselves (models/demo-target/README.md)
 CHAT = [{"role": "user", "content": "What is the difference between a list and a tuple in Python?"}]
 K = 7
 

@@ -44,7 +44,7 @@ wait
 # -> models/demo-target-eagle3, models/demo-target-peagle.
 # As run, --init read the stage-3 heads from git: git archive 980cf05 models/demo-target-eagle3
 # models/demo-target-peagle | tar -x -C $R/v2 (they are $R/e3c and $R/pe-c05 above).
-T=models/demo-target; D=$R/data
+T=models/demo-target; D=$R/data-v3   # as run: runs/heads/data (a fresh directory; datagen resumes a matching one)
 datagen $T $D
 COMMON="--target $T --max-tokens 1024 --batch-rows 1 --threads 1 --save-dtype bf16"
 S4="--lr 5e-4 --warmup 20 --epochs 20 --max-minutes 40 --seed 2"
