@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..train.common import resolve_device, tune_malloc
+from .tokenizer import EOS_ID, IM_END_ID, PAD_ID
 from .tokens import SOURCES, eval_loss, heldout_rows, load_tokens, tokenize_corpus, unigram_loss
 
 
@@ -79,7 +80,7 @@ def humaneval_generate(model, tok, prompts: list[str], max_new_tokens: int = 128
     import torch
 
     tok.padding_side = "left"
-    stop = {0, 3}
+    stop = (EOS_ID, IM_END_ID)   # generation_config.json's stop ids
     t0 = time.time()
     ntok = 0
     # Sort by length to reduce padding; restore order afterwards.
@@ -91,7 +92,7 @@ def humaneval_generate(model, tok, prompts: list[str], max_new_tokens: int = 128
         enc = {k: v.to(device) for k, v in enc.items()}
         with torch.inference_mode():
             gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=[0, 3], pad_token_id=1)
+                                 eos_token_id=list(stop), pad_token_id=PAD_ID)
         for j, i in enumerate(idx):
             g = gen[j, enc["input_ids"].shape[1]:].tolist()
             cut = next((k for k, t in enumerate(g) if t in stop), len(g))  # stop ids and padding
