@@ -1,8 +1,11 @@
 """KV cache for speculative decoding: preallocated per layer on the run's device, rows with their own lengths,
 block append, rollback to any length, and compact row moves for continuous batching.
 
-Layout per layer: k, v = [rows, n_kv, max_len, head_dim]. The engine keeps active requests in rows 0..B-1,
-so attention reads a strided view (no gather).
+Layout per layer: k, v = [rows, n_kv, cap, head_dim]. The engine keeps active requests in rows 0..B-1,
+so attention reads a strided view (no gather). `max_len` is the longest a row may get; `cap` (allocated
+positions) starts small and doubles on demand (`reserve`, called by every forward with its host-side span),
+so memory and set-up follow the lengths in use, not the model's context (a 32-row SmolLM2 cache at its full
+8,192 positions would be 12 GB, zero-filled before the first token).
 
 Lengths: `lens` [rows] (int64, on the cache's device) is the one record of how many positions of each row are
 valid. The engine reads it as the start of a row's next block and writes it after verification, all on the
@@ -24,8 +27,9 @@ class KVCache:
     (targets whose layers differ, e.g. Gemma 4's wider global layers; KV-shared layers never allocate)."""
 
     def __init__(self, n_layers, n_kv, head_dim, max_len, rows=1, dtype=torch.float32, device="cpu",
-                 lens: bool = True):
+                 lens: bool = True, initial_len: int = 256):
         self.n_layers, self.n_kv, self.head_dim, self.max_len = n_layers, n_kv, head_dim, max_len
+        self.cap = min(max_len, initial_len)
         self.dtype, self.device = dtype, torch.device(device)
         self.rows = max(rows, 1)
         self.k: list[torch.Tensor | None] = [None] * n_layers
@@ -37,7 +41,21 @@ class KVCache:
 
     def alloc(self, layer: int, n_kv: int, head_dim: int):
         for store in (self.k, self.v):
-            store[layer] = torch.zeros((self.rows, n_kv, self.max_len, head_dim), dtype=self.dtype, device=self.device)
+            store[layer] = torch.zeros((self.rows, n_kv, self.cap, head_dim), dtype=self.dtype, device=self.device)
+
+    def reserve(self, n: int):
+        """At least n allocated positions (capped at max_len); grows by doubling, contents kept. The new
+        positions are zeros: a masked key must hold a finite value (0 x NaN would leak through attention)."""
+        if n <= self.cap:
+            return
+        cap = min(max(n, 2 * self.cap), self.max_len)
+        for store in (self.k, self.v):
+            for i, old in enumerate(store):
+                if old is not None:
+                    new = torch.zeros((*old.shape[:2], cap, old.shape[3]), dtype=self.dtype, device=self.device)
+                    new[:, :, : self.cap] = old
+                    store[i] = new
+        self.cap = cap
 
     def ensure_rows(self, n: int):
         """Grow to at least n rows (existing rows are kept)."""
@@ -57,7 +75,8 @@ class KVCache:
         self.rows = n
 
     def write(self, layer: int, b0: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Write k/v [B,T,n_kv,hd] for rows b0..b0+B-1 at absolute positions pos [B,T] (any per-row starts)."""
+        """Write k/v [B,T,n_kv,hd] for rows b0..b0+B-1 at absolute positions pos [B,T] (any per-row starts;
+        the caller has reserved max(pos) + 1 positions)."""
         B = pos.shape[0]
         rows = torch.arange(b0, b0 + B, device=pos.device)[:, None]
         self.k[layer][rows, :, pos] = k
@@ -66,10 +85,12 @@ class KVCache:
     def write_at(self, layer: int, b0: int, s0: int, k: torch.Tensor, v: torch.Tensor):
         """Write k/v [B,T,n_kv,hd] for rows that all start at host position s0 (one contiguous slice copy)."""
         B, T = k.shape[:2]
+        self.reserve(s0 + T)
         self.k[layer][b0:b0 + B, :, s0:s0 + T] = k.transpose(1, 2)
         self.v[layer][b0:b0 + B, :, s0:s0 + T] = v.transpose(1, 2)
 
     def view(self, layer: int, b0: int, B: int, S: int):
+        self.reserve(S)
         return self.k[layer][b0:b0 + B, :, :S], self.v[layer][b0:b0 + B, :, :S]
 
     def truncate(self, row: int, n: int):

@@ -11,10 +11,12 @@ def hf(path):
     return tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+@pytest.mark.parametrize("layout", ["io", "dual"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_and_aux_match_transformers_batched_with_padding(tiny_dirs, family):
+def test_logits_and_aux_match_transformers_batched_with_padding(tiny_dirs, family, layout):
     path = tiny_dirs[family]
-    ref, ours = hf(path), Transformer.from_pretrained(path)
+    ref, ours = hf(path), Transformer.from_pretrained(path, layout=layout)
+    assert ours.dual_layout == (layout == "dual")
     g = torch.Generator().manual_seed(1)
     lens = [3, 17, 40, 9]
     T = max(lens)

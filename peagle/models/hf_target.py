@@ -53,6 +53,7 @@ class _RowWrites(_cache_base()):
         if kv.k[layer_idx] is None:
             kv.alloc(layer_idx, key_states.shape[1], key_states.shape[3])
         k, v = key_states.transpose(1, 2), value_states.transpose(1, 2)      # -> [B,T,n_kv,hd]
+        kv.reserve(self.span)
         if self.s0 is not None:
             kv.write_at(layer_idx, b0, self.s0, k, v)
         else:

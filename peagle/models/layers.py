@@ -135,6 +135,7 @@ def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: in
         qk = torch.cat([rms_norm(qk[:, :, :nh], q_norm, eps), rms_norm(qk[:, :, nh:], k_norm, eps)], 2)
     qk = apply_rope(qk, ctx.cos, ctx.sin)                 # q and k heads rotated in one go
     q, k = qk[:, :, :nh], qk[:, :, nh:]
+    cache.reserve(ctx.S)
     if ctx.s0 is not None:                               # contiguous slice write, no index_put
         cache.write_at(layer, ctx.b0, ctx.s0, k, v)
     else:
@@ -143,11 +144,69 @@ def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: in
     return attend(q, kc, vc, ctx.mask)
 
 
-def mm(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ W^T with W stored pre-transposed ([in, out], contiguous): on this CPU's MKL, 1.3-2.5x faster than
-    F.linear for the few-row products of decode and verification (measured: M=8 x [1376,256] 151 -> 56 us)."""
-    y = torch.matmul(x, wt)
+class Weight:
+    """A projection's weight in the layout(s) this CPU's BLAS runs fastest: `io` [in, out] (contiguous) always,
+    and `oi` [out, in] too where products of several rows are faster as W @ x^T. Measured on a 2-core AMD EPYC
+    (AVX2, MKL), SmolLM2's 60 [576, 3072] products: x @ W_io takes 30 ms for 1 row but 140-170 ms for 4-16 rows,
+    W_oi @ x^T 33-70 ms for 2-16 rows but 65 ms for 1 row; so each product takes the faster one by its row
+    count (up to OI_MAX_ROWS rows). `calibrate_layout` decides once per load whether the second copy pays."""
+    __slots__ = ("io", "oi")
+
+    def __init__(self, oi: torch.Tensor, dual: bool, io: torch.Tensor | None = None):
+        self.io = oi.t().contiguous() if io is None else io
+        self.oi = oi.contiguous() if dual else None
+
+    @property
+    def shape(self):
+        return self.io.shape
+
+    @property
+    def dtype(self):
+        return self.io.dtype
+
+    @property
+    def device(self):
+        return self.io.device
+
+    def to(self, *args, **kwargs) -> "Weight":
+        w = Weight.__new__(Weight)
+        w.io, w.oi = self.io.to(*args, **kwargs), None if self.oi is None else self.oi.to(*args, **kwargs)
+        return w
+
+
+OI_MAX_ROWS = 128      # above this (prefill), x @ W_io is as fast again and W_oi @ x^T needs a transposed copy
+
+
+def mm(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W^T with W a Weight, or a tensor stored pre-transposed ([in, out], contiguous): on MKL, 1.3-2.5x
+    faster than F.linear for the few-row products of decode and verification (M=8 x [1376,256] 151 -> 56 us)."""
+    if isinstance(w, Weight):
+        rows = x.numel() // x.shape[-1]
+        if w.oi is not None and 1 < rows <= OI_MAX_ROWS:             # a few rows: W_oi @ x^T
+            y = torch.mm(w.oi, x.reshape(-1, x.shape[-1]).t()).t().reshape(*x.shape[:-1], w.oi.shape[0])
+        else:
+            y = torch.matmul(x, w.io)
+    else:
+        y = torch.matmul(x, w)
     return y if b is None else y + b
+
+
+def calibrate_layout(weights: list, rows: int = 8, reps: int = 3) -> float:
+    """How much faster products of `rows` rows run as W_oi @ x^T than as x @ W_io, over a model's own weights
+    (dual Weights), streamed from memory as a forward streams them (one cache-resident matrix measures
+    another regime); min of reps. Only meaningful on the CPU in float32."""
+    import time
+    x = torch.randn(rows, weights[0].io.shape[0], dtype=weights[0].dtype, device=weights[0].device)
+
+    def best(f):
+        f()
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return min(ts)
+    return best(lambda: [x @ w.io for w in weights]) / best(lambda: [torch.mm(w.oi, x.t()) for w in weights])
 
 
 def swiglu(x, gate_up_t, down_t, inter):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ..cache import KVCache
 from ..errors import PeagleError
 from .config import ModelConfig
-from .layers import BlockCtx, Rope, cached_attention, mm, rms_norm, swiglu
+from .layers import BlockCtx, Rope, Weight, cached_attention, calibrate_layout, mm, rms_norm, swiglu
 
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
@@ -23,22 +23,22 @@ def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> d
 
 
 class Layer:
-    def __init__(self, w: dict, i: int, cfg: ModelConfig):
+    def __init__(self, w: dict, i: int, cfg: ModelConfig, dual: bool = False):
         p = f"model.layers.{i}."
         g = lambda n: w[p + n]  # noqa: E731
-        # weights are stored pre-transposed [in, out] for layers.mm
-        self.qkv_w = torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
-                                g("self_attn.v_proj.weight")]).t().contiguous()
+        # weights in the layouts of layers.Weight ([in, out], plus [out, in] where several-row products need it)
+        self.qkv_w = Weight(torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
+                                       g("self_attn.v_proj.weight")]), dual)
         self.qkv_b = (torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"), g("self_attn.v_proj.bias")])
                       if cfg.qkv_bias else None)
-        self.o_w = g("self_attn.o_proj.weight").t().contiguous()
+        self.o_w = Weight(g("self_attn.o_proj.weight"), dual)
         self.o_b = g("self_attn.o_proj.bias") if cfg.o_bias else None
         self.q_norm = g("self_attn.q_norm.weight") if cfg.qk_norm else None
         self.k_norm = g("self_attn.k_norm.weight") if cfg.qk_norm else None
         self.ln1 = g("input_layernorm.weight")
         self.ln2 = g("post_attention_layernorm.weight")
-        self.gate_up = torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]).t().contiguous()
-        self.down = g("mlp.down_proj.weight").t().contiguous()
+        self.gate_up = Weight(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]), dual)
+        self.down = Weight(g("mlp.down_proj.weight"), dual)
         if cfg.mlp_bias:
             raise PeagleError("mlp_bias=true is not supported")
 
@@ -48,29 +48,37 @@ class Transformer:
 
     backend = "native"
 
-    def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu"):
+    def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu", layout: str = "auto"):
+        """layout: "auto" (keep [out, in] copies where they measure faster here, see layers.Weight), "dual", "io"."""
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         try:
             self.embed = weights["model.embed_tokens.weight"]
             self.norm = weights["model.norm.weight"]
             head = self.embed if cfg.tie_word_embeddings else weights.get("lm_head.weight", self.embed)
             self.lm_head = head
-            self.lm_head_t = head.t().contiguous()
-            self.layers = [Layer(weights, i, cfg) for i in range(cfg.num_hidden_layers)]
+            # both layouts first; the [out, in] copies are dropped again where they do not pay (layers.Weight)
+            dual = layout == "dual" or (layout == "auto" and self.device.type == "cpu" and dtype == torch.float32)
+            self.lm_head_t = Weight(head, dual)                  # oi is the [V, H] matrix itself (no copy)
+            self.layers = [Layer(weights, i, cfg, dual) for i in range(cfg.num_hidden_layers)]
         except KeyError as e:
             raise PeagleError(f"weights are missing tensor {e.args[0]!r}") from None
         if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
             raise PeagleError(f"embed_tokens shape {tuple(self.embed.shape)} does not match config "
                               f"({cfg.vocab_size}, {cfg.hidden_size})")
+        self.layout_gain = calibrate_layout([L.gate_up for L in self.layers]) if dual else 1.0
+        self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
+        if dual and not self.dual_layout:
+            for w in [self.lm_head_t] + [getattr(L, n) for L in self.layers for n in ("qkv_w", "o_w", "gate_up", "down")]:
+                w.oi = None
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings + 64,
                          dtype, device)
         self.nq = cfg.num_attention_heads * cfg.head_dim
         self.nkv = cfg.num_key_value_heads * cfg.head_dim
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu") -> "Transformer":
+    def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu", layout: str = "auto") -> "Transformer":
         cfg = ModelConfig.from_dir(path)
-        return cls(cfg, {k: v.to(device) for k, v in load_safetensors(path, dtype).items()}, dtype, device)
+        return cls(cfg, {k: v.to(device) for k, v in load_safetensors(path, dtype).items()}, dtype, device, layout)
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         c = self.cfg
