@@ -31,9 +31,9 @@ def test_draft_vocab():
     assert torch.equal(build_draft_vocab(c, 16), torch.arange(16))
 
 
-def test_teacher_features_and_cache(tiny_dirs, tmp_path):
+def test_teacher_features_equal_per_document_forwards(tiny_dirs):
     from peagle.models.llama import Transformer
-    from peagle.train.features import FeatureCache, Teacher
+    from peagle.train.features import Teacher
     target = Transformer.from_pretrained(tiny_dirs["llama"])
     ids = torch.arange(0, 512, 2)
     teacher = Teacher(target, (1, 2, 3), ids)
@@ -46,11 +46,6 @@ def test_teacher_features_and_cache(tiny_dirs, tmp_path):
                                       aux_ids=(1, 2, 3))
         assert torch.allclose(aux, aux1[0], atol=1e-4)
         assert torch.allclose(teacher.teacher_logp(last), torch.log_softmax(logits[0][:, ids], -1), atol=1e-4)
-    cache = FeatureCache(str(tmp_path / "fc"), chunk=2)
-    cache.build(teacher, docs, progress=False)
-    for i, (aux, last) in enumerate(feats):
-        ca, cl = cache.get(i)
-        assert torch.allclose(ca, aux, atol=2e-2, rtol=1e-2) and torch.allclose(cl, last, atol=2e-2, rtol=1e-2)
 
 
 def test_code_prompt_is_signature_and_docstring():

@@ -90,25 +90,34 @@ def missing_defaults(config: Mapping) -> dict:
 
 
 def mask_token_from_tokenizer(target_dir) -> int | None:
-    """The id of ``<|mask|>`` in the target's tokenizer; None if it has no tokenizer or no such token."""
+    """The P-EAGLE mask token a target's tokenizer offers: its ``<|mask|>``, else a reserved special token
+    the model never generates (the highest-id added special token that is not BOS/EOS/PAD/UNK and does not
+    occur in the chat template; SmolLM2: ``<empty_output>`` = 16). None without a (loadable) tokenizer or
+    such a token. The drafter's own embedding row for it is trained, so only "never generated" matters."""
     from transformers import AutoTokenizer
     try:
         tok = AutoTokenizer.from_pretrained(str(target_dir))
     except Exception:  # noqa: BLE001 - no (loadable) tokenizer: the caller asks for an explicit id
         return None
     i = tok.convert_tokens_to_ids(MASK_TOKEN)
-    return i if isinstance(i, int) and i != tok.unk_token_id else None
+    if isinstance(i, int) and i != tok.unk_token_id:
+        return i
+    taken = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id}
+    template = tok.chat_template if isinstance(tok.chat_template, str) else ""
+    special = [(t.content, i) for i, t in tok.added_tokens_decoder.items() if t.special]
+    free = [i for content, i in special if i not in taken and content not in template]
+    return max(free) if free else None
 
 
 def resolve_mask_token(target_dir, explicit: int | None = None) -> int:
-    """The P-EAGLE mask-token id: ``explicit`` when given, else the target tokenizer's ``<|mask|>``."""
+    """The P-EAGLE mask-token id: ``explicit`` when given, else the tokenizer's (mask_token_from_tokenizer)."""
     if explicit is not None:
         return int(explicit)
     i = mask_token_from_tokenizer(target_dir)
     if i is None:
-        raise PeagleError(f"the target {target_dir} has no {MASK_TOKEN} token in its tokenizer: give the "
-                          f"P-EAGLE mask-token id explicitly (--mask-token ID: a token id the target never "
-                          f"generates, e.g. a reserved special token)")
+        raise PeagleError(f"the target {target_dir} has no {MASK_TOKEN} token and no free reserved special token "
+                          f"in its tokenizer: give the P-EAGLE mask-token id explicitly (--mask-token ID: a token "
+                          f"id the target never generates)")
     return i
 
 

@@ -16,7 +16,8 @@ def add_arguments(p):
     p.add_argument("--method", choices=["eagle3", "peagle"], required=True)
     p.add_argument("--target", default=None, help="target HF directory (default models/demo-target)")
     add_backend_argument(p)
-    p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated)")
+    p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated), "
+                   "or a hidden-state cache (`peagle hidden-states`, speculators' hs_{i}.safetensors)")
     p.add_argument("--out", required=True, help="output head directory")
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
     p.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: target's)")
@@ -47,7 +48,8 @@ def add_arguments(p):
     p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the saved head weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--feature-cache", default=None, help="directory caching target features (small runs)")
+    p.add_argument("--feature-cache", default=None,
+                   help="hidden-state cache directory: extracted from --data on first use (resumable), then reused")
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume", action="store_true")

@@ -2,16 +2,12 @@
 draft vocabulary, from ONE target forward per batch of documents (no giant caches).
 
 The final residual is requested as a 4th aux state (id = num_layers), so the teacher logits are computed
-only over the draft-vocabulary rows of lm_head.  FeatureCache optionally stores (aux, final residual) per
-document in fp16 safetensors chunks for small runs that revisit the data (several epochs / two heads)."""
+only over the draft-vocabulary rows of lm_head.  Runs that revisit the data (several epochs, both heads, a
+study) read the same features from a hidden-state cache instead (peagle/train/hidden_states.py)."""
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 
 class Teacher:
@@ -51,45 +47,6 @@ class Teacher:
     def teacher_logp(self, last: torch.Tensor) -> torch.Tensor:
         """log-probs over the draft vocabulary [n, Vd] (fp32), renormalised over the draft vocab."""
         return F.log_softmax(self.target.final_logits(last, self.draft_ids), -1)
-
-
-class FeatureCache:
-    """(aux, last) per document index, fp16, in chunks of `chunk` documents: feat-NNNNN.safetensors."""
-
-    def __init__(self, path: str, chunk: int = 64):
-        self.path, self.chunk = path, chunk
-        os.makedirs(path, exist_ok=True)
-        self._open: dict = {}
-
-    def _fn(self, c):
-        return os.path.join(self.path, f"feat-{c:05d}.safetensors")
-
-    def has(self, c) -> bool:
-        return os.path.isfile(self._fn(c))
-
-    def build(self, teacher: Teacher, docs, progress=True):
-        n_chunks = (len(docs) + self.chunk - 1) // self.chunk
-        todo = [c for c in range(n_chunks) if not self.has(c)]
-        it = todo
-        if progress and todo:
-            from tqdm import tqdm
-            it = tqdm(todo, desc="features", unit="chunk")
-        for c in it:
-            idx = list(range(c * self.chunk, min(len(docs), (c + 1) * self.chunk)))
-            feats = teacher.doc_features([docs[i][0] for i in idx])
-            sd = {}
-            for i, (a, l) in zip(idx, feats):
-                sd[f"aux.{i}"], sd[f"last.{i}"] = a.half().cpu().contiguous(), l.half().cpu().contiguous()
-            tmp = self._fn(c) + ".tmp"
-            save_file(sd, tmp)
-            os.replace(tmp, self._fn(c))
-
-    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        c = i // self.chunk
-        f = self._open.get(c)
-        if f is None:
-            f = self._open[c] = safe_open(self._fn(c), "pt")
-        return f.get_tensor(f"aux.{i}").float(), f.get_tensor(f"last.{i}").float()
 
 
 def pack_row(docs: list[tuple[torch.Tensor, torch.Tensor]], feats: list[tuple[torch.Tensor, torch.Tensor]],

@@ -25,7 +25,8 @@ from . import eagle3_loss, peagle_loss
 from .common import (all_sum, barrier, broadcast, dist_setup, load_checkpoint, lr_factor, resolve_device,
                      rng_state, save_checkpoint, set_rng_state)
 from .data import epoch_rows, load_docs
-from .features import FeatureCache, Teacher, pack_row, to_device
+from .features import Teacher, pack_row, to_device
+from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
 from .vocab import build_draft_vocab, mappings, token_counts
 
@@ -146,7 +147,12 @@ class Trainer:
         self.dtype = None if run_dtype == torch.float32 else run_dtype
         self.target = load_target(a.target, dtype=run_dtype, backend=getattr(a, "target_backend", "auto"),
                                   device=self.device)
-        self.docs = load_docs(a.data, a.max_docs)
+        # --data: `peagle datagen` token shards, or a hidden-state cache (speculators' format) made elsewhere
+        self.hs = HiddenStateCache(a.data) if is_cache(a.data) else None
+        if self.hs is not None:
+            self.docs = [self.hs.doc(i) for i in range(len(self.hs))][: a.max_docs]
+        else:
+            self.docs = load_docs(a.data, a.max_docs)
         self.lengths = [len(d[0]) for d in self.docs]
         os.makedirs(a.out, exist_ok=True)
         self.ckpt_dir = os.path.join(a.out, "checkpoint")
@@ -182,12 +188,15 @@ class Trainer:
             load_eagle3_into(self.head, src)
         self.head.to(self.device)
         self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
-        self.cache = None
-        if a.feature_cache:
-            self.cache = FeatureCache(a.feature_cache)
+        if self.hs is None and a.feature_cache:        # extract once (resumable), then every run reads it
             if self.rank == 0:
-                self.cache.build(self.teacher, self.docs)
+                extract(self.target, [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in self.docs], a.feature_cache,
+                        default_layer_ids(self.target.cfg.num_hidden_layers, self.head.aux_ids),
+                        model_name=portable_path(a.target))
             barrier(self.world)
+            self.hs = HiddenStateCache(a.feature_cache)
+        if self.hs is not None:
+            self.hs.check_aux(self.head.aux_ids)
         self.table = MaskTable(a.max_tokens, self.device)
         params = [p for p in self.head.parameters() if p.requires_grad]
         self.ddp = GradSync.wrap(self.head, self.world)
@@ -243,8 +252,12 @@ class Trainer:
     def make_row(self, doc_ids):
         """A packed row (token bookkeeping on the CPU; see pack_row)."""
         docs = [self.docs[i] for i in doc_ids]
-        if self.cache is not None:
-            feats = [self.cache.get(i) for i in doc_ids]
+        if self.hs is not None:
+            feats = [self.hs.features(i) for i in doc_ids]
+            for i, (aux, _), (t, _) in zip(doc_ids, feats, docs):
+                if len(aux) != min(len(t), self.a.max_tokens):
+                    raise PeagleError(f"hidden states of sample {i} cover {len(aux)} tokens, the document has "
+                                      f"{len(t)}: the cache was made from other data or --max-tokens")
         else:
             feats = self.teacher.doc_features([d[0][: self.a.max_tokens] for d in docs])
         return pack_row(docs, feats, self.teacher, self.index, self.a.max_tokens)

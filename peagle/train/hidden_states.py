@@ -1,0 +1,185 @@
+"""Drafter training data with the target's hidden states, in vllm-project/speculators' offline format, so
+the target runs once per sample and every training run (both drafters, every recipe) reuses it.
+
+Layout of a cache directory (what speculators' vLLM extraction writes, plus the loss mask):
+    hs_{i}.safetensors     token_ids      int64 [seq]
+                           hidden_states  model dtype [seq, n_layers, hidden]: the residual stream entering
+                                          each layer id of `layer_ids` (id L = the final pre-norm state)
+                           loss_mask      uint8 [seq] (1 = a token the target generated; absent = all ones)
+    hidden_states.json     {"format": "speculators-hs", "layer_ids": [...], "hidden_size": H,
+                            "dtype": "float32", "num_samples": N, "model": ...}
+Invariants: the last layer id is the final state L (the teacher: logits = lm_head(norm(h_L)), tied
+embeddings are the target's lm_head); a file is written atomically (tmp + rename), so an interrupted
+extraction resumes at the first missing file; the aux states the drafter reads are `layer_ids[:-1]`, which
+must equal the head's aux ids (checked when training starts)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import PeagleError
+
+CONFIG = "hidden_states.json"
+
+
+def sample_path(d: str, i: int) -> str:
+    return os.path.join(d, f"hs_{i}.safetensors")
+
+
+def is_cache(d: str) -> bool:
+    return os.path.isfile(os.path.join(d, CONFIG)) or os.path.isfile(sample_path(d, 0))
+
+
+def default_layer_ids(num_layers: int, aux_ids) -> list[int]:
+    """The head's aux ids then the final state (speculators' default is [2, L//2, L-3, L])."""
+    return [int(a) for a in aux_ids if int(a) != num_layers] + [num_layers]
+
+
+def write_sample(d: str, i: int, token_ids: torch.Tensor, hidden: torch.Tensor, loss_mask: torch.Tensor | None):
+    fn = sample_path(d, i)
+    t = {"token_ids": token_ids.to(torch.int64).contiguous(), "hidden_states": hidden.contiguous()}
+    if loss_mask is not None:
+        t["loss_mask"] = loss_mask.to(torch.uint8).contiguous()
+    save_file(t, fn + ".tmp")
+    os.replace(fn + ".tmp", fn)
+
+
+def extract(target, docs: list, out: str, layer_ids: list[int], max_batch_tokens: int = 8192,
+            progress: bool = True, model_name: str | None = None) -> dict:
+    """Run the target over docs [(token_ids, loss_mask)] and write hs_{i} for the ones missing.
+    Returns {"samples", "tokens", "seconds", "bytes_per_token"} of this call's work."""
+    L = target.cfg.num_hidden_layers
+    if layer_ids[-1] != L:
+        raise PeagleError(f"the last layer id must be the final state {L}, got {layer_ids}")
+    os.makedirs(out, exist_ok=True)
+    cfg = {"format": "speculators-hs", "layer_ids": list(layer_ids), "hidden_size": target.cfg.hidden_size,
+           "dtype": str(target.dtype).replace("torch.", ""), "num_samples": len(docs), "model": model_name}
+    old = read_config(out) if os.path.isfile(os.path.join(out, CONFIG)) else None
+    if old is not None and {k: old.get(k) for k in ("layer_ids", "hidden_size", "dtype")} != \
+            {k: cfg[k] for k in ("layer_ids", "hidden_size", "dtype")}:
+        raise PeagleError(f"{out} holds hidden states of other layers or dtype ({old}); use another directory")
+    with open(os.path.join(out, CONFIG) + ".tmp", "w") as f:
+        json.dump(cfg, f, indent=1)
+    os.replace(os.path.join(out, CONFIG) + ".tmp", os.path.join(out, CONFIG))
+    todo = [i for i in range(len(docs)) if not os.path.isfile(sample_path(out, i))]
+    todo.sort(key=lambda i: -len(docs[i][0]))             # similar lengths batch together
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(len(docs[i][0]) for i in todo), desc="hidden states", unit="tok", unit_scale=True)
+    t0, ntok, nbytes, j = time.perf_counter(), 0, 0, 0
+    dev = target.device
+    while j < len(todo):
+        Tm = len(docs[todo[j]][0])
+        grp = todo[j: j + max(1, max_batch_tokens // max(Tm, 1))]
+        toks = torch.zeros(len(grp), Tm, dtype=torch.long, device=dev)
+        for r, i in enumerate(grp):
+            toks[r, : len(docs[i][0])] = docs[i][0]
+        cache = target.new_cache(len(grp), Tm + 8)
+        zeros = torch.zeros(len(grp), dtype=torch.long, device=dev)
+        _, aux = target.forward(toks, cache, 0, zeros, aux_ids=tuple(layer_ids), logits_at=zeros, span=Tm, s0=0)
+        H = target.cfg.hidden_size
+        for r, i in enumerate(grp):
+            n = len(docs[i][0])
+            h = aux[r, :n].reshape(n, len(layer_ids), H).cpu()        # [seq, n_layers, H], model dtype
+            write_sample(out, i, docs[i][0], h, docs[i][1])
+            ntok += n
+            nbytes += h.numel() * h.element_size()
+            if bar is not None:
+                bar.update(n)
+        j += len(grp)
+        if bar is not None:
+            bar.set_postfix(tok_s=f"{ntok / (time.perf_counter() - t0):.0f}")
+    if bar is not None:
+        bar.close()
+    return {"samples": len(todo), "tokens": ntok, "seconds": time.perf_counter() - t0,
+            "bytes_per_token": nbytes / max(ntok, 1)}
+
+
+def read_config(d: str) -> dict:
+    fn = os.path.join(d, CONFIG)
+    if not os.path.isfile(fn):
+        raise PeagleError(f"{d} has no {CONFIG} (not a hidden-state cache)")
+    with open(fn) as f:
+        return json.load(f)
+
+
+class HiddenStateCache:
+    """Read side: samples (token ids, loss mask) and per-sample features (aux [n, len(aux) * H] float32,
+    final [n, H] float32) in the order the trainer's Teacher used to compute them."""
+
+    def __init__(self, d: str):
+        self.dir, self.cfg = d, read_config(d)
+        self.layer_ids = list(self.cfg["layer_ids"])
+        n = self.cfg.get("num_samples")
+        if n is None:
+            n = 0
+            while os.path.isfile(sample_path(d, n)):
+                n += 1
+        missing = [i for i in range(n) if not os.path.isfile(sample_path(d, i))]
+        if missing:
+            raise PeagleError(f"{d}: {len(missing)} of {n} samples are missing (first hs_{missing[0]}); "
+                              "rerun the extraction to complete it")
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def check_aux(self, aux_ids) -> None:
+        want = [int(a) for a in aux_ids]
+        if self.layer_ids[:-1] != want:
+            raise PeagleError(f"{self.dir} holds layers {self.layer_ids} (aux {self.layer_ids[:-1]} + final); "
+                              f"the head reads aux {want}")
+
+    def doc(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with safe_open(sample_path(self.dir, i), "pt") as f:
+            ids = f.get_tensor("token_ids").long()
+            m = f.get_tensor("loss_mask").bool() if "loss_mask" in f.keys() else torch.ones(len(ids), dtype=torch.bool)
+        return ids, m
+
+    def features(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with safe_open(sample_path(self.dir, i), "pt") as f:
+            h = f.get_tensor("hidden_states").float()                  # [n, n_layers, H]
+        n = h.shape[0]
+        return h[:, :-1].reshape(n, -1), h[:, -1]
+
+
+def add_parser(sub):
+    p = sub.add_parser("hidden-states", help="extract the target's hidden states for drafter training "
+                       "(speculators' hs_{i}.safetensors format)", description=__doc__,
+                       formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="target HF directory (default: the default target)")
+    p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated)")
+    p.add_argument("--out", required=True, help="cache directory (rerun to resume)")
+    p.add_argument("--layer-ids", default=None,
+                   help="comma-separated, the last = num_layers (default: vLLM's aux ids 2,L//2,L-3 and L)")
+    p.add_argument("--max-docs", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=2048, help="documents are cut to this many tokens")
+    p.add_argument("--max-batch-tokens", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=0)
+
+    def _run(a):
+        from ..heads.config import default_aux_layer_ids
+        from ..llm import DEFAULT_MODEL
+        from ..models.loader import load_target
+        from .data import load_docs
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        model = a.model or DEFAULT_MODEL
+        target = load_target(model)
+        L = target.cfg.num_hidden_layers
+        ids = ([int(x) for x in a.layer_ids.split(",")] if a.layer_ids
+               else default_layer_ids(L, default_aux_layer_ids(L)))
+        docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None)]
+        from ..paths import portable_path
+        r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
+        print(f"{a.out}: {len(docs)} samples; this run {r['samples']} samples, {r['tokens']} tokens in "
+              f"{r['seconds']:.0f} s ({r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s), "
+              f"{r['bytes_per_token'] / 1024:.1f} KiB per token")
+        return 0
+    p.set_defaults(func=_run)

@@ -1,0 +1,95 @@
+"""The hidden-state cache (speculators' offline format): documented keys, shapes and dtypes; features equal
+the target's own; resumable extraction; and training from the cache equals training with the target in the
+loop (same losses on the same rows)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from peagle.errors import PeagleError
+from peagle.models.llama import Transformer
+from peagle.train.features import Teacher
+from peagle.train.hidden_states import CONFIG, HiddenStateCache, extract, sample_path
+
+
+def _docs(n=5):
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for L in torch.randint(4, 30, (n,), generator=g).tolist():
+        m = torch.zeros(L, dtype=torch.bool)
+        m[L // 2:] = True
+        out.append((torch.randint(5, 500, (L,), generator=g), m))
+    return out
+
+
+def test_round_trip_keys_shapes_and_features(tiny_dirs, tmp_path):
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    L, H = target.cfg.num_hidden_layers, target.cfg.hidden_size
+    docs, d = _docs(), str(tmp_path / "hs")
+    layers = [1, 2, L - 1, L]
+    r = extract(target, docs, d, layers, max_batch_tokens=40, progress=False)
+    assert r["samples"] == len(docs) and r["tokens"] == sum(len(t) for t, _ in docs)
+    assert r["bytes_per_token"] == len(layers) * H * 4
+    with open(os.path.join(d, CONFIG)) as f:
+        cfg = json.load(f)
+    assert cfg["layer_ids"] == layers and cfg["hidden_size"] == H and cfg["num_samples"] == len(docs)
+    teacher = Teacher(target, tuple(layers[:-1]), torch.arange(64))
+    want = teacher.doc_features([t for t, _ in docs])
+    cache = HiddenStateCache(d)
+    for i, (t, m) in enumerate(docs):
+        with safe_open(sample_path(d, i), "pt") as f:
+            assert set(f.keys()) == {"token_ids", "hidden_states", "loss_mask"}
+            ids, hs = f.get_tensor("token_ids"), f.get_tensor("hidden_states")
+        assert ids.dtype == torch.int64 and torch.equal(ids, t)
+        assert hs.shape == (len(t), len(layers), H) and hs.dtype == torch.float32
+        ci, cm = cache.doc(i)
+        assert torch.equal(ci, t) and torch.equal(cm, m)
+        aux, last = cache.features(i)
+        assert torch.allclose(aux, want[i][0], atol=1e-5) and torch.allclose(last, want[i][1], atol=1e-5)
+    cache.check_aux(layers[:-1])
+    with pytest.raises(PeagleError, match="reads aux"):
+        cache.check_aux([0, 1, 2])
+
+
+def test_extraction_resumes_and_refuses_other_layers(tiny_dirs, tmp_path):
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    L = target.cfg.num_hidden_layers
+    docs, d = _docs(4), str(tmp_path / "hs")
+    extract(target, docs, d, [1, L], progress=False)
+    os.remove(sample_path(d, 2))
+    with pytest.raises(PeagleError, match="missing"):
+        HiddenStateCache(d)
+    assert extract(target, docs, d, [1, L], progress=False)["samples"] == 1     # only the missing one
+    assert len(HiddenStateCache(d)) == 4
+    with pytest.raises(PeagleError, match="other layers"):
+        extract(target, docs, d, [2, L], progress=False)
+    with pytest.raises(PeagleError, match="final state"):
+        extract(target, docs, str(tmp_path / "x"), [1, 2], progress=False)
+
+
+@pytest.mark.parametrize("method,extra", [("peagle", ["--depths", "3", "--mask-token", "4"]),
+                                          ("eagle3", ["--ttt-steps", "3"])])
+def test_training_from_the_cache_equals_training_with_the_target(tiny_dirs, tmp_path, method, extra):
+    """Same rows, same seed: the losses of 6 steps match whether features come from the target or the cache
+    (float32 cache: equal up to the order of floating-point sums); a cache made from other data is refused."""
+    from training import make_tiny_data, trainer_losses
+    target, data = make_tiny_data(tiny_dirs["llama"], str(tmp_path / "data"), 16)
+    live = trainer_losses(target, data, str(tmp_path / "live"), method, extra)
+    hs = str(tmp_path / "hs")
+    cached = trainer_losses(target, data, str(tmp_path / "cached"), method, extra + ["--feature-cache", hs])
+    assert len(os.listdir(hs)) == 17                             # 16 samples + the config
+    again = trainer_losses(target, hs, str(tmp_path / "from-dir"), method, extra)   # --data = the cache itself
+    for a, b, c in zip(live, cached, again):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5)
+        assert b["loss"] == pytest.approx(c["loss"], rel=1e-6, abs=1e-7)
+    # negative control: the trainer notices features that belong to other documents
+    with safe_open(sample_path(hs, 0), "pt") as f:
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    from safetensors.torch import save_file
+    save_file({k: v[:-1] for k, v in t.items()}, sample_path(hs, 0))
+    with pytest.raises(PeagleError, match="other data"):
+        trainer_losses(target, data, str(tmp_path / "bad"), method, extra + ["--feature-cache", hs])
