@@ -246,6 +246,7 @@ class Engine:
         B, st = len(rows), self.state
         K = min(max(int(self.k_policy.choose(rows)), 0), self.k) if self.proposer is not None else 0
         try:
+            sampled, q = self._sampled_rows(), None
             n = [r.draft_rows for r in rows]
             st.ensure(B, max(K + 1, max(n) + 1))
             start = self.cache.lens[:B]
@@ -255,8 +256,10 @@ class Engine:
                 dn = st.draft_n[:B]
                 db = DraftBatch(st.draft_ids[:B, :T], None if st.draft_aux is None else st.draft_aux[:B, :T],
                                 start - dn, dn, 0, rows, **self._shape(max(a - b for a, b in zip(m, n)) + T,
-                                                                       m[0] - n[0] if B == 1 else None))
+                                                                       m[0] - n[0] if B == 1 else None),
+                                sampled=sampled)
                 drafts = self.proposer.propose(db, K).to(self.device)
+                q = db.q                                     # [S,K,V]: the sampled rows' drafts ~ q (or None)
                 t1 = time.perf_counter()
                 self.metrics.draft_time_s += t1 - t0
                 t0 = t1
@@ -266,7 +269,7 @@ class Engine:
                 drafts = block[:, :0]
             logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids,
                                               **self._shape(max(m) + K + 1, m[0] if B == 1 else None))
-            acc, toks = self._verify(logits, drafts, self._sampled_rows())
+            acc, toks = self._verify(logits, drafts, sampled, q)
             host = self._advance(B, K, acc, toks, aux)
         except Exception as e:
             raise DecodeError(f"decode step failed: {type(e).__name__}: {e}", [r.request_id for r in rows]) from e
@@ -315,15 +318,15 @@ class Engine:
         """The host-side facts a forward gets (layers.BlockCtx); compiled: spans in buckets, no s0 fast path."""
         return {"span": bucket(span), "s0": None} if self.compiled else {"span": span, "s0": s0}
 
-    def _verify(self, logits: torch.Tensor, drafts: torch.Tensor, sampled: SampledRows | None):
-        """logits [B,K+1,V], drafts [B,K] -> (accepted [B] (None for plain greedy), tokens [B,K+1]), all on
-        the device."""
+    def _verify(self, logits: torch.Tensor, drafts: torch.Tensor, sampled: SampledRows | None, q=None):
+        """logits [B,K+1,V], drafts [B,K], q [S,K,V] (the sampled rows' draft distributions; None: argmax
+        drafts) -> (accepted [B] (None for plain greedy), tokens [B,K+1]), all on the device."""
         if drafts.shape[1] == 0 and sampled is None:
             return None, logits.argmax(-1)
         acc, toks = verify_greedy(logits, drafts)
         if sampled is not None:
             i = sampled.index
-            acc[i], toks[i] = verify_sampled(logits[i], drafts[i], sampled)
+            acc[i], toks[i] = verify_sampled(logits[i], drafts[i], sampled, q)
         return acc, toks
 
     @staticmethod

@@ -67,7 +67,7 @@ def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_s
                                            dtype=dtype, device=device)
         cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
         k = k_max_for(spec, head.cfg)
-        proposer = cls(head, k, mlen + 3 * k + 8)
+        proposer = cls(head, k, mlen + 3 * k + 8, draft_sampling=spec.draft_sampling)
         policy = make_policy(spec, target, head, lambda n: cls(head, k, n), k, max_num_seqs, model, dtype)
     eng = Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=policy, compile=compile)
     return eng, tok, spec

@@ -1,4 +1,5 @@
-"""Sampling parameters and the one place where logits become tokens (reused by the verifier)."""
+"""Sampling parameters and the one place where logits become tokens (reused by the verifier, and by the drafters
+when they draw drafts from q: peagle/drafters/base.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -69,16 +70,17 @@ def probs_from_logits(logits: torch.Tensor, temperature, top_k, top_p) -> torch.
     return x.softmax(-1)
 
 
-def exponential_noise(n: int, gen: torch.Generator, device) -> torch.Tensor:
-    """n i.i.d. Exp(1) draws from one generator, bounded away from 0 (so p / q is finite)."""
+def exponential_noise(n, gen: torch.Generator, device) -> torch.Tensor:
+    """n (a count or a shape) i.i.d. Exp(1) draws from one generator, bounded away from 0 (so p / q is finite)."""
     q = torch.empty(n, device=device, dtype=torch.float32).exponential_(generator=gen)
     return q.clamp_min_(torch.finfo(torch.float32).tiny)
 
 
 def sample_rows(probs: torch.Tensor, gens: list) -> torch.Tensor:
-    """probs [N,V] -> [N] samples, row i drawn with gens[i] by the exponential race argmax(p / q), q ~ Exp(1)
-    (P(argmax = x) = p(x)). No host synchronisation (torch.multinomial reads the probabilities back)."""
-    q = torch.stack([exponential_noise(probs.shape[-1], g, probs.device) for g in gens])
+    """probs [N,...,V] -> [N,...] samples, row i (all its distributions) drawn with gens[i] by the exponential
+    race argmax(p / q), q ~ Exp(1) (P(argmax = x) = p(x) / sum(p): p need not be normalised). No host
+    synchronisation (torch.multinomial reads the probabilities back)."""
+    q = torch.stack([exponential_noise(probs.shape[1:], g, probs.device) for g in gens])
     return (probs / q).argmax(-1)
 
 

@@ -1,7 +1,11 @@
 """vLLM's --speculative-config JSON: parsed and checked with the same keys and meaning, plus choosing K:
 `"num_speculative_tokens": "auto"` (peagle: K per step, see peagle.autok), optionally bounded by
 `"max_num_speculative_tokens"`, and vLLM's explicit `"num_speculative_tokens_per_batch_size"` schedule
-(with an integer num_speculative_tokens, the largest K, as in vLLM)."""
+(with an integer num_speculative_tokens, the largest K, as in vLLM); and how sampled rows draft (peagle):
+`"draft_sampling": "argmax"` (the default: argmax drafts verified as one-hot drafts, vLLM's behaviour and
+acceptance counts) or `"sample"` (drafts drawn from the drafter's distribution q, verified with min(1, p/q)
+and the (p - q)+ residual; peagle/drafters/base.py, peagle/verify.py). Both are lossless; greedy rows
+(temperature 0) draft and verify the same in both."""
 from __future__ import annotations
 
 import json
@@ -12,8 +16,9 @@ from .errors import PeagleError
 
 KNOWN = {"method", "model", "num_speculative_tokens", "parallel_drafting", "draft_tensor_parallel_size",
          "max_model_len", "disable_padded_drafter_batch", "num_speculative_tokens_per_batch_size",
-         "max_num_speculative_tokens"}
+         "max_num_speculative_tokens", "draft_sampling"}
 AUTO = "auto"
+DRAFT_SAMPLING = ("argmax", "sample")
 
 
 def speculative_config(head, k, parallel: bool) -> dict:
@@ -31,6 +36,7 @@ class SpecConfig:
     parallel_drafting: bool = False
     max_num_speculative_tokens: int | None = None
     num_speculative_tokens_per_batch_size: list | None = None
+    draft_sampling: str = "argmax"               # "argmax" | "sample" (peagle only)
 
     @property
     def name(self) -> str:
@@ -54,6 +60,8 @@ class SpecConfig:
             d["max_num_speculative_tokens"] = self.max_num_speculative_tokens
         if self.num_speculative_tokens_per_batch_size is not None:
             d["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.num_speculative_tokens_per_batch_size]
+        if self.draft_sampling != "argmax":          # the default stays out: the dict vLLM gets is vLLM's
+            d["draft_sampling"] = self.draft_sampling
         return d
 
 
@@ -105,4 +113,7 @@ def parse_spec_config(spec) -> SpecConfig | None:
     tp = spec.get("draft_tensor_parallel_size", 1)
     if tp != 1:
         raise PeagleError("draft_tensor_parallel_size must be 1 in peagle (single process)")
-    return SpecConfig("eagle3", spec["model"], k, pd, kmax, sched)
+    ds = spec.get("draft_sampling", "argmax")
+    if ds not in DRAFT_SAMPLING:
+        raise PeagleError(f"draft_sampling must be \"argmax\" or \"sample\", got {ds!r}")
+    return SpecConfig("eagle3", spec["model"], k, pd, kmax, sched, ds)

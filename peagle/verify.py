@@ -1,15 +1,23 @@
 """Verification: the target scored [last, d1..dK] in one pass; keep the longest valid prefix plus one token.
 
+Invariant: every emitted token is distributed exactly as plain decoding would emit it (greedy: the target's
+argmax; sampled: the processed target distribution p, after temperature / top-k / top-p), whatever the drafts.
 Everything is batched over rows and draft positions and stays on the device (no host reads).
 
-Greedy rows accept a draft iff it equals the target's argmax. Sampled rows use rejection sampling with
-argmax (one-hot) drafts, exactly as vLLM >= 0.16 (its v1/sample/rejection_sampler.py): accept d_i with
-probability p_i(d_i); at the first rejection emit a sample of p_i with d_i removed (renormalised); if all K
-pass, emit a sample of p_K (the bonus token). P(emit x) = p(x) at every position, so sampling is lossless.
+Greedy rows accept a draft iff it equals the target's argmax. Sampled rows use rejection sampling, in one of
+two modes (the speculative config's "draft_sampling", see peagle/spec_config.py):
+  argmax (q = None): one-hot drafts, exactly as vLLM >= 0.16 (its v1/sample/rejection_sampler.py): accept d_i
+    with probability p_i(d_i); at the first rejection emit a sample of p_i with d_i removed (renormalised);
+  sample (q [S,K,V]: the drafter's distributions over the target vocabulary, d_i ~ q_i): accept d_i with
+    probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit a sample of the residual
+    (p_i - q_i)+ renormalised (Leviathan et al. 2023, Chen et al. 2023). A one-hot q is the argmax mode.
+If all K pass, emit a sample of p_K (the bonus token). P(emit x) = p(x) at every position in both modes, so
+sampling is lossless; the sample mode accepts sum_x min(p(x), q(x)) per position instead of p(d).
 K = 0 is plain sampling (the bonus token only), and prefill's first token is that case too.
 
 Random numbers: each sampled row draws K uniforms and then V exponentials (for the one token it emits) from
-its own request's generator, so a seeded request's output does not depend on its batch neighbours."""
+its own request's generator (after the draws of its drafts in the sample mode), so a seeded request's output
+does not depend on its batch neighbours."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,25 +64,38 @@ class SampledRows:
                    top_k, top_p, [requests[i].gen for i in rows])
 
 
-def verify_sampled(logits: torch.Tensor, drafts: torch.Tensor, s: SampledRows):
-    """logits [S,K+1,V] and drafts [S,K] of the sampled rows -> (accepted [S], tokens [S,K+1]); row i emits
-    tokens[i, :accepted[i]+1] (the accepted drafts, then the recovered or bonus token)."""
+def verify_sampled(logits: torch.Tensor, drafts: torch.Tensor, s: SampledRows, q: torch.Tensor | None = None):
+    """logits [S,K+1,V] and drafts [S,K] of the sampled rows, q [S,K,V] the distributions the drafts were drawn
+    from (None: argmax drafts) -> (accepted [S], tokens [S,K+1]); row i emits tokens[i, :accepted[i]+1] (the
+    accepted drafts, then the recovered or bonus token)."""
     S, K1, V = logits.shape
     K = K1 - 1
+    q = q if K else None
     p = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)                      # [S,K+1,V]
     u = torch.stack([torch.rand(K, generator=g, dtype=torch.float64, device=logits.device) for g in s.gens])
     p_draft = p[:, :K].gather(-1, drafts[..., None])[..., 0].double()                    # p_i(d_i), [S,K]
-    accepted = (u <= p_draft).long().cumprod(1).sum(1)                                   # [S]
-    # the emitting position: the first rejection (p there without its draft) or the bonus position K
+    if q is None:
+        ok = u <= p_draft
+    else:                                                                                 # u < p/q, no division
+        ok = u * q.gather(-1, drafts[..., None])[..., 0].double() <= p_draft
+    accepted = ok.long().cumprod(1).sum(1)                                               # [S]
+    # the emitting position: the first rejection (the residual there) or the bonus position K (p)
     rows = torch.arange(S, device=logits.device)
     dist = p[rows, accepted]                                                              # [S,V]
     rejected = accepted < K
-    d_at = drafts[rows, accepted.clamp(max=max(K - 1, 0))] if K else torch.zeros_like(accepted)
-    dist = torch.where(rejected[:, None] & (torch.arange(V, device=logits.device) == d_at[:, None]), 0.0, dist)
-    # exponential race: argmax(dist / q) samples dist renormalised (a zero-sum residual cannot occur: a
-    # draft with p = 1 is always accepted)
-    q = torch.stack([exponential_noise(V, g, logits.device) for g in s.gens])
-    emitted = (dist / q).argmax(-1)
+    at = accepted.clamp(max=max(K - 1, 0))
+    if q is None:
+        d_at = drafts[rows, at] if K else torch.zeros_like(accepted)
+        dist = torch.where(rejected[:, None] & (torch.arange(V, device=logits.device) == d_at[:, None]), 0.0, dist)
+    else:
+        resid = (dist - q[rows, at]).clamp_min(0.0)                                      # (p - q)+, [S,V]
+        # a zero residual means p == q: no rejection in exact arithmetic, only by rounding; p is right then
+        resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, dist)
+        dist = torch.where(rejected[:, None], resid, dist)
+    # exponential race: argmax(dist / e) samples dist renormalised (argmax mode: a zero-sum residual cannot
+    # occur, a draft with p = 1 is always accepted)
+    e = torch.stack([exponential_noise(V, g, logits.device) for g in s.gens])
+    emitted = (dist / e).argmax(-1)
     tokens = torch.cat([drafts, emitted[:, None]], 1)
     tokens[rows, accepted] = emitted
     return accepted, tokens

@@ -36,13 +36,13 @@ def small(tmp_path_factory):
     return save_tiny("llama", str(tmp_path_factory.mktemp("v8") / "m"), vocab=V, hidden=32, layers=2, seed=3)
 
 
-def exact_joint(llm):
-    """P(t1,t2,t3) under the processed target distribution, by enumeration."""
+def exact_joint(llm, sp=SP):
+    """P(t1,t2,t3) under the processed target distribution (sampling parameters sp), by enumeration."""
     t = llm.engine.target
     seqs = [PROMPT + list(c) for c in itertools.product(range(V), repeat=2)]
     x = torch.tensor(seqs)
     logits, _ = t.forward(x, t.new_cache(len(seqs), 16), 0, torch.zeros(len(seqs), dtype=torch.long))
-    p = probs_from_logits(logits, SP["temperature"], SP["top_k"], SP["top_p"])  # [64, 6, V]
+    p = probs_from_logits(logits, sp["temperature"], sp["top_k"], sp["top_p"])  # [64, 6, V]
     p1 = p[0, len(PROMPT) - 1]
     joint = torch.zeros(V, V, V)
     for i, (a, b) in enumerate(itertools.product(range(V), repeat=2)):
@@ -61,9 +61,9 @@ def chi2_pvalue(counts, probs):
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2)), stat, df
 
 
-def sample_counts(llm):
-    ps = [{"prompt_token_ids": PROMPT}] * N
-    outs = llm.generate(ps, SamplingParams(max_tokens=3, ignore_eos=True, **SP))
+def sample_counts(llm, sp=SP, n=N):
+    ps = [{"prompt_token_ids": PROMPT}] * n
+    outs = llm.generate(ps, SamplingParams(max_tokens=3, ignore_eos=True, **sp))
     c = torch.zeros(V ** 3, dtype=torch.float64)
     for o in outs:
         a, b, d = o.outputs[0].token_ids
@@ -112,7 +112,7 @@ def test_speculative_sampling_matches_exact_distribution_and_wrong_verifier_fail
     assert 0.1 < m["draft_acceptance_rate"] < 0.95          # both accept and reject paths are exercised
     assert p > 1e-3, (stat, df, m)
 
-    def wrong(logits, drafts, rows):   # on rejection, resample from p (not p - q); rows: verify.SampledRows
+    def wrong(logits, drafts, rows, q=None):   # on rejection, resample from p (not p - q); rows: verify.SampledRows
         probs = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)
         acc, toks = [], []
         for b, gen in enumerate(rows.gens):

@@ -1,7 +1,10 @@
 """Autoregressive EAGLE-3 drafting: K sequential drafter passes per step.
 
 Pass 1 runs the step's shifted rows (accepted tokens + the new token, each with the target state of the
-previous position); pass k >= 2 feeds the previous draft with the drafter's own pre-norm output as hidden."""
+previous position); pass k >= 2 feeds the previous draft with the drafter's own pre-norm output as hidden.
+Each pass picks its draft (peagle/drafters/base.py): the argmax, or in "sample" mode, for sampled rows, a draw
+from that pass's q -- and the drawn token is what the next pass is fed, so d_k ~ q_k( . | d_1..d_{k-1}), the
+chain the verifier's min(1, p/q) test assumes."""
 from __future__ import annotations
 
 import torch
@@ -19,16 +22,18 @@ class Eagle3Proposer(Proposer):
         normed, pre = h(batch.ids, h.combine(batch.aux), None, cache=self.cache, b0=batch.b0, start=batch.start,
                         span=batch.span, s0=batch.s0)
         last = batch.n_real - 1
-        tok = self.argmax_target(normed[rows, last])
+        tok, q = self.pick(normed[rows, last][:, None], batch.sampled)   # [B,1], [S,1,V] | None
         g = pre[rows, last]
-        drafts = [tok]
+        drafts, qs = [tok], [q]
         p = batch.start + batch.n_real                 # position of the first draft
         for j in range(1, K):                     # draft j + 1 at position p = start + n_real + j - 1
             span = None if batch.span is None else batch.span + j
             s0 = None if batch.s0 is None else batch.s0 + T + j - 1
-            normed, pre = h(tok[:, None], g[:, None], None, cache=self.cache, b0=batch.b0, start=p, span=span, s0=s0)
-            tok = self.argmax_target(normed[:, 0])
+            normed, pre = h(tok, g[:, None], None, cache=self.cache, b0=batch.b0, start=p, span=span, s0=s0)
+            tok, q = self.pick(normed, batch.sampled)
             g = pre[:, 0]
             drafts.append(tok)
+            qs.append(q)
             p = p + 1
-        return torch.stack(drafts, 1)
+        batch.q = None if qs[0] is None else torch.cat(qs, 1)            # [S,K,V]
+        return torch.cat(drafts, 1)                                      # [B,K]

@@ -2,9 +2,12 @@
 
 Rows per request: the step's shifted rows (accepted tokens + the new token, with target states), then K-1
 mask-token rows at the next positions, each with the constant fc(mask_hidden) computed once at load.
-Argmax at the new-token row and the mask rows gives d1..dK. K is the step's (the mask slots are sized per
-step), at most the K the proposer was built for. The mask rows' KV is stale after the step and
-is overwritten by the next step, which starts at the new token's position + 1 (vLLM's semantics)."""
+The new-token row and the mask rows give d1..dK: each row's argmax, or in "sample" mode, for sampled rows,
+independent draws from each slot's q, all in the one pass (the slots do not see each other's drafts, so q_k
+does not depend on d_1..d_{k-1}; the verifier's min(1, p/q) test needs only that d_k ~ q_k). K is the
+step's (the mask slots are sized per step), at most the K the proposer was built for. The mask rows' KV is
+stale after the step and is overwritten by the next step, which starts at the new token's position + 1
+(vLLM's semantics)."""
 from __future__ import annotations
 
 import torch
@@ -15,8 +18,8 @@ from .base import DraftBatch, Proposer
 class PEagleProposer(Proposer):
     name = "peagle"
 
-    def __init__(self, head, k, max_len, rows=1):
-        super().__init__(head, k, max_len, rows)
+    def __init__(self, head, k, max_len, rows=1, draft_sampling="argmax"):
+        super().__init__(head, k, max_len, rows, draft_sampling)
         if not head.parallel:
             raise ValueError("this head has no mask token / mask_hidden: it was not trained for parallel drafting")
         with torch.no_grad():
@@ -40,5 +43,6 @@ class PEagleProposer(Proposer):
         normed, _ = h(ids, hid, None, cache=self.cache, b0=batch.b0, start=batch.start,
                       span=None if batch.span is None else batch.span + K - 1, s0=batch.s0)
         idx = nr - 1 + torch.arange(K, device=dev)[None]                        # new-token row + K-1 mask rows
-        sel = normed[torch.arange(B, device=dev)[:, None], idx]
-        return self.argmax_target(sel)
+        sel = normed[torch.arange(B, device=dev)[:, None], idx]                # [B,K,H]
+        drafts, batch.q = self.pick(sel, batch.sampled)                          # [B,K], [S,K,V] | None
+        return drafts
