@@ -12,9 +12,14 @@ from .sampling import SamplingParams
 from .spec_config import parse_spec_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_MODEL = os.path.join(REPO, "models", "demo-target")
-DEFAULT_PEAGLE_HEAD = os.path.join(REPO, "models", "demo-target-peagle")
-DEFAULT_EAGLE3_HEAD = os.path.join(REPO, "models", "demo-target-eagle3")
+# the default target (SmolLM2-135M-Instruct, converted by `make setup`: peagle/default_target.py) and its heads
+DEFAULT_MODEL = os.path.join(REPO, "models", "smollm2-135m-instruct")
+DEFAULT_PEAGLE_HEAD = os.path.join(REPO, "models", "smollm2-135m-instruct-peagle")
+DEFAULT_EAGLE3_HEAD = os.path.join(REPO, "models", "smollm2-135m-instruct-eagle3")
+# the small target trained here (models/demo-target/README.md): the tests' real-weights fixture
+DEMO_TARGET = os.path.join(REPO, "models", "demo-target")
+DEMO_PEAGLE_HEAD = os.path.join(REPO, "models", "demo-target-peagle")
+DEMO_EAGLE3_HEAD = os.path.join(REPO, "models", "demo-target-eagle3")
 
 
 @dataclass

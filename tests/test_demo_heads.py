@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from peagle import LLM, SamplingParams
-from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.llm import DEMO_EAGLE3_HEAD, DEMO_TARGET, DEMO_PEAGLE_HEAD
 
-pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(DEFAULT_PEAGLE_HEAD, "config.json")),
+pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(DEMO_PEAGLE_HEAD, "config.json")),
                                 reason="shipped heads not built")
 
 
@@ -41,17 +41,17 @@ def diverges_only_at_ties(target, prompt, ref, out):
 
 @pytest.fixture(scope="module")
 def plain():
-    llm = LLM(DEFAULT_MODEL)
+    llm = LLM(DEMO_TARGET)
     ps = bench_prompts(llm)
     outs = llm.generate([{"prompt_token_ids": p} for p in ps], SamplingParams(temperature=0, max_tokens=64))
     return llm, ps, [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("head,parallel", [(DEFAULT_PEAGLE_HEAD, True), (DEFAULT_EAGLE3_HEAD, False)])
+@pytest.mark.parametrize("head,parallel", [(DEMO_PEAGLE_HEAD, True), (DEMO_EAGLE3_HEAD, False)])
 @pytest.mark.parametrize("k", [3, 7])
 def test_shipped_heads_are_lossless_and_accept(plain, head, parallel, k):
     base, ps, ref = plain
-    llm = LLM(DEFAULT_MODEL, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": k,
+    llm = LLM(DEMO_TARGET, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": k,
                                                  "parallel_drafting": parallel})
     outs = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in ps],
                                                            SamplingParams(temperature=0, max_tokens=64))]

@@ -5,18 +5,18 @@ import os
 import pytest
 import torch
 
-from peagle.llm import DEFAULT_MODEL
+from peagle.llm import DEMO_TARGET
 from peagle.models.llama import Transformer
 
-pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(DEFAULT_MODEL, "model.safetensors")),
+pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(DEMO_TARGET, "model.safetensors")),
                                 reason="demo target not built")
 
 
 def test_demo_target_transformers_and_native_logits_agree():
     import transformers as tf
-    tok = tf.AutoTokenizer.from_pretrained(DEFAULT_MODEL)
-    hf = tf.AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32).eval()
-    ours = Transformer.from_pretrained(DEFAULT_MODEL)
+    tok = tf.AutoTokenizer.from_pretrained(DEMO_TARGET)
+    hf = tf.AutoModelForCausalLM.from_pretrained(DEMO_TARGET, dtype=torch.float32).eval()
+    ours = Transformer.from_pretrained(DEMO_TARGET)
     texts = ["def add(a, b):\n    return a + b\n", "import os\nfor name in os.listdir('.'):\n"]
     chat = tok.apply_chat_template([{"role": "user", "content": "Hi! What is a list?"}], add_generation_prompt=True,
                                    tokenize=False)

@@ -17,11 +17,11 @@ from peagle.heads.config import (
 )
 from peagle.heads.format import validate_head
 from peagle.heads.io import load_head_dir, read_config
-from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.llm import DEMO_EAGLE3_HEAD, DEMO_TARGET, DEMO_PEAGLE_HEAD
 from peagle.models.config import ModelConfig
 from peagle.models.drafter import DrafterHead
 
-SHIPPED = [d for d in (DEFAULT_EAGLE3_HEAD, DEFAULT_PEAGLE_HEAD) if os.path.isfile(os.path.join(d, "config.json"))]
+SHIPPED = [d for d in (DEMO_EAGLE3_HEAD, DEMO_PEAGLE_HEAD) if os.path.isfile(os.path.join(d, "config.json"))]
 
 
 @pytest.mark.parametrize("head_dir", SHIPPED, ids=os.path.basename)
@@ -32,17 +32,17 @@ def test_shipped_head_config_round_trips_and_rebuilds(head_dir):
     hc = HeadConfig.from_dict(cfg)
     assert hc.to_dict() == cfg
     assert hc.parallel == is_parallel_head(cfg) == (cfg["peagle"]["method"] == "peagle")
-    built = HeadConfig.for_target(ModelConfig.from_dir(DEFAULT_MODEL), cfg["num_hidden_layers"],
+    built = HeadConfig.for_target(ModelConfig.from_dir(DEMO_TARGET), cfg["num_hidden_layers"],
                                   cfg["draft_vocab_size"], hc.mask_token_id, peagle=cfg["peagle"],
                                   torch_dtype=cfg["torch_dtype"])
     assert built.to_dict() == cfg
-    assert built.validate(read_config(DEFAULT_MODEL)) == []
+    assert built.validate(read_config(DEMO_TARGET)) == []
 
 
 @pytest.mark.parametrize("head_dir", SHIPPED, ids=os.path.basename)
 def test_shipped_aux_ids_are_vllm_default(head_dir):
     """The shipped heads were trained with (and pass vLLM parity on) vLLM's default aux layers."""
-    L = read_config(DEFAULT_MODEL)["num_hidden_layers"]
+    L = read_config(DEMO_TARGET)["num_hidden_layers"]
     assert read_config(head_dir)["eagle_aux_hidden_state_layer_ids"] == vllm_aux_layer_ids(L) == \
         default_aux_layer_ids(L)
 

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from peagle.llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.llm import DEMO_TARGET, DEMO_PEAGLE_HEAD
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (os.path.isdir(DEFAULT_MODEL) and os.path.isdir(DEFAULT_PEAGLE_HEAD)),
+@pytest.mark.skipif(not (os.path.isdir(DEMO_TARGET) and os.path.isdir(DEMO_PEAGLE_HEAD)),
                     reason="needs the demo target and its P-EAGLE head")
 def test_demo_128_streaming_chat_clients():
     sys.path.insert(0, os.path.join(REPO, "bench"))

@@ -61,7 +61,8 @@ def argparse_suppress():
 
 def resolve_config(model, spec_flag, env=None):
     """-> (model_dir, served_name, spec_config or None). The flag wins over the environment; with no model
-    the demo target is served with its P-EAGLE head (if trained) unless a config says otherwise."""
+    the default target (SmolLM2-135M-Instruct) is served with its P-EAGLE head (if present) unless a config
+    says otherwise."""
     from ..errors import PeagleError
     from ..llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
     from ..spec_config import parse_spec_config, speculative_config
@@ -73,9 +74,9 @@ def resolve_config(model, spec_flag, env=None):
         explicit_off = False
     if model is None:
         if not os.path.isdir(DEFAULT_MODEL):
-            raise PeagleError(f"no MODEL given and the embedded demo target {DEFAULT_MODEL} does not exist yet "
-                              "(train it with `peagle train-target`, or pass a model directory)")
-        model, name = DEFAULT_MODEL, "demo-target"
+            raise PeagleError(f"no MODEL given and the default target {DEFAULT_MODEL} does not exist yet "
+                              "(`make setup` converts it, or pass a model directory)")
+        model, name = DEFAULT_MODEL, os.path.basename(DEFAULT_MODEL)
         if spec is None and not explicit_off and os.path.isdir(DEFAULT_PEAGLE_HEAD):
             spec = speculative_config(DEFAULT_PEAGLE_HEAD, DEMO_K, True)
     else:
