@@ -63,11 +63,16 @@ class Acceptance:
         c = np.clip(self.alphas(rids), 1e-6, 1 - 1e-6).cumprod(1).sum(0)
         return np.concatenate([[0.0], c.cumsum()]) + len(rids)
 
-    def observe(self, rids, k: int, accepted):
-        """accepted: accepted drafts per row (any int sequence or tensor of length B)."""
-        d = self.decay ** len(rids)
+    def age(self, rows: int):
+        """Forget as much as `rows` row-steps without drafts do (what observe does for a K = 0 step, without
+        its bookkeeping of which requests are in the batch: that waits for the next observe)."""
+        d = self.decay ** rows
         self.s *= d
         self.t *= d
+
+    def observe(self, rids, k: int, accepted):
+        """accepted: accepted drafts per row (any int sequence or tensor of length B)."""
+        self.age(len(rids))
         self._keep(rids)
         if not k:
             return

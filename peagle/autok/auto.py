@@ -2,9 +2,12 @@
 second for the batch: argmax_K  sum_rows E[accepted + 1 | K] / t_step(B, K).
 
 E comes from the live acceptance (acceptance.py), t_step from the measured cost model (costmodel.py); after
-each step both learn from what happened (acceptance counts, the step's wall time). K = 0 wins when no K > 0
-is expected to beat plain decoding by `margin`, so speculation is expected never to cost. Deterministic given its inputs:
-the choice depends only on earlier steps.
+each step both learn from what happened (acceptance counts, the step's wall time). t_step(B, 0), plain
+decoding, is the guard's measurement of K = 0 steps once there is one: the cost model's machine-wide scale also
+follows K > 0 steps, so its own K = 0 estimate drifts with what drafting costs (a simulated trace: plain
+predicted 1.4x too slow after drafting steps that cost more than measured, which kept a losing K chosen). K = 0
+wins when no K > 0 is expected to beat plain decoding by `margin`, so speculation is expected never to cost.
+Deterministic given its inputs: the choice depends only on earlier steps.
 
 Catch-up: after steps with K = 0 the drafter is behind (each row's skipped tokens, and the prompts of requests
 admitted meanwhile, wait as drafter rows), and the first step with K > 0 feeds them all in one padded block of
@@ -13,23 +16,37 @@ B x max(rows) -- a one-off cost the cost model (measured in steady state) does n
 steps it pays for: the batch's remaining tokens per row (max_tokens minus generated) divided by the tokens per
 row that K yields, capped at `horizon`. Seconds per drafter row start from the cost model (a K = 1 step's extra
 time per row) and are learned from catch-up steps (their time beyond the steady prediction); those steps do not
-refine the cost model."""
+refine the cost model.
+
+Guard (guard.py): the model above can be wrong (a cost model measured at another context length, a prior that
+flatters the head), so what speculation delivers is checked against plain decoding measured on this engine, and
+while it is behind the policy returns K = 0 without consulting the model, probing again after an exponential
+back-off; the most time that can lose is stated there. A fallback step costs the policy no estimate and no
+refinement (the acceptance evidence only ages; the cost model learns nothing from it, the guard's plain
+reference does). Trace (trace.py): with `trace=PATH` or $PEAGLE_AUTOK_TRACE, one JSON line per step: the K
+chosen and why, predicted vs measured step time and tokens."""
 from __future__ import annotations
 
 import numpy as np
 
 from .acceptance import Acceptance
 from .costmodel import CostModel, shown_path
+from .guard import FALLBACK, Guard
 from .policy import KPolicy
+from .trace import open_trace, r6
 
 
 class AutoK(KPolicy):
     mode = "auto"
 
     def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, refine: bool = True,
-                 margin: float = 0.02, horizon: int = 64, default_max_tokens: int = 256):
+                 margin: float = 0.02, horizon: int = 64, default_max_tokens: int = 256, guard=True,
+                 trace=None):
         """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen; horizon: the most
-        steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none."""
+        steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none;
+        guard: True (the default guard), False (none: its windows are still judged, for the trace, but never
+        force K = 0), a dict of Guard settings, or a Guard; trace: a path or text file for the per-step trace
+        (None: $PEAGLE_AUTOK_TRACE if set)."""
         if cost.k_max < k_max or acceptance.k_max < k_max:
             raise ValueError(f"the cost model and acceptance estimate must cover K up to {k_max}")
         super().__init__(k_max)
@@ -39,11 +56,19 @@ class AutoK(KPolicy):
         self.row_s = max(float(big[min(1, cost.k_max)] - big[0]), 0.0) / (2 * cost.bs[-1])  # prior, then learned
         self.row_s_learned = False
         self.last: dict = {}
+        if not isinstance(guard, Guard):
+            opts = guard if isinstance(guard, dict) else {"enabled": guard is not False}
+            guard = Guard(lambda B: float(self.cost.predict(B, measured=True)[0]), **opts)
+        self.guard = guard
+        self.trace = open_trace(trace, {"k_max": k_max, "guard": guard.settings(),
+                                        "cost_model": shown_path(cost.meta.get("path")), "margin": margin})
 
     def rates(self, rids) -> tuple:
         """(expected tokens [k_max+1], seconds per step [k_max+1], tokens per second [k_max+1]) for a batch."""
         tokens = self.acc.expected_tokens(rids)
         secs = self.cost.predict(len(rids))[: self.k_max + 1]
+        if self.guard.log_scale is not None:     # K = 0 as measured (the cost model's scale follows K > 0 too)
+            secs[0] = self.guard.plain_s(len(rids))
         return tokens, secs, tokens / secs
 
     def _best(self, rate) -> int:
@@ -63,6 +88,18 @@ class AutoK(KPolicy):
         return sum(left) / max(1, len(left))
 
     def choose(self, rows) -> int:
+        forced = self.guard.forced()
+        if forced and self.trace is None:       # K = 0 decided: no estimate needed (a fallback costs no work)
+            self.last.update(batch_size=len(rows), k=0, k_model=None, forced=forced, catch_up_rows=0)
+            return 0
+        k = self._choose(rows)
+        self.last.update(k_model=k, forced=forced)
+        if forced:
+            self.last.update(k=0, catch_up_rows=0)
+            return 0
+        return k
+
+    def _choose(self, rows) -> int:
         rids = [r.request_id for r in rows]
         tokens, secs, rate = self.rates(rids)
         extra = self.catch_up_rows(rows)
@@ -82,21 +119,57 @@ class AutoK(KPolicy):
         """Would a step of this many rows (the batch after admission), with the drafter caught up, draft? A
         prompt admitted when not gets no drafter prefill (it joins the catch-up), so a batch that will decode
         with K = 0 (large batches) never pays for drafter context it does not use."""
+        if self.guard.holding():                # a fallback: K = 0 for the coming steps
+            return False
         return self._best(self.rates([None] * batch_size)[2]) > 0     # anonymous rows: the global estimate
 
     def observe(self, rows, k, accepted, step_s):
-        self.acc.observe([r.request_id for r in rows], k, accepted)
-        extra = self.last.get("catch_up_rows", 0) if self.last.get("batch_size") == len(rows) else 0
-        if k and extra:       # a catch-up step: learn seconds per drafter row from its time beyond steady state
-            sample = max(0.0, step_s - float(self.cost.predict(len(rows))[k])) / extra
-            self.row_s = sample if not self.row_s_learned else 0.5 * self.row_s + 0.5 * sample
-            self.row_s_learned = True
-        elif self.refine:
-            self.cost.update(len(rows), k, step_s)
+        B = len(rows)
+        pred = self._predicted(B, k) if self.trace is not None else None    # before this step refines them
+        if not k and self.last.get("forced") == FALLBACK:
+            self.acc.age(B)                     # a fallback step: the evidence ages, nothing else to learn
+            act, tokens, extra = self.guard.observe(B, 0, B, step_s), B, 0
+        else:
+            accepted = accepted.tolist() if hasattr(accepted, "tolist") else list(accepted)
+            self.acc.observe([r.request_id for r in rows], k, accepted)
+            extra = self.last.get("catch_up_rows", 0) if self.last.get("batch_size") == B else 0
+            if k and extra:   # a catch-up step: learn seconds per drafter row from its time beyond steady state
+                sample = max(0.0, step_s - float(self.cost.predict(B)[k])) / extra
+                self.row_s = sample if not self.row_s_learned else 0.5 * self.row_s + 0.5 * sample
+                self.row_s_learned = True
+            elif self.refine:
+                self.cost.update(B, k, step_s)
+            tokens = B + (sum(accepted) if k else 0)
+            act = self.guard.observe(B, k, tokens, step_s, catch_up=bool(k and extra))
+        if self.trace is not None:
+            self._trace(B, k, tokens, step_s, extra if k else 0, pred, act)
+
+    def _predicted(self, B: int, k: int) -> tuple:
+        """(seconds, tokens) the model expected of this step, from what choose() left in `last`."""
+        last = self.last
+        if last.get("batch_size") != B or "expected_tokens" not in last or last.get("k_model") is None:
+            return None, None
+        secs = float(self.cost.predict(B)[k]) + last.get("catch_up_rows", 0) * self.row_s if k else \
+            float(last["step_time_s"][0])          # K = 0: what the choice assumed (measured plain, if any)
+        return secs, float(last["expected_tokens"][k])
+
+    def _trace(self, B, k, tokens, step_s, extra, pred, act):
+        last, (pred_s, pred_tok) = self.last, pred
+        rec = {"event": "step", "step": self.guard.stats["steps"], "batch_size": B, "k": k,
+               "k_model": last.get("k_model"), "forced": last.get("forced"), "catch_up_rows": extra,
+               "pred_step_s": r6(pred_s) if pred_s is not None else None, "step_s": r6(step_s),
+               "pred_tokens": r6(pred_tok) if pred_tok is not None else None, "tokens": tokens,
+               "plain_step_s": r6(self.guard.plain_s(B)) if self.guard.log_scale is not None else None,
+               "alpha": r6(self.acc.global_alpha())}
+        if "step_time_s" in last:
+            rec["per_k"] = {"step_s": r6(last["step_time_s"]), "tokens": r6(last["expected_tokens"])}
+        if act:
+            rec["guard"] = act
+        self.trace.write(rec)
 
     def describe(self) -> dict:
         d = {**super().describe(), **self.acc.summary(), "cost_model_updates": self.cost.updates,
-             "cost_model": shown_path(self.cost.meta.get("path"))}
+             "cost_model": shown_path(self.cost.meta.get("path")), "guard": self.guard.describe()}
         for key, v in self.last.items():
             d[key] = [round(float(x), 6) for x in v] if hasattr(v, "tolist") else v
         return d

@@ -101,12 +101,14 @@ class CostModel:
         w = (B - bs[i - 1]) / (bs[i] - bs[i - 1])
         return [(i - 1, 1.0 - w), (i, w)]
 
-    def predict(self, B: int) -> np.ndarray:
-        """[k_max + 1]: seconds per step at batch size B for each K."""
-        out = sum(w * self.t[i] for i, w in self._weights(B))
+    def predict(self, B: int, measured: bool = False) -> np.ndarray:
+        """[k_max + 1]: seconds per step at batch size B for each K (measured: the grid as measured, without
+        the online refinement)."""
+        t = self.t0 if measured else self.t
+        out = sum(w * t[i] for i, w in self._weights(B))
         if B > self.bs[-1]:
-            out = np.maximum(out, self.t[-1])
-        return self.scale * out
+            out = np.maximum(out, t[-1])
+        return out if measured else self.scale * out
 
     def update(self, B: int, k: int, seconds: float):
         if seconds <= 0 or not 0 <= k <= self.k_max:

@@ -4,7 +4,8 @@
 - `"num_speculative_tokens": K` -> FixedK(K)
 - `"num_speculative_tokens": K` + `"num_speculative_tokens_per_batch_size"` -> BatchSizeSchedule (vLLM's)
 - `"num_speculative_tokens": "auto"` -> AutoK, K in 0..`max_num_speculative_tokens` (default: the depth the head
-  was trained for)"""
+  was trained for), with its loss guard (off with $PEAGLE_AUTOK_GUARD=0) and, with $PEAGLE_AUTOK_TRACE=PATH, its
+  per-step trace"""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ from .policy import BatchSizeSchedule, FixedK, KPolicy
 
 DEFAULT_K_MAX = 7            # a head that records no training depth
 CTX_LEN, STEPS = 64, 2       # measurement settings (part of the cache key)
+GUARD_ENV = "PEAGLE_AUTOK_GUARD"
 
 
 def _log(msg: str):
@@ -71,9 +73,17 @@ def cost_model_for(target, make_proposer, method: str, k_max: int, max_batch: in
     return cm
 
 
-def auto_policy(cost: CostModel, head_cfg: dict, k_max: int) -> AutoK:
-    """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior)."""
-    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)))
+def guard_from_env() -> bool:
+    """$PEAGLE_AUTOK_GUARD: "0" / "off" / "false" / "no" runs auto without its loss guard (for A/B runs)."""
+    return os.environ.get(GUARD_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, guard=None, trace=None) -> AutoK:
+    """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior); guard: as
+    AutoK takes it (None: on unless $PEAGLE_AUTOK_GUARD turns it off); trace: a path (None:
+    $PEAGLE_AUTOK_TRACE)."""
+    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)),
+                 guard=guard_from_env() if guard is None else guard, trace=trace)
 
 
 def make_policy(spec, target, head, make_proposer, k_max: int, max_num_seqs: int, model_dir: str, dtype,

@@ -1,0 +1,179 @@
+"""The loss guard of "auto": speculation is judged by what it delivered, against plain decoding measured on the
+same engine, and switched off while it is behind, so auto's worst case is a bounded, stated probing cost.
+
+Invariants:
+- The plain reference is a measurement: seconds per K = 0 step of this engine (the clock the policy is told),
+  normalised across batch sizes by the measured cost model's K = 0 column (`plain_shape(B)`), followed by an
+  exponential average over K = 0 steps only. Steps with K > 0 never move it (the cost model's machine-wide scale
+  follows every step, so it drifts with speculation's own cost; the guard does not use it). Before the first
+  K = 0 step, and after `refresh` decode steps without one, the guard asks for one K = 0 step.
+- Speculation is judged on K > 0 steps, in windows. A step of B rows that produced n tokens in s seconds would
+  have taken p = n / B x plain(B) seconds without drafting; its excess is x = (s - p) / plain(B) plain steps. A
+  window ends after `window` such steps (passed if sum p / sum s >= min_speedup, else failed) or, from
+  `min_steps` steps on, as soon as sum x > budget + z x sd(x) x sqrt(steps) (failed early; the sd term keeps
+  one long rejected block of a good drafter from ending it). A catch-up step (the drafter fed the rows K = 0
+  steps skipped; AutoK says which) stays out of the window: its one-off cost is the probe's, in `catch_up_s`.
+- A failed window forces K = 0 for backoff x 2^failures decode steps (at most max_backoff), then the policy
+  chooses freely again: a probe. A passed window takes one off `failures` (not all: a lucky window of a losing
+  drafter must not bring the probes back to the shortest spacing).
+- Deterministic: a decision depends only on earlier steps' (B, K, tokens, seconds).
+
+Worst case, for a drafter that never helps (every K > 0 step costs r plain steps and yields one token at batch
+size 1; `bound()` runs the guard on exactly that): a probe drafts at most n = min(window, max(min_steps,
+floor(budget / (r - 1)) + 1)) steps before it fails, losing n x (r - 1) plain steps, plus the drafter's
+catch-up of the rows skipped meanwhile (rows of requests that ended during the fallback are never caught up);
+AutoK's own acceptance estimate often stops drafting sooner. With the defaults (window 32, budget 4, min_steps
+3, backoff 64 .. 2048):
+
+    r (K > 0 step / plain step)        1.5     2      3      5
+    K > 0 steps before the fallback     9      5      3      3
+    time lost over 1,000 steps        2.0 %  2.5 %  3.0 %  6.0 %
+    time lost over 4,000 steps        0.7 %  0.8 %  0.9 %  1.8 %
+    time lost over 100,000 steps      0.24%  0.27%  0.32%  0.64%
+
+(probes after 64, 128, ..., 2048 K = 0 steps, then every 2048)."""
+from __future__ import annotations
+
+import math
+
+FALLBACK, REFRESH = "fallback", "plain_refresh"
+
+
+class Guard:
+    def __init__(self, plain_shape, window: int = 32, budget: float = 4.0, min_speedup: float = 1.0,
+                 backoff: int = 64, max_backoff: int = 2048, refresh: int = 256, rate: float = 0.25,
+                 min_steps: int = 3, z: float = 1.0, enabled: bool = True):
+        """plain_shape(B): seconds per K = 0 step at batch size B as measured (the cost model's K = 0 column);
+        rate: weight of a new K = 0 step in the plain reference's exponential average (in log space)."""
+        if min(window, backoff, refresh) < 1 or min_steps < 2 or max_backoff < backoff or budget <= 0:
+            raise ValueError("guard: window, backoff, refresh >= 1, min_steps >= 2, budget > 0, "
+                             "max_backoff >= backoff")
+        self._shape_fn, self._shapes, self.enabled = plain_shape, {}, enabled
+        self.window, self.budget, self.min_speedup = int(window), float(budget), float(min_speedup)
+        self.backoff, self.max_backoff, self.refresh, self.rate = int(backoff), int(max_backoff), int(refresh), rate
+        self.min_steps, self.z = int(min_steps), float(z)
+        self.log_scale: float | None = None      # log(measured K = 0 seconds / plain_shape), None before any
+        self.since_plain = 0                     # decode steps since the last K = 0 step
+        self.hold = 0                            # forced K = 0 steps left
+        self.fails = 0                           # failed windows, less one per passed window
+        self._reset_window()
+        self.stats = {"steps": 0, "spec_steps": 0, "fallbacks": 0, "probes_passed": 0, "fallback_steps": 0,
+                      "refresh_steps": 0, "excess_s": 0.0, "spec_s": 0.0, "catch_up_steps": 0, "catch_up_s": 0.0}
+        self.last_window: dict = {}
+
+    def _reset_window(self):
+        self.win_n, self.win_s, self.win_p, self.win_x, self.win_x2 = 0, 0.0, 0.0, 0.0, 0.0
+
+    # ---------------------------------------------------------------- decisions
+    def forced(self) -> str | None:
+        """Why this step must be K = 0 (FALLBACK: speculation was behind; REFRESH: the plain reference is
+        missing or stale), or None: the policy may choose."""
+        if not self.enabled:
+            return None
+        if self.hold > 0:
+            return FALLBACK
+        if self.log_scale is None or self.since_plain >= self.refresh:
+            return REFRESH
+        return None
+
+    def holding(self) -> bool:
+        """In a fallback (K = 0 for the coming steps): new prompts need no drafter prefill."""
+        return self.enabled and self.hold > 0
+
+    def plain_shape(self, B: int) -> float:
+        """plain_shape(B), remembered per batch size (a fallback step computes nothing twice)."""
+        v = self._shapes.get(B)
+        if v is None:
+            v = self._shapes[B] = float(self._shape_fn(B))
+        return v
+
+    def plain_s(self, B: int) -> float:
+        """The plain reference: seconds of a K = 0 step at batch size B."""
+        return self.plain_shape(B) * math.exp(self.log_scale or 0.0)
+
+    # ---------------------------------------------------------------- after a step
+    def observe(self, B: int, k: int, tokens: float, seconds: float, catch_up: bool = False) -> dict:
+        """Record a decode step: B rows, K drafts each, `tokens` produced in all, its wall time; catch_up: the
+        drafter was fed rows skipped by K = 0 steps. Returns what the guard did ({} if nothing)."""
+        st = self.stats
+        st["steps"] += 1
+        if not k and self.forced() == REFRESH:
+            st["refresh_steps"] += 1
+        if self.hold > 0:
+            self.hold -= 1
+            st["fallback_steps"] += 1
+        if seconds <= 0 or B <= 0:
+            return {}
+        if not k:
+            self.since_plain = 0
+            g = math.log(seconds / max(self.plain_shape(B), 1e-12))
+            self.log_scale = g if self.log_scale is None else self.log_scale + self.rate * (g - self.log_scale)
+            return {}
+        self.since_plain += 1
+        if catch_up:
+            st["catch_up_steps"] += 1
+            st["catch_up_s"] += seconds
+            return {}
+        plain = self.plain_s(B)
+        p = tokens / B * plain
+        x = (seconds - p) / plain                          # this step's excess, in plain steps
+        st["spec_steps"] += 1
+        st["spec_s"] += seconds
+        st["excess_s"] += seconds - p
+        self.win_n += 1
+        self.win_s += seconds
+        self.win_p += p
+        self.win_x += x
+        self.win_x2 += x * x
+        n = self.win_n
+        over = n >= self.min_steps and self.win_x > self.budget + self.z * math.sqrt(
+            n * max(0.0, self.win_x2 - self.win_x ** 2 / n) / (n - 1))
+        if not (over or n >= self.window):
+            return {}
+        speedup = self.win_p / self.win_s
+        self.last_window = {"steps": n, "speedup": round(speedup, 4), "excess_plain_steps": round(self.win_x, 3)}
+        self._reset_window()
+        if not over and speedup >= self.min_speedup:
+            if self.fails:
+                st["probes_passed"] += 1
+            self.fails = max(self.fails - 1, 0)   # not reset: a lucky window of a losing drafter keeps it long
+            return {"verdict": "passed", **self.last_window}
+        if not self.enabled:
+            return {"verdict": "failed (guard off)", **self.last_window}
+        self.hold = min(self.backoff * 2 ** min(self.fails, 40), self.max_backoff)
+        self.fails += 1
+        st["fallbacks"] += 1
+        return {"verdict": "failed", "fallback_steps": self.hold, **self.last_window}
+
+    # ---------------------------------------------------------------- reporting
+    def describe(self) -> dict:
+        d = {"enabled": self.enabled, "holding": self.hold, "failures": self.fails,
+             "plain_step_s_at_1": round(self.plain_s(1), 7) if self.log_scale is not None else None,
+             **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.stats.items()}}
+        if self.stats["spec_s"]:           # plain time of the drafted steps' tokens / their time
+            d["spec_speedup_vs_plain"] = round(1.0 - self.stats["excess_s"] / self.stats["spec_s"], 4)
+        if self.last_window:
+            d["last_window"] = self.last_window
+        return d
+
+    def settings(self) -> dict:
+        return {"enabled": self.enabled, "window": self.window, "budget": self.budget,
+                "min_speedup": self.min_speedup, "backoff": self.backoff, "max_backoff": self.max_backoff,
+                "refresh": self.refresh, "min_steps": self.min_steps, "z": self.z}
+
+
+def bound(r: float, steps: int, **settings) -> dict:
+    """The guard's worst case, by running it: a policy that always wants to draft, a drafter that never helps
+    (each K > 0 step takes r plain steps, r > 1, and yields one token), batch size 1, `steps` decode steps.
+    -> {"first_fallback_after": K > 0 steps before the first fallback, "probes": fallbacks after the first,
+    "loss": time lost as a fraction of plain decoding's for the same tokens (catch-up excluded)}."""
+    g = Guard(lambda B: 1.0, **settings)
+    first, spec = None, 0
+    for _ in range(steps):
+        k = 0 if g.forced() else 1
+        spec += k
+        g.observe(1, k, 1.0, r if k else 1.0)
+        if first is None and g.stats["fallbacks"]:
+            first = spec
+    return {"first_fallback_after": first, "probes": max(g.stats["fallbacks"] - 1, 0),
+            "loss": spec * (r - 1) / steps}

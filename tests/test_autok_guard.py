@@ -1,0 +1,285 @@
+"""The loss guard of "auto" (peagle/autok/guard.py): what it measures, when it falls back to K = 0 and probes
+again, the worst case its docstring states, and AutoK with it on a scripted engine (tests/autok_sim.py: a
+step-cost model and scripted acceptance, no wall clock): a slow drafter converges to plain decoding within the
+stated number of steps and stays within 3 % of plain, a fooled model is caught (without the guard it is not:
+the negative control), a perfect drafter keeps the best K. Last, through the real engine: greedy identical
+while the guard switches K to 0 and back."""
+import itertools
+import re
+
+import pytest
+
+from autok_sim import geometric, run
+from peagle.autok.acceptance import Acceptance
+from peagle.autok.auto import AutoK
+from peagle.autok.costmodel import CostModel
+from peagle.autok.guard import FALLBACK, REFRESH, Guard, bound
+from peagle.autok.policy import FixedK
+
+K = 7
+PLAIN = 5e-3                                    # seconds per plain step at batch size 1
+CATCH_ROW_S = PLAIN / 100                       # the drafter's catch-up, per row behind: 1 % of a plain step
+
+
+def grid(step):
+    """A measured cost model whose cells are step(B, K) at B = 1, 2, 4, 8."""
+    bs = [1, 2, 4, 8]
+    return CostModel(bs, [[step(b, k) for k in range(K + 1)] for b in bs]).monotone()
+
+
+def linear(per_k, per_row=0.0):
+    return lambda B, k: PLAIN * (1 + 0.1 * (B - 1)) + per_k * k + per_row * B * k
+
+
+def policy(cost, guard=True, prior=0.8, **kw):
+    return AutoK(K, cost, Acceptance(K, prior=[prior] * K), guard=guard, **kw)
+
+
+def expected_tokens(alpha, k):
+    return sum(alpha ** i for i in range(k + 1))
+
+
+def best_static(step, alpha, B=1):
+    """(best K, its tokens/s over plain's) for a drafter of constant conditional acceptance alpha."""
+    rate = [expected_tokens(alpha, k) / step(B, k) for k in range(K + 1)]
+    k = max(range(K + 1), key=rate.__getitem__)
+    return k, rate[k] / rate[0]
+
+
+# ---------------------------------------------------------------- the guard alone
+def losing(g, r, steps, B=1):
+    """Feed the guard steps of a drafter that never helps (K > 0 costs r plain steps, one token per row) wherever
+    it lets the policy draft; returns the K of each step."""
+    ks = []
+    for _ in range(steps):
+        k = 0 if g.forced() else 3
+        g.observe(B, k, float(B), r if k else 1.0)
+        ks.append(k)
+    return ks
+
+
+def test_falls_back_and_probes_with_exponential_back_off():
+    g = Guard(lambda B: 1.0)
+    assert g.forced() == REFRESH                   # no plain measurement yet: one K = 0 step first
+    ks = losing(g, 3.0, 8000)
+    assert ks[0] == 0 and ks[1:4] == [3, 3, 3] and ks[4] == 0       # 3 K > 0 steps lose 6 > budget 4: fallback
+    runs = [len(list(grp)) for k, grp in itertools.groupby(ks[4:]) if k == 0]    # each fallback's K = 0 steps
+    probes = [len(list(grp)) for k, grp in itertools.groupby(ks[4:]) if k]
+    assert runs[:7] == [64, 128, 256, 512, 1024, 2048, 2048] and set(probes) == {3}
+    assert g.stats["fallbacks"] == len(runs) and g.stats["probes_passed"] == 0
+
+
+def test_a_passed_window_shortens_the_next_fallback_by_one_step_of_the_back_off():
+    g = Guard(lambda B: 1.0, window=4)
+    losing(g, 3.0, 1 + 3 + 64 + 3)                 # two fallbacks: the second holds 128
+    assert g.fails == 2 and g.hold == 128
+    while g.holding():
+        g.observe(1, 0, 1.0, 1.0)
+    for _ in range(4):                             # a window of winners (3 tokens per 1.5 plain steps)
+        g.observe(1, 3, 3.0, 1.5)
+    assert g.fails == 1 and g.stats["probes_passed"] == 1 and not g.holding()
+    losing(g, 3.0, 3)
+    assert g.hold == 128                           # 64 x 2^1: one off the three failures
+
+
+def test_the_plain_reference_is_measured_from_k0_steps_only_and_refreshed():
+    shape = {1: 1.0, 8: 2.0}.__getitem__
+    g = Guard(shape, refresh=10)
+    g.observe(8, 0, 8.0, 3.0)                      # plain at B = 8 takes 1.5x what was measured
+    assert g.plain_s(8) == pytest.approx(3.0) and g.plain_s(1) == pytest.approx(1.5)
+    for _ in range(9):
+        g.observe(1, 2, 1.0, 0.9)                  # winning K > 0 steps, whatever they cost, do not move it
+        assert g.forced() is None
+    assert g.plain_s(1) == pytest.approx(1.5)
+    g.observe(1, 2, 3.0, 0.9)
+    assert g.forced() == REFRESH                   # 10 steps without a plain one: measure plain again
+    g.observe(1, 0, 1.0, 1.0)
+    assert g.plain_s(1) == pytest.approx(1.5 * (1.0 / 1.5) ** 0.25)
+    assert g.stats["refresh_steps"] == 2           # the first measurement and this one
+
+
+def test_catch_up_steps_stay_out_of_the_window():
+    g = Guard(lambda B: 1.0)
+    g.observe(1, 0, 1.0, 1.0)
+    for _ in range(5):
+        g.observe(1, 3, 1.0, 50.0, catch_up=True)  # far behind, but each fed a backlog of drafter rows
+    assert not g.holding() and g.win_n == 0 and g.stats["catch_up_steps"] == 5
+    assert g.stats["catch_up_s"] == pytest.approx(250.0)
+    for _ in range(5):
+        g.observe(1, 3, 1.0, 50.0)                 # the same steps without a backlog: speculation is behind
+    assert g.holding()
+
+
+def test_a_good_drafter_with_high_variance_is_not_cut_off_by_one_bad_step():
+    """K = 7 steps cost 5 plain steps: one fully rejected block loses 4, more than the budget; the sd term
+    keeps the window open, and the window (mean 6 tokens a step) passes. Without it (z = 0), the guard falls
+    back on the same steps."""
+    steps = [(1.0, 5.0), (1.0, 5.0), (8.0, 5.0)] + [(8.0, 5.0), (6.0, 5.0), (1.0, 5.0), (8.0, 5.0)] * 8
+    assert sum(t for t, _ in steps[:32]) > sum(s for _, s in steps[:32])       # the window is ahead of plain
+    for z, falls in ((1.0, False), (0.0, True)):
+        g = Guard(lambda B: 1.0, z=z)
+        g.observe(1, 0, 1.0, 1.0)
+        for tok, s in steps:
+            if g.forced():
+                break
+            g.observe(1, 7, tok, s)
+        assert (g.stats["fallbacks"] > 0) == falls, z
+
+
+def test_disabled_guard_judges_but_never_forces():
+    g = Guard(lambda B: 1.0, enabled=False)
+    ks = losing(g, 3.0, 500)
+    assert all(ks) and g.forced() is None and not g.holding() and g.stats["fallbacks"] == 0
+    assert g.describe()["spec_speedup_vs_plain"] == pytest.approx(1 / 3, abs=1e-3)
+
+
+def test_the_worst_case_table_in_the_docstring_is_what_the_guard_does():
+    import peagle.autok.guard as mod
+    table = {}
+    for ln in mod.__doc__.splitlines():
+        if ln.startswith("    ") and ln.strip():
+            label, *cells = re.split(r"\s{2,}", ln.strip())
+            table[label] = [c.replace("%", "").strip() for c in cells]
+    rs = [float(x) for x in table["r (K > 0 step / plain step)"]]
+    firsts = [int(x) for x in table["K > 0 steps before the fallback"]]
+    assert len(rs) == len(firsts) >= 3
+    for label, steps in (("time lost over 1,000 steps", 1000), ("time lost over 4,000 steps", 4000),
+                         ("time lost over 100,000 steps", 100000)):
+        assert len(table[label]) == len(rs)
+        for r, first, cell in zip(rs, firsts, table[label]):
+            b = bound(r, steps)
+            assert b["first_fallback_after"] == first
+            half_digit = 0.5 * 10 ** -len(cell.split(".")[1])
+            assert abs(100 * b["loss"] - float(cell)) <= half_digit + 1e-9, (label, r, b)
+    assert bound(3.0, 100000)["loss"] < bound(3.0, 4000)["loss"] < bound(3.0, 1000)["loss"]
+
+
+# ---------------------------------------------------------------- AutoK with the guard, scripted engine
+def test_a_fallback_step_costs_the_policy_no_estimate_and_defers_drafter_prefill(monkeypatch):
+    truth, believed, drafter = fooled()
+    pol = policy(believed)
+    res = run(pol, 40, truth, drafter)             # the model keeps drafting; the guard falls back
+    assert pol.guard.holding() and res["k"][-1] == 0 and any(res["k"])
+
+    def boom(*a, **kw):
+        raise AssertionError("a fallback step must not consult the model")
+    for obj, name in ((pol.acc, "expected_tokens"), (pol.cost, "predict"), (pol.cost, "update")):
+        monkeypatch.setattr(obj, name, boom)
+    assert not pol.drafts_next(1)                  # new prompts: no drafter prefill during the fallback
+    res = run(pol, 10, truth, drafter)             # choose + observe only
+    assert res["k"] == [0] * 10 and pol.last["forced"] == FALLBACK
+
+
+def test_the_model_prices_plain_decoding_at_the_guards_measurement():
+    """The cost model's machine-wide scale follows drafting steps too: drafting 3x costlier than measured
+    inflates its K = 0 estimate. The policy's K = 0 time is the guard's measurement of K = 0 steps instead."""
+    truth, believed, drafter = fooled()
+    pol = policy(believed)
+    run(pol, 6, truth, drafter, noise=0.0)         # one plain step, then drafting steps until the fallback
+    assert pol.cost.scale > 1.05                   # the cost model now thinks plain got slower
+    tokens, secs, rate = pol.rates(["x"])
+    assert secs[0] == pytest.approx(truth(1, 0)) and secs[0] < float(pol.cost.predict(1)[0]) / 1.05
+
+
+@pytest.mark.parametrize("trusting", [False, True])
+@pytest.mark.parametrize("per_k", [1e-3, 2e-3, 3e-3])
+def test_a_slow_drafter_converges_to_plain_within_the_stated_steps_and_stays_within_3_percent(per_k, trusting):
+    """Acceptance 0 and every draft costs per_k seconds (K = 1 costs r = 1 + per_k / PLAIN plain steps).
+    Stated: K = 0 from step 1 + bound(r)["first_fallback_after"] on (the guard's worst case at the cheapest
+    K > 0 step; step 0 measures plain), and over 3,000 steps (10 % timing noise, each probe paying the drafter's
+    catch-up) within 3 % of plain tokens/s.
+    trusting: the acceptance estimate never leaves the head's prior (prior and request weights 1e9), so only
+    the guard can stop the drafting; negative control: without the guard it never converges and stays below
+    0.97 x plain. Control for both: the same drafter always drafting (K = 1) is more than 3 % below plain."""
+    step = linear(per_k)
+    r = step(1, 1) / step(1, 0)
+    stated = 1 + bound(r, 1000)["first_fallback_after"]
+
+    def pol(guard=True):
+        return AutoK(K, grid(step), Acceptance(K, prior=[0.8] * K, prior_weight=1e9 if trusting else 4.0,
+                                              request_weight=1e9 if trusting else 16.0),
+                     guard=guard)
+    exact = run(pol(), 300, step, geometric(0.0), noise=0.0)
+    assert any(exact["k"]) and exact["first_zero_run"] is not None and exact["first_zero_run"] <= stated
+    noisy = run(pol(), 3000, step, geometric(0.0), noise=0.1, catch_row_s=CATCH_ROW_S)
+    assert noisy["vs_plain"] >= 0.97
+    always = run(FixedK(1), 3000, step, geometric(0.0), noise=0.1)
+    assert always["vs_plain"] < 0.97
+    if trusting:
+        alone = run(pol(guard=False), 3000, step, geometric(0.0), noise=0.1)
+        assert alone["first_zero_run"] is None and alone["vs_plain"] < 0.97
+
+
+def fooled():
+    """The c = 1 failure mode: drafting costs 3 ms per draft, but the cost model measured 0.3 ms (another
+    context length, start-up noise); acceptance 0.5. Every static K loses to plain decoding."""
+    truth = linear(3e-3)
+    return truth, grid(linear(0.3e-3)), geometric(0.5)
+
+
+def test_the_guard_bounds_a_fooled_model_and_without_it_auto_stays_below_plain():
+    truth, believed, drafter = fooled()
+    assert best_static(truth, 0.5)[0] == 0
+    guarded = run(policy(believed.copy()), 3000, truth, drafter, noise=0.1, catch_row_s=CATCH_ROW_S)
+    assert guarded["first_zero_run"] is not None and guarded["first_zero_run"] <= 1 + 32   # one window at most
+    assert guarded["vs_plain"] >= 0.97
+    alone = run(policy(believed.copy(), guard=False), 3000, truth, drafter, noise=0.1)   # negative control
+    assert alone["first_zero_run"] is None and alone["vs_plain"] < 0.9
+
+
+def staircase(B, k):
+    """Cheap drafts up to K = 4, expensive beyond (the best K is 4 for a perfect drafter at B = 1)."""
+    return PLAIN * (1 + 0.1 * (B - 1)) + 0.5e-3 * B * min(k, 4) + 4e-3 * B * max(k - 4, 0)
+
+
+@pytest.mark.parametrize("B", [1, 4])
+def test_a_perfect_drafter_keeps_the_best_k(B):
+    """Acceptance 1 and a true cost model: after warm-up the policy drafts the best static K (brute force over
+    the truth; an interior K, so the test can tell) in >= 90 % of steps, the guard never falls back, and auto
+    is within 5 % of that K's tokens/s. Control: a guard that judges every window behind (min_speedup 10)
+    gives most of it away."""
+    best_k, best = best_static(staircase, 1.0, B)
+    assert 0 < best_k < K and best > 1.5
+    pol = policy(grid(staircase))
+    res = run(pol, 2000, staircase, geometric(1.0), batch=B, noise=0.1)
+    late = res["k"][200:]
+    assert late.count(best_k) >= 0.9 * len(late)
+    assert pol.guard.stats["fallbacks"] == 0
+    assert res["vs_plain"] >= 0.95 * best
+    bad = run(policy(grid(staircase), guard={"min_speedup": 10.0}), 2000, staircase, geometric(1.0), batch=B,
+              noise=0.1)
+    assert bad["vs_plain"] < 0.95 * best
+
+
+# ---------------------------------------------------------------- through the real engine
+def test_greedy_identical_while_the_guard_switches_k_to_zero_and_back(tiny_dirs, tmp_path):
+    """A guard that fails every window after two steps (min_speedup 100) with fallbacks of 1-4 steps: K goes
+    0, >0, 0 ... mid-request; outputs stay identical to plain decoding, and the drafter is fed every row it
+    skipped (the catch-up invariant of tests/test_engine_lossless.py)."""
+    from heads import save_random_head
+    from peagle import LLM, SamplingParams
+    from test_engine_lossless import DrafterFeed, ids, prompts
+    target = tiny_dirs["llama"]
+    head = save_random_head(target, str(tmp_path / "h"), layers=1, parallel=True)
+    ps = prompts(6, seed=21, lo=2, hi=40)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ref = ids(LLM(target).generate(ps, sp))
+    llm = LLM(target, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": "auto",
+                                          "parallel_drafting": True, "max_num_speculative_tokens": 4},
+              max_num_seqs=3)
+    e = llm.engine
+    old = e.k_policy
+    sure = Acceptance(old.k_max, prior=[0.95] * old.k_max, prior_weight=1e9)   # the model always drafts
+    e.k_policy = pol = AutoK(old.k_max, old.cost, sure, guard={"min_speedup": 100.0, "window": 2, "backoff": 1,
+                                                               "max_backoff": 4})
+    feed = DrafterFeed(e)
+    reqs = []
+    add = e.add_request
+    e.add_request = lambda *a, **kw: reqs.append(add(*a, **kw)) or reqs[-1]
+    assert ids(llm.generate(ps, sp)) == ref
+    feed.check_aux([r for r in reqs if r.request_id in feed.aux])   # one that ends in a fallback is never fed
+    steps = llm.get_metrics()["num_steps_per_k"]
+    g = pol.guard.stats
+    assert g["fallbacks"] >= 3 and g["fallback_steps"] >= 3 and steps[0] >= g["fallback_steps"]
+    assert sum(steps[1:]) > 0 and g["steps"] == sum(steps)
+    assert sum(steps[1:]) == g["spec_steps"] + g["catch_up_steps"]
