@@ -45,14 +45,13 @@ def pct(xs, q):
 
 
 def build_tiny(d):
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    from heads import save_random_head
-    from tiny import make_tiny_tokenizer, save_tiny
+    from peagle.bench.randheads import random_head
+    from peagle.models.tiny import make_tiny_tokenizer, save_tiny
     if not os.path.exists(os.path.join(d, "target", "tokenizer.json")):
         save_tiny("llama", os.path.join(d, "target"))
         make_tiny_tokenizer(os.path.join(d, "target"))
     if not os.path.exists(os.path.join(d, "head", "config.json")):
-        save_random_head(os.path.join(d, "target"), os.path.join(d, "head"), layers=2)
+        random_head(os.path.join(d, "target"), os.path.join(d, "head"), layers=2, mask_token=4)
     spec = {"method": "eagle3", "model": os.path.join(d, "head"), "num_speculative_tokens": 3,
             "parallel_drafting": True}
     return os.path.join(d, "target"), json.dumps(spec)

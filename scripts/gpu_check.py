@@ -23,7 +23,7 @@ import warnings
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(0, ROOT)
 
 from peagle import SamplingParams  # noqa: E402
 from peagle.bench.randheads import head_or_random, random_head, target_or_random  # noqa: E402
@@ -46,7 +46,7 @@ def prompts_for(bench, n, max_len=400):
 
 def parity(scratch) -> dict:
     import transformers as tf
-    from tiny import FAMILIES, save_tiny
+    from peagle.models.tiny import FAMILIES, save_tiny
     out = {}
     dirs = {f: save_tiny(f, os.path.join(scratch, "tiny", f)) for f in FAMILIES}
     if os.path.isfile(os.path.join(DEFAULT_MODEL, "config.json")):

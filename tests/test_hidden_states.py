@@ -76,8 +76,10 @@ def test_extraction_resumes_and_refuses_other_layers(tiny_dirs, tmp_path):
 def test_training_from_the_cache_equals_training_with_the_target(tiny_dirs, tmp_path, method, extra):
     """Same rows, same seed: the losses of 6 steps match whether features come from the target or the cache
     (float32 cache: equal up to the order of floating-point sums); a cache made from other data is refused."""
-    from training import make_tiny_data, trainer_losses
-    target, data = make_tiny_data(tiny_dirs["llama"], str(tmp_path / "data"), 16)
+    from tiny import write_greedy_shard
+    from training import trainer_losses
+    target = tiny_dirs["llama"]
+    data = write_greedy_shard(target, str(tmp_path / "data"), n=16)
     live = trainer_losses(target, data, str(tmp_path / "live"), method, extra)
     hs = str(tmp_path / "hs")
     cached = trainer_losses(target, data, str(tmp_path / "cached"), method, extra + ["--feature-cache", hs])

@@ -55,3 +55,27 @@ def test_code_prompt_is_signature_and_docstring():
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     p = _code_prompt(src, tree, fn)
     assert p.startswith("import os\n\n\ndef f(a, b=2):") and p.rstrip().endswith('carefully."""') and "return" not in p
+
+
+def test_original_responses_keep_the_corpus_answer_with_the_loss_on_it(tmp_path):
+    from peagle.models.tiny import make_tiny_tokenizer
+    from peagle.train.datagen import _code_prompt, original_shard
+    tok = make_tiny_tokenizer(str(tmp_path / "tok"))
+
+    def template(msgs):
+        return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    items = [{"kind": "chat", "id": "a", "turns": ["Say hello."], "answer": "Hello there!"},
+             {"kind": "chat", "id": "b", "turns": ["No answer here."], "answer": None},
+             {"kind": "raw", "id": "c", "text": "def f(x):\n", "answer": "    return x\n"}]
+    rows, skipped = original_shard(tok, template, items, max_prompt=64, max_new=32)
+    assert skipped == 1 and len(rows) == 2
+    (ids, mask), (cids, cmask) = rows
+    ans = tok("Hello there!", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert ids[-len(ans):] == ans and mask == [0] * (len(ids) - len(ans)) + [1] * len(ans)
+    assert tok.decode(cids[len(cids) - sum(cmask):]) == "    return x\n"
+    # the code prompt and its body split a real function exactly
+    import ast
+    src = 'def g(a):\n    """Double a number, the long way round."""\n    b = a + a\n    return b\n'
+    tree = ast.parse(src)
+    p, body = _code_prompt(src, tree, tree.body[0], with_body=True)
+    assert p + body == src and body == "    b = a + a\n    return b\n"

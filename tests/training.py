@@ -1,27 +1,9 @@
-"""Training helpers shared by the trainer tests: tiny regenerated data and a few steps' losses."""
+"""Training helpers shared by the trainer tests: a few steps' losses of a fresh Trainer."""
 from __future__ import annotations
 
 import argparse
-import os
 
-import torch
-
-from peagle import LLM, SamplingParams
 from peagle.train import cli
-from peagle.train.data import write_shard
-
-
-def make_tiny_data(target: str, out: str, n: int = 16, seed: int = 0):
-    """n documents = random 6-token prompts + the tiny target's greedy continuation (loss mask on it)."""
-    os.makedirs(out, exist_ok=True)
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(5, 500, (6,), generator=g).tolist() for _ in range(n)]
-    outs = LLM(target).generate([{"prompt_token_ids": p} for p in prompts],
-                                SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
-    rows = [(p + o.outputs[0].token_ids, [0] * len(p) + [1] * len(o.outputs[0].token_ids))
-            for p, o in zip(prompts, outs)]
-    write_shard(os.path.join(out, "shard-00000.safetensors"), rows)
-    return target, out
 
 
 def trainer_losses(target, data, out, method, extra=(), steps: int = 6) -> list[dict]:

@@ -50,12 +50,15 @@ def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
         if bench is not None and any(bench.matches(u) for u in users[:2]):
             continue
         seen.add(base)
-        out.append({"kind": "chat", "id": rid, "turns": users[:turns]})
+        first = next((i for i, m in enumerate(msgs) if m["role"] == "user"), 0)
+        answer = msgs[first + 1]["content"] if first + 1 < len(msgs) and msgs[first + 1]["role"] == "assistant" else None
+        out.append({"kind": "chat", "id": rid, "turns": users[:turns], "answer": answer})
     random.Random(seed).shuffle(out)
     return out[:limit]
 
 
-def _code_prompt(src: str, tree: ast.Module, fn: ast.FunctionDef) -> str | None:
+def _code_prompt(src: str, tree: ast.Module, fn: ast.FunctionDef, with_body: bool = False):
+    """Imports + the function's signature and docstring; with_body: (that prompt, the rest of the function)."""
     doc = ast.get_docstring(fn)
     if not doc or len(doc) < 20 or not fn.body or len(fn.body) < 2:
         return None
@@ -67,7 +70,11 @@ def _code_prompt(src: str, tree: ast.Module, fn: ast.FunctionDef) -> str | None:
         return None
     imports = [ast.get_source_segment(src, n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))][:6]
     head = "\n".join(i for i in imports if i and len(i) < 200)
-    return (head + "\n\n\n" if head else "") + textwrap.dedent(seg) + "\n"
+    prompt = (head + "\n\n\n" if head else "") + textwrap.dedent(seg) + "\n"
+    if not with_body:
+        return prompt
+    full = textwrap.dedent("\n".join(lines[start: fn.end_lineno]))
+    return prompt, full[len(textwrap.dedent(seg)) + 1:] + "\n"
 
 
 def code_prompts(limit: int, seed: int = 0, per_file: int = 2) -> list[dict]:
@@ -89,10 +96,11 @@ def code_prompts(limit: int, seed: int = 0, per_file: int = 2) -> list[dict]:
         random.Random(f"{seed}/{doc_id}").shuffle(fns)
         k = 0
         for fn in fns:
-            p = _code_prompt(src, tree, fn)
+            p = _code_prompt(src, tree, fn, with_body=True)
             if p is None:
                 continue
-            out.append({"kind": "raw", "id": f"{doc_id}:{fn.lineno}", "text": C.strip_special(p)})
+            out.append({"kind": "raw", "id": f"{doc_id}:{fn.lineno}", "text": C.strip_special(p[0]),
+                        "answer": C.strip_special(p[1])})
             k += 1
             if k >= per_file:
                 break
@@ -155,6 +163,31 @@ def generate_shard(llm, items: list[dict], max_prompt: int, max_new: int, temper
     return rows, skipped
 
 
+def original_shard(tok, chat_template, items: list[dict], max_prompt: int, max_new: int):
+    """Rows from the corpus' own answers (ShareGPT's first reply, the function's real body) instead of the
+    target's: the same prompts and loss mask, no generation. The drafter loss is KL to the target's own
+    distribution at every position (peagle/train/*_loss.py), so these rows still teach the target's
+    predictions, on text the target did not write (EAGLE-1's data; regenerated rows match inference better)."""
+    rows, skipped = [], 0
+    for it in items:
+        if not it.get("answer"):
+            skipped += 1
+            continue
+        if it["kind"] == "chat":
+            ids = with_bos(tok, chat_template([{"role": "user", "content": it["turns"][0]}]))
+        else:
+            ids = with_bos(tok, tok(it["text"], add_special_tokens=False)["input_ids"])
+        ans = tok(it["answer"], add_special_tokens=False)["input_ids"]
+        if it["kind"] == "chat" and len(ans) < max_new and tok.eos_token_id is not None:
+            ans = ans + [tok.eos_token_id]
+        ans = ans[:max_new]
+        if len(ids) > max_prompt or len(ids) < 2 or not ans:
+            skipped += 1
+            continue
+        rows.append((list(ids) + ans, [0] * len(ids) + [1] * len(ans)))
+    return rows, skipped
+
+
 def run(args) -> int:
     from .. import LLM
     import torch
@@ -164,6 +197,8 @@ def run(args) -> int:
     plan_fn = os.path.join(args.out, "prompts.json")
     settings = {k: getattr(args, k) for k in ("model", "num_prompts", "code_fraction", "seed", "turns",
                                               "max_prompt_tokens", "max_new_tokens", "temperature", "shard_size")}
+    if args.responses != "regenerate":          # (absent from older plans, which all regenerated)
+        settings["responses"] = args.responses
     if os.path.isfile(plan_fn):
         with open(plan_fn) as f:
             plan = json.load(f)
@@ -189,6 +224,21 @@ def run(args) -> int:
     print(f"datagen: {len(items)} prompts ({sum(it['kind'] == 'raw' for it in items)} code) in {len(shards)} "
           f"shards; {n_done} already done; this worker (part {args.part}) runs {len(todo)}", flush=True)
     if not todo:
+        return 0
+    if args.responses == "original":
+        from ..llm import load_tokenizer
+        tok = load_tokenizer(args.model)
+
+        def template(msgs):
+            out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            return list(out["input_ids"] if hasattr(out, "keys") else out)
+        t0, ntok = time.time(), 0
+        for i, its in todo:
+            rows, skipped = original_shard(tok, template, its, args.max_prompt_tokens, args.max_new_tokens)
+            write_shard(shard_path(args.out, i), rows, {"shard": i, "ids": [it["id"] for it in its],
+                                                        "skipped": skipped, "responses": "original"})
+            ntok += sum(sum(m) for _, m in rows)
+        print(f"datagen: {len(todo)} shards of original responses, {ntok} answer tokens in {time.time() - t0:.0f} s")
         return 0
     # KV cache rows sized for prompt + generation (not the target's full context): much less memory
     llm = LLM(model=args.model, max_num_seqs=args.batch, seed=args.seed, device=args.device, dtype=args.dtype,
@@ -220,6 +270,9 @@ def add_parser(sub):
     p.add_argument("--max-prompt-tokens", type=int, default=768)
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--responses", choices=["regenerate", "original"], default="regenerate",
+                   help="regenerate the answers with the target (default), or keep the corpus' own answers "
+                        "(no generation: fast; the loss still follows the target's distribution)")
     p.add_argument("--batch", type=int, default=64, help="engine max_num_seqs")
     p.add_argument("--shard-size", type=int, default=128, help="prompts per shard")
     p.add_argument("--seed", type=int, default=0)
