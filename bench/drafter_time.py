@@ -76,7 +76,8 @@ def main(argv=None) -> int:
     mask = None if model == a.model else MASK_ID
     heads = {"eagle3": head_or_random(a.eagle3_head, model, scratch, parallel=False),
              "peagle": head_or_random(a.peagle_head, model, scratch, parallel=True, mask_token=mask)}
-    loaded = {m: DrafterHead.from_pretrained(d, target.cfg, parallel=(m == "peagle")) for m, d in heads.items()}
+    loaded = {m: DrafterHead.from_pretrained(d, target.cfg, parallel=(m == "peagle"), target_embed=target.embed)
+              for m, d in heads.items()}
     gen = torch.Generator().manual_seed(0)
     props, steps = {}, {}
     for m, h in loaded.items():

@@ -60,7 +60,7 @@ def main(argv=None):
     from peagle.models.llama import Transformer
     K = a.k
     target = Transformer.from_pretrained(a.target)
-    head = DrafterHead.from_pretrained(a.head, target.cfg, parallel=True).eval()
+    head = DrafterHead.from_pretrained(a.head, target.cfg, parallel=True, target_embed=target.embed).eval()
     enc = Bench(a.target, {})
     prompts = [list(enc.encode(p)) for p in load_dataset(a.dataset, a.prompts)]
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens)

@@ -69,7 +69,7 @@ def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_s
     mlen = min(max_model_len or target.cfg.max_position_embeddings, target.cfg.max_position_embeddings)
     if spec is not None:
         head = DrafterHead.from_pretrained(spec.model, target.cfg, parallel=spec.parallel_drafting,
-                                           dtype=dtype, device=device)
+                                           dtype=dtype, device=device, target_embed=target.embed)
         cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
         k = k_max_for(spec, head.cfg)
         proposer = cls(head, k, mlen + 3 * k + 8, draft_sampling=spec.draft_sampling)

@@ -172,3 +172,30 @@ def test_the_meta_trap_catches_a_tensor_made_without_a_device(tiny_data, tmp_pat
             t.train_step(1)
     finally:
         torch.set_default_device(None)
+
+
+def test_a_head_that_shares_the_target_embedding_stores_none_and_stays_lossless(tiny_data, tmp_path):
+    from safetensors import safe_open
+
+    from peagle.errors import PeagleError
+    from peagle.models.drafter import DrafterHead
+    from peagle.models.llama import Transformer
+    target, data, prompts = tiny_data
+    out = str(tmp_path / "pe")
+    _train(target, data, out, "peagle", 4, ["--depths", "3", "--mask-token", "4", "--share-embedding"])
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        assert "embed_tokens.weight" not in f.keys() and "mask_hidden" in f.keys()
+    t = Transformer.from_pretrained(target)
+    with pytest.raises(PeagleError, match="shares the target's"):
+        DrafterHead.from_pretrained(out, t.cfg)
+    head = DrafterHead.from_pretrained(out, t.cfg, target_embed=t.embed)
+    assert torch.equal(head.embed_tokens.weight, t.embed) and not head.embed_tokens.weight.requires_grad
+    spec = {"method": "eagle3", "model": out, "num_speculative_tokens": 3, "parallel_drafting": True}
+    ps = [{"prompt_token_ids": p} for p in prompts[:3]]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in LLM(target).generate(ps, sp)]
+    assert [o.outputs[0].token_ids for o in LLM(target, speculative_config=spec).generate(ps, sp)] == ref
+    # a warm start from it shares too
+    _train(target, data, str(tmp_path / "pe2"), "peagle", 2, ["--depths", "3", "--mask-token", "4", "--init", out])
+    with safe_open(os.path.join(str(tmp_path / "pe2"), "model.safetensors"), "pt") as f:
+        assert "embed_tokens.weight" not in f.keys()

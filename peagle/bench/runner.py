@@ -103,7 +103,8 @@ class Bench:
             if not d:
                 raise PeagleError(f"no head directory for {method}")
             self._heads[method] = DrafterHead.from_pretrained(d, self.target.cfg, parallel=(method == "peagle"),
-                                                              dtype=self.dtype, device=self.device)
+                                                              dtype=self.dtype, device=self.device,
+                                                              target_embed=self.target.embed)
         return self._heads[method]
 
     def auto_policy(self, method: str, cls):

@@ -139,6 +139,8 @@ def _tensor_problems(cfg: dict, tensors: Mapping[str, Any], parallel: bool) -> l
     for name, shp in exp.items():
         if name in ("d2t", "t2d") and full_vocab and name not in tensors:
             continue  # identity mapping (the vLLM export drops it; the importer writes it back)
+        if name == "embed_tokens.weight" and name not in tensors:
+            continue  # the head shares the target's embedding (vLLM and peagle both use the target's)
         if name not in tensors:
             hint = ""
             if name == "mask_hidden":

@@ -174,15 +174,32 @@ class DrafterHead(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     # ---- storage (vLLM flat EAGLE-3 layout) ----
+    shares_target_embedding = False    # True: embed_tokens is the target's (frozen, not stored: vLLM shares it too)
+
     def save_pretrained(self, path: str, extra: dict | None = None):
-        """The head directory vLLM loads (config keys sorted; ``extra`` adds keys such as the peagle record)."""
+        """The head directory vLLM loads (config keys sorted; ``extra`` adds keys such as the peagle record).
+        A head that shares the target's embedding stores none (vLLM then uses the target's, as peagle does)."""
         cfg = HeadConfig.from_dict({**self.cfg, **(extra or {})}).to_dict()
-        save_head_dir(path, cfg, self.state_dict(), sort_keys=True)
+        sd = self.state_dict()
+        if self.shares_target_embedding:
+            sd.pop("embed_tokens.weight")
+        save_head_dir(path, cfg, sd, sort_keys=True)
+
+    def share_embedding(self, embed: torch.Tensor) -> "DrafterHead":
+        """Use the target's embedding [V, H] (frozen, the same storage when dtype and device match)."""
+        if tuple(embed.shape) != tuple(self.embed_tokens.weight.shape):
+            raise PeagleError(f"the target's embedding {tuple(embed.shape)} does not fit this head "
+                              f"{tuple(self.embed_tokens.weight.shape)}")
+        w = embed.to(self.embed_tokens.weight.device, self.embed_tokens.weight.dtype)
+        self.embed_tokens.weight = nn.Parameter(w, requires_grad=False)
+        self.shares_target_embedding = True
+        return self
 
     @classmethod
     def from_pretrained(cls, path: str, target_cfg=None, parallel: bool | None = None, dtype=torch.float32,
-                        device="cpu"):
-        """A validated head; parallel None = what the head is (:func:`peagle.heads.config.is_parallel_head`)."""
+                        device="cpu", target_embed: torch.Tensor | None = None):
+        """A validated head; parallel None = what the head is (:func:`peagle.heads.config.is_parallel_head`).
+        target_embed: the target's embedding, for heads that store none (they share the target's)."""
         from ..heads.format import validate_head
         try:
             cfg, sd = load_head_dir(path)
@@ -199,6 +216,14 @@ class DrafterHead(nn.Module):
         missing, unexpected = head.load_state_dict(sd, strict=False)
         if head.cfg["draft_vocab_size"] == head.cfg["vocab_size"]:
             missing = [m for m in missing if m not in ("d2t", "t2d")]   # full vocabulary: identity map (vLLM 0.32
+        shared = "embed_tokens.weight" in missing
+        missing = [m for m in missing if m != "embed_tokens.weight"]
         if missing or unexpected:                                         # refuses d2t on such heads)
             raise PeagleError(f"drafter head {path}: missing tensors {missing}, unexpected tensors {unexpected}")
-        return head.to(device=device, dtype=dtype).eval()
+        head = head.to(device=device, dtype=dtype).eval()
+        if shared:
+            if target_embed is None:
+                raise PeagleError(f"drafter head {path} stores no embedding (it shares the target's): load it "
+                                  "with the target's embedding")
+            head.share_embedding(target_embed)
+        return head

@@ -58,7 +58,7 @@ def source_head(path: str, target, parallel: bool, flag: str):
     """A trained head of this target that a run starts from, and its draft vocabulary (target ids);
     refused when it is not of the kind ``flag`` needs."""
     from ..models.drafter import DrafterHead
-    src = DrafterHead.from_pretrained(path, target.cfg)
+    src = DrafterHead.from_pretrained(path, target.cfg, target_embed=target.embed)
     if src.parallel != parallel:
         kind = lambda p: "a parallel (P-EAGLE)" if p else "an EAGLE-3"  # noqa: E731
         raise PeagleError(f"{flag} {path} is {kind(src.parallel)} head; {flag} needs {kind(parallel)} one")
@@ -182,6 +182,8 @@ class Trainer:
         self.draft_ids = draft_ids
         _, _, self.index = mappings(draft_ids, V)
         self.head = init_head(cfg, self.target, draft_ids, a.method, a.seed)
+        if getattr(a, "share_embedding", False) or (src is not None and src.shares_target_embedding):
+            self.head.share_embedding(self.target.embed)      # frozen, not stored: the target's own
         if src is not None and src.parallel == self.head.parallel:
             self.head.load_state_dict(src.state_dict())
         elif src is not None:
