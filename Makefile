@@ -27,6 +27,7 @@ demo: setup
 	$(PY) -m peagle.demo
 
 test: setup
+	$(PY) -m ruff check .
 	@$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; exit $$rc
 
 test-slow: setup

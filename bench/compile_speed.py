@@ -21,11 +21,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from peagle import LLM, SamplingParams  # noqa: E402
-from peagle.bench.runner import Bench  # noqa: E402
-from peagle.data.benchmarks import load_dataset  # noqa: E402
-from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD  # noqa: E402
-from peagle.spec_config import speculative_config  # noqa: E402
+from peagle import LLM, SamplingParams
+from peagle.bench.runner import Bench
+from peagle.data.benchmarks import load_dataset
+from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.spec_config import speculative_config
 
 
 def timed(llm, prompts, sp):

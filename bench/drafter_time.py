@@ -23,14 +23,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from peagle.bench.randheads import head_or_random, target_or_random  # noqa: E402
-from peagle.drafters.base import DraftBatch  # noqa: E402
-from peagle.drafters.eagle3 import Eagle3Proposer  # noqa: E402
-from peagle.drafters.peagle import PEagleProposer  # noqa: E402
-from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD  # noqa: E402
-from peagle.models.drafter import DrafterHead  # noqa: E402
-from peagle.models.llama import Transformer  # noqa: E402
-from peagle.target.tokenizer import MASK_ID  # noqa: E402
+from peagle.bench.randheads import head_or_random, target_or_random
+from peagle.drafters.base import DraftBatch
+from peagle.drafters.eagle3 import Eagle3Proposer
+from peagle.drafters.peagle import PEagleProposer
+from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.models.drafter import DrafterHead
+from peagle.models.llama import Transformer
+from peagle.target.tokenizer import MASK_ID
 
 
 def make_step(head, B, ctx, new, gen):

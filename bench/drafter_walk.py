@@ -86,7 +86,7 @@ def main(argv=None):
                                             "parallel_drafting": True})
     got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], sp)]
     m = llm.get_metrics()
-    fmt = lambda xs: " / ".join(f"{float(x):.3f}" for x in xs)  # noqa: E731
+    fmt = lambda xs: " / ".join(f"{float(x):.3f}" for x in xs)
     print(f"# {a.dataset}, first {len(prompts)} prompts, K = {K}, greedy, {a.max_tokens} tokens; {n} anchors")
     print(f"per-depth accuracy, all anchors:        {fmt(hit / n)}")
     print(f"chain acceptance, all anchors:          {fmt(chain / n)}  (length {1 + float(chain.sum()) / n:.3f})")

@@ -24,7 +24,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from peagle.server.client import get_json, get_text, launch, spec_counters, stop, stream_one, wait_idle  # noqa: E402
+from peagle.server.client import get_json, get_text, launch, spec_counters, stop, stream_one, wait_idle
 
 TOPICS = ["the ocean", "a small robot", "speculative decoding", "the history of bread", "a rainy city",
           "prime numbers", "an old lighthouse", "the moon", "learning to cook", "a chess game", "mountain trails",

@@ -28,11 +28,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from peagle import LLM, SamplingParams  # noqa: E402
-from peagle.data.benchmarks import load_dataset  # noqa: E402
-from peagle.bench.randheads import target_or_random  # noqa: E402
-from peagle.llm import DEFAULT_MODEL  # noqa: E402
-from peagle.models.loader import add_backend_argument  # noqa: E402
+from peagle import LLM, SamplingParams
+from peagle.bench.randheads import target_or_random
+from peagle.data.benchmarks import load_dataset
+from peagle.llm import DEFAULT_MODEL
+from peagle.models.loader import add_backend_argument
 
 
 def prompts(llm, n: int, max_len: int) -> list:
@@ -138,7 +138,8 @@ def main(argv=None) -> int:
           f"model {os.path.basename(model.rstrip('/'))} ({cfg.num_hidden_layers} layers, width {cfg.hidden_size}, "
           f"vocab {cfg.vocab_size}), {llm.engine.target.backend} target, {llm.device} "
           f"{str(llm.dtype).replace('torch.', '')}, "
-          f"{torch.get_num_threads()} threads; batch 1 = {a.prompts_b1} prompts in turn, batch b = one batch of b prompts (lengths {[len(p) for p in ps[:max(batches)]]})\n")
+          f"{torch.get_num_threads()} threads; batch 1 = {a.prompts_b1} prompts in turn, batch b = one batch of b "
+          f"prompts (lengths {[len(p) for p in ps[:max(batches)]]})\n")
     print("| batch | peagle tok/s | transformers tok/s | peagle ÷ transformers | same greedy tokens |")
     print("|---|---|---|---|---|")
     for b in batches:

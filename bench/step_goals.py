@@ -29,13 +29,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import plain_decode  # noqa: E402
-from peagle import LLM, SamplingParams  # noqa: E402
-from peagle.bench.randheads import head_or_random, target_or_random  # noqa: E402
-from peagle.bench.runner import Bench  # noqa: E402
-from peagle.data.benchmarks import load_dataset  # noqa: E402
-from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD  # noqa: E402
-from peagle.paths import portable_path, portable_settings  # noqa: E402
+import plain_decode
+
+from peagle import LLM, SamplingParams
+from peagle.bench.randheads import head_or_random, target_or_random
+from peagle.bench.runner import Bench
+from peagle.data.benchmarks import load_dataset
+from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.paths import portable_path, portable_settings
 
 METHODS = ("baseline", "eagle3", "peagle")
 

@@ -30,9 +30,9 @@ from .autok.policy import FixedK, KPolicy
 from .compile import bucket, compile_step
 from .drafters.base import DraftBatch, Proposer
 from .errors import DecodeError, PeagleError, PrefillError
-from .spec_metrics import SpecMetrics
 from .rowstate import RowState
 from .sampling import SamplingParams, make_generator
+from .spec_metrics import SpecMetrics
 from .verify import SampledRows, verify_greedy, verify_sampled
 
 

@@ -36,7 +36,8 @@ def run(args) -> int:
     from .sampling import SamplingParams
     from .spec_config import parse_spec_config
     parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0, speculative_config=args.speculative_config,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0,
+              speculative_config=args.speculative_config,
               max_model_len=args.max_model_len, target_backend=args.target_backend)
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens, seed=args.seed)

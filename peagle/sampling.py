@@ -2,7 +2,7 @@
 when they draw drafts from q: peagle/drafters/base.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 

@@ -25,12 +25,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from peagle import SamplingParams  # noqa: E402
-from peagle.bench.randheads import head_or_random, random_head, target_or_random  # noqa: E402
-from peagle.bench.runner import Bench  # noqa: E402
-from peagle.data.benchmarks import load_dataset  # noqa: E402
-from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD  # noqa: E402
-from peagle.models.llama import Transformer  # noqa: E402
+from peagle import SamplingParams
+from peagle.bench.randheads import head_or_random, random_head, target_or_random
+from peagle.bench.runner import Bench
+from peagle.data.benchmarks import load_dataset
+from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.models.llama import Transformer
 
 CUDA = torch.device("cuda")          # --device cpu: a smoke run of the script itself (no sync check, no 1B model)
 
@@ -46,6 +46,7 @@ def prompts_for(bench, n, max_len=400):
 
 def parity(scratch) -> dict:
     import transformers as tf
+
     from peagle.models.tiny import FAMILIES, save_tiny
     out = {}
     dirs = {f: save_tiny(f, os.path.join(scratch, "tiny", f)) for f in FAMILIES}

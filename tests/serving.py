@@ -10,7 +10,6 @@ import urllib.request
 
 import openai
 import pytest
-
 from heads import save_random_head
 from tiny import make_tiny_tokenizer
 

@@ -79,6 +79,7 @@ def test_cache_key_follows_the_head_content_not_its_path(tmp_path):
 
 def test_reports_show_cache_files_under_home_as_tilde(monkeypatch, tmp_path):
     import os
+
     from peagle.autok.costmodel import shown_path
     monkeypatch.setenv("HOME", str(tmp_path / "u"))
     inside = os.path.join(str(tmp_path / "u"), ".cache", "peagle", "costs-x.json")
@@ -94,7 +95,7 @@ def test_a_cell_priced_out_by_costly_steps_relaxes_back_to_its_measured_value():
     for relax, back in ((0.01, True), (0.0, False)):
         cm = CostModel([1, 4, 16], [[1e-3 * b + 2e-3 * k for k in range(4)] for b in (1, 4, 16)], relax=relax)
         measured = float(cm.predict(1)[3])
-        ratio = lambda: float(cm.predict(1)[3]) / float(cm.predict(1)[1]) / (measured / float(cm.t0[0, 1]))  # noqa: E731
+        ratio = lambda: float(cm.predict(1)[3]) / float(cm.predict(1)[1]) / (measured / float(cm.t0[0, 1]))
         for _ in range(200):
             cm.update(1, 3, 3 * measured)
         raised = ratio()                                 # K = 3 now priced above K = 1 by more than measured

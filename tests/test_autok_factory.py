@@ -5,11 +5,11 @@ import json
 import os
 
 import pytest
-
 from heads import save_random_head
+from test_engine_lossless import ids, prompts
+
 from peagle import LLM, SamplingParams
 from peagle.autok.costmodel import cache_dir
-from test_engine_lossless import ids, prompts
 
 
 @pytest.fixture(scope="module")

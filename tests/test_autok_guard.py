@@ -8,8 +8,8 @@ import itertools
 import re
 
 import pytest
-
 from autok_sim import geometric, run
+
 from peagle.autok.acceptance import Acceptance
 from peagle.autok.auto import AutoK
 from peagle.autok.costmodel import CostModel
@@ -257,8 +257,9 @@ def test_greedy_identical_while_the_guard_switches_k_to_zero_and_back(tiny_dirs,
     0, >0, 0 ... mid-request; outputs stay identical to plain decoding, and the drafter is fed every row it
     skipped (the catch-up invariant of tests/test_engine_lossless.py)."""
     from heads import save_random_head
-    from peagle import LLM, SamplingParams
     from test_engine_lossless import DrafterFeed, ids, prompts
+
+    from peagle import LLM, SamplingParams
     target = tiny_dirs["llama"]
     head = save_random_head(target, str(tmp_path / "h"), layers=1, parallel=True)
     ps = prompts(6, seed=21, lo=2, hi=40)

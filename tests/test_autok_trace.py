@@ -6,13 +6,13 @@ import io
 import json
 
 import pytest
-
 from autok_sim import geometric, run
+from test_autok_guard import K, fooled, grid, linear
+
 from peagle.autok import trace as tr
 from peagle.autok.acceptance import Acceptance
 from peagle.autok.auto import AutoK
 from peagle.autok.factory import auto_policy
-from test_autok_guard import K, fooled, grid, linear
 
 
 def traced(steps=300, noise=0.1, guard=True, **kw):
@@ -96,8 +96,9 @@ def test_trace_of_a_real_engine_run(tiny_dirs, tmp_path, monkeypatch):
     """LLM with "auto" and $PEAGLE_AUTOK_TRACE: one step line per decode step the engine counted, with the
     measured step time the engine reported; greedy outputs unchanged."""
     from heads import save_random_head
-    from peagle import LLM, SamplingParams
     from test_engine_lossless import ids, prompts
+
+    from peagle import LLM, SamplingParams
     target = tiny_dirs["llama"]
     head = save_random_head(target, str(tmp_path / "h"), layers=1, parallel=True)
     path = tmp_path / "trace.jsonl"

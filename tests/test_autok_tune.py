@@ -3,8 +3,8 @@ config vLLM's rules accept (checked by our parser, which applies vLLM 0.32's sch
 import json
 
 import numpy as np
-
 from heads import save_random_head
+
 from peagle.autok.costmodel import CostModel
 from peagle.autok.tune import best_k_per_batch, expected_tokens, ranges
 from peagle.spec_config import parse_spec_config

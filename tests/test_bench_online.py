@@ -5,14 +5,14 @@ import os
 import shutil
 
 import pytest
-
 from heads import save_random_head
 
 
 @pytest.fixture(scope="module")
 def online_run(tiny_dirs, tmp_path_factory):
-    from peagle.cli import main
     from tiny import make_tiny_tokenizer
+
+    from peagle.cli import main
     root = tmp_path_factory.mktemp("bench-online")
     tgt = str(root / "target")
     shutil.copytree(tiny_dirs["llama"], tgt)

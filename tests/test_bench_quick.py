@@ -3,7 +3,6 @@ import json
 import os
 
 import pytest
-
 from heads import save_random_head
 
 
@@ -68,8 +67,8 @@ def test_figures_consistent(bench_run):
 def test_runner_matches_llm_api(bench_run):
     """The bench builds engines itself (one shared target): its outputs equal LLM.generate's."""
     from peagle import LLM, SamplingParams
-    from peagle.data.benchmarks import load_dataset
     from peagle.bench.runner import Bench
+    from peagle.data.benchmarks import load_dataset
     _, _, tgt, e3, pe = bench_run
     b = Bench(tgt, {"eagle3": e3, "peagle": pe})
     ids = [b.encode(p) for p in load_dataset("humaneval", 2)]

@@ -3,8 +3,8 @@ request holds), rollback is setting a length, stale keys past it are never seen,
 bound, and padding past the cache's end does not disturb real rows."""
 import pytest
 import torch
-
 from heads import save_random_head
+
 from peagle import LLM, SamplingParams
 from peagle.models.llama import Transformer
 

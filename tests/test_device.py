@@ -8,9 +8,9 @@
 * bfloat16: speculative greedy output equals plain bfloat16 output (divergences only at bf16 ties)."""
 import pytest
 import torch
-
 from fakes import FakeProposer, install_proposer
 from heads import save_random_head
+
 from peagle import LLM, SamplingParams
 from peagle.device import resolve
 from peagle.errors import PeagleError

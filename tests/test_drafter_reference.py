@@ -1,8 +1,8 @@
 """The single cached P-EAGLE pass (and EAGLE-3's K passes) equal a reference computed without any cache:
 the whole sequence plus the draft rows through the drafter at once under a plain causal mask."""
 import torch
-
 from heads import save_random_head
+
 from peagle.drafters.base import DraftBatch
 from peagle.drafters.eagle3 import Eagle3Proposer
 from peagle.drafters.peagle import PEagleProposer

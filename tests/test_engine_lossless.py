@@ -5,9 +5,9 @@ proposes the true continuation with random corruption exercises ragged acceptanc
 tokens, and EOS / max-token stops landing inside an accepted block."""
 import pytest
 import torch
-
 from fakes import FakeProposer, ScriptedK, install_proposer
 from heads import save_random_head
+
 from peagle import LLM, SamplingParams
 
 

@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 
 from peagle.heads.export import add_export_parser, export_head, main_export
 from peagle.heads.format import HeadValidationError, validate_head
-from peagle.heads.io import load_head_dir
 from peagle.heads.importer import add_import_parser, import_head, main_import
+from peagle.heads.io import load_head_dir
 
-H, NH, NKV, HD, I, V, T_LAYERS, MAXPOS = 32, 4, 2, 8, 64, 96, 4, 1024  # noqa: E741
+H, NH, NKV, HD, I, V, T_LAYERS, MAXPOS = 32, 4, 2, 8, 64, 96, 4, 1024
 MASK = 5
 
 
@@ -37,7 +37,7 @@ def make_config(method="peagle", layers=2, draft_vocab=None, aux=(1, 2, 3), **ov
 
 def make_tensors(cfg, seed=0):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g)
     Vd = cfg["draft_vocab_size"]
     ts = {"embed_tokens.weight": r(V, H), "fc.weight": r(H, 3 * H), "norm.weight": r(H), "lm_head.weight": r(Vd, H)}
     for i in range(cfg["num_hidden_layers"]):

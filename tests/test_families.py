@@ -7,12 +7,12 @@ import os
 
 import pytest
 import torch
-
 from families import HF_FAMILIES, WINDOW
+from tiny import hf_greedy, write_greedy_shard
+
 from peagle import LLM, SamplingParams
 from peagle.cli import main
 from peagle.train.data import load_docs
-from tiny import hf_greedy, write_greedy_shard
 
 
 def peagle(*args):

@@ -1,9 +1,9 @@
 """Greedy LLM.generate equals transformers generate(do_sample=False), token for token."""
 import pytest
 import torch
+from tiny import FAMILIES, hf_greedy, save_tiny
 
 from peagle import LLM, SamplingParams
-from tiny import FAMILIES, hf_greedy, save_tiny
 
 
 @pytest.mark.parametrize("family", FAMILIES)

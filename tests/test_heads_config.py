@@ -7,17 +7,20 @@ import os
 
 import pytest
 import torch
-
 from heads import head_config, save_random_head
 from tiny import make_tiny_tokenizer, save_tiny, save_tiny_text_model
 
 from peagle.errors import PeagleError
 from peagle.heads.config import (
-    HeadConfig, default_aux_layer_ids, is_parallel_head, resolve_mask_token, vllm_aux_layer_ids,
+    HeadConfig,
+    default_aux_layer_ids,
+    is_parallel_head,
+    resolve_mask_token,
+    vllm_aux_layer_ids,
 )
 from peagle.heads.format import validate_head
 from peagle.heads.io import load_head_dir, read_config
-from peagle.llm import DEMO_EAGLE3_HEAD, DEMO_TARGET, DEMO_PEAGLE_HEAD
+from peagle.llm import DEMO_EAGLE3_HEAD, DEMO_PEAGLE_HEAD, DEMO_TARGET
 from peagle.models.config import ModelConfig
 from peagle.models.drafter import DrafterHead
 

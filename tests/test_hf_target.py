@@ -3,8 +3,8 @@
 the teacher logits from the final residual."""
 import pytest
 import torch
-
 from families import HF_FAMILIES, WINDOW
+
 from peagle.models.hf_target import HFTarget
 
 TOL = 1e-4
@@ -97,6 +97,7 @@ def test_model_config_of_any_target_and_a_new_head_for_it(pair, family_dirs):
     multimodal checkpoints ship it); a new head built from it fits the target."""
     import json
     import os
+
     from peagle.heads.config import HeadConfig
     from peagle.models.config import ModelConfig
     family, ref, ours = pair

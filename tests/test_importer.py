@@ -8,13 +8,13 @@ import os
 import pytest
 import torch
 from safetensors.torch import save_file
+from tiny import hf_greedy
 
 from peagle import LLM, SamplingParams
 from peagle.errors import PeagleError
 from peagle.heads.format import HeadValidationError
 from peagle.heads.importer import import_head
 from peagle.models.drafter import DrafterHead
-from tiny import hf_greedy
 
 
 def published_peagle_head(path, target_dir, mask_id, layers=4, **over):

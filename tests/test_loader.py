@@ -1,12 +1,12 @@
 """Backend choice: auto runs the native target where it is exact, transformers elsewhere; explicit choices
 are honoured or refused with the reason."""
 import pytest
+from tiny import save_tiny
 
 from peagle.errors import PeagleError
 from peagle.models.hf_target import HFTarget
 from peagle.models.llama import Transformer
 from peagle.models.loader import load_target, resolve_backend
-from tiny import save_tiny
 
 
 def test_auto_native_for_llama_family_transformers_for_the_rest(tiny_dirs, family_dirs):

@@ -1,9 +1,9 @@
 """peagle's native target vs transformers on tiny random models of each supported family."""
 import pytest
 import torch
+from tiny import FAMILIES
 
 from peagle.models.llama import Transformer
-from tiny import FAMILIES
 
 
 def hf(path):

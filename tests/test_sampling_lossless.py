@@ -4,12 +4,12 @@ import itertools
 
 import pytest
 import torch
+from fakes import FakeProposer, ScriptedK, install_proposer
+from tiny import save_tiny
 
 import peagle.engine as engine_mod
 from peagle import LLM, SamplingParams
-from fakes import FakeProposer, ScriptedK, install_proposer
 from peagle.sampling import probs_from_logits, sample_from
-from tiny import save_tiny
 
 V, PROMPT, N = 8, [3, 5, 1, 6], 5000
 SP = dict(temperature=0.9, top_p=0.95, top_k=0)

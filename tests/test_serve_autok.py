@@ -6,7 +6,6 @@ import shutil
 
 import openai
 import pytest
-
 from heads import save_random_head
 from serving import BackgroundServer
 from tiny import make_tiny_tokenizer

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from peagle.llm import DEMO_TARGET, DEMO_PEAGLE_HEAD
+from peagle.llm import DEMO_PEAGLE_HEAD, DEMO_TARGET
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,12 +8,11 @@ import urllib.request
 
 import openai
 import pytest
+from serving import client, get_json, model_dir, post, ref_complete, ref_llm, start  # noqa: F401 (fixtures)
 
 from peagle import cli
 from peagle.server import auth
 from peagle.server.auth import ApiKeyAuth, exposed_without_key, resolve_api_keys
-from serving import client, get_json, post, ref_complete, start
-from serving import model_dir, ref_llm  # noqa: F401 (fixtures)
 
 KEYS = ("sk-first-key", "sk-second")
 BODY = json.dumps({"model": "tiny", "prompt": "Hello there", "max_tokens": 8, "temperature": 0}).encode()

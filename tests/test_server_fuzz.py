@@ -17,10 +17,20 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serving import (  # noqa: F401 (fixtures)
+    client,
+    get_json,
+    greedy,
+    head_dir,
+    model_dir,
+    ref_complete,
+    ref_llm,
+    spec_cfg,
+    start,
+    wait_idle,
+)
 
 from peagle.server.limits import Limits
-from serving import client, get_json, greedy, ref_complete, spec_cfg, start, wait_idle
-from serving import head_dir, model_dir, ref_llm  # noqa: F401 (fixtures)
 
 EXAMPLES = int(os.environ.get("PEAGLE_FUZZ_EXAMPLES", "400"))
 KEY = "sk-fuzz-key"

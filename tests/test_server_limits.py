@@ -4,12 +4,11 @@ server stays exact afterwards; bad limit flags are one-line errors."""
 import json
 
 import pytest
+from serving import client, model_dir, post, ref_complete, ref_llm, start, wait_idle  # noqa: F401 (fixtures)
 
 from peagle import cli
 from peagle.errors import PeagleError
 from peagle.server.limits import Limits
-from serving import client, post, ref_complete, start, wait_idle
-from serving import model_dir, ref_llm  # noqa: F401 (fixtures)
 
 LIMITS = Limits(max_body_bytes=4096, max_prompt_tokens=40, max_tokens_limit=20, default_max_tokens=5, max_stop=2,
                 max_stop_chars=8)

@@ -5,10 +5,9 @@ a 400 too; odd but valid values are served. End to end on a real server for the 
 import json
 
 import pytest
+from serving import client, model_dir, post, ref_complete, ref_llm, start, wait_idle  # noqa: F401 (fixtures)
 
 from peagle.server.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
-from serving import client, post, ref_complete, start, wait_idle
-from serving import model_dir, ref_llm  # noqa: F401 (fixtures)
 
 BAD = "\ud800"          # stands for the unencodable text; each encoding below turns it into bytes its own way
 ENCODINGS = {

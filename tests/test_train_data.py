@@ -50,7 +50,8 @@ def test_teacher_features_equal_per_document_forwards(tiny_dirs):
 
 def test_code_prompt_is_signature_and_docstring():
     from peagle.train.datagen import _code_prompt
-    src = 'import os\n\n\ndef f(a, b=2):\n    """Add two numbers together, carefully."""\n    c = a + b\n    d = c * 2\n    return d\n'
+    src = ('import os\n\n\ndef f(a, b=2):\n    """Add two numbers together, carefully."""\n'
+           '    c = a + b\n    d = c * 2\n    return d\n')
     tree = ast.parse(src)
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     p = _code_prompt(src, tree, fn)

@@ -1,7 +1,7 @@
 """EAGLE-3 TTT trainer: the unrolled training forward gives the logits of peagle's Eagle3Proposer."""
 import torch
-
 from heads import head_config, propose_capturing_logits, random_target_states
+
 from peagle.models.drafter import DrafterHead
 from peagle.train.head_forward import ttt_forward
 from peagle.train.mask import MaskTable

@@ -63,6 +63,7 @@ def test_init_continues_a_head_and_reads_several_data_dirs(tiny_data, tmp_path, 
     list of datagen directories; a head of the other method is refused; the head's training record names
     --init and --data without absolute paths."""
     from safetensors.torch import load_file
+
     from peagle.errors import PeagleError
     target, data, _ = tiny_data
     monkeypatch.chdir(tmp_path)
@@ -97,6 +98,7 @@ def test_init_from_eagle3_starts_peagle_from_a_trained_eagle3_head(tiny_data, tm
     the extra layer starts as an identity (zero output projections) and mask_hidden at zero; the warm start
     drafts depth 1 better than a cold start from its first logged steps."""
     from safetensors.torch import load_file
+
     from peagle.errors import PeagleError
     target, data, _ = tiny_data
     e3 = str(tmp_path / "e3")
@@ -120,6 +122,7 @@ def test_init_from_eagle3_starts_peagle_from_a_trained_eagle3_head(tiny_data, tm
 
 def _trainer(target, data, out, method, extra=()):
     import argparse
+
     from peagle.train.loop import Trainer
     ap = argparse.ArgumentParser()
     cli.add_arguments(ap)

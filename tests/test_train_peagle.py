@@ -1,8 +1,8 @@
 """P-EAGLE trainer: COD / mask invariants, partitioned == flat gradients, and train == inference logits."""
 import pytest
 import torch
-
 from heads import head_config, propose_capturing_logits, random_target_states
+
 from peagle.models.drafter import DrafterHead
 from peagle.train.cod import sample_cod, supervised
 from peagle.train.mask import MaskTable

@@ -4,17 +4,17 @@ distribution, with negative controls (a verifier without the residual, a verifie
 fail the same test -- and greedy rows are token-identical to plain decoding."""
 import pytest
 import torch
+from heads import save_random_head
+from test_sampling_lossless import V, chi2_pvalue, exact_joint, sample_counts
+from tiny import save_tiny
 
 import peagle.engine as engine_mod
-from heads import save_random_head
 from peagle import LLM, SamplingParams
 from peagle.drafters.base import DraftBatch
 from peagle.errors import PeagleError
 from peagle.sampling import make_generator, probs_from_logits, sample_rows
 from peagle.spec_config import parse_spec_config
 from peagle.verify import SampledRows, verify_sampled
-from test_sampling_lossless import V, chi2_pvalue, exact_joint, sample_counts
-from tiny import save_tiny
 
 SPS = {0.7: dict(temperature=0.7, top_k=6, top_p=0.95), 1.0: dict(temperature=1.0, top_k=7, top_p=0.9)}
 

@@ -6,8 +6,15 @@ import os
 import torch
 
 from peagle.models.tiny import (  # noqa: F401 - re-exported for the tests
-    CHATML, FAMILIES, SERVE_SPECIALS, make_tiny_tokenizer, save_tiny, save_tiny_text_model, save_tiny_tokenizer,
-    tiny_config)
+    CHATML,
+    FAMILIES,
+    SERVE_SPECIALS,
+    make_tiny_tokenizer,
+    save_tiny,
+    save_tiny_text_model,
+    save_tiny_tokenizer,
+    tiny_config,
+)
 
 
 def hf_greedy(path: str, prompts: list, max_new_tokens: int) -> list:

@@ -9,7 +9,8 @@ step caused by something else cannot swing the model): the scale follows every s
 machine got slower or faster, all K alike), and the grid cells the step was interpolated from follow what is
 left (`rate` x interpolation weight: this K at this batch size costs more or less than measured). Every cell
 also relaxes toward its measured value (`relax` of its log-distance per update), so a K priced out by a stretch
-of costly steps (long contexts) is tried again once they are over. Stored as JSON in the cache directory, one file per machine/model/head/settings (`cache_key`)."""
+of costly steps (long contexts) is tried again once they are over. Stored as JSON in the cache directory, one file
+per machine/model/head/settings (`cache_key`)."""
 from __future__ import annotations
 
 import hashlib

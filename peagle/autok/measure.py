@@ -3,7 +3,8 @@
 For each batch size B: B requests with random prompts of `ctx_len` tokens are admitted (untimed), then decode
 steps run with K = 0..k_max forced: one pass with K ascending (each K warmed up once), one descending, `steps`
 timed steps per K per pass; a cell is the median of its steps (the two passes cancel the drift of the growing
-context); the grid is then made nondecreasing in K and B (CostModel.monotone; the raw medians are kept). Times are what the engine reports to its K policy (the same clock the online refinement uses).
+context); the grid is then made nondecreasing in K and B (CostModel.monotone; the raw medians are kept). Times are
+what the engine reports to its K policy (the same clock the online refinement uses).
 Random prompts keep acceptance low, so every step carries about one new row per request, as in a
 steady state."""
 from __future__ import annotations

@@ -28,7 +28,8 @@ def _strs(s):
 
 def add_parser(sub):
     from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE-3 vs P-EAGLE (offline through the engine, or online through the server)",
+    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE-3 vs P-EAGLE (offline through the engine, or "
+                                     "online through the server)",
                        description="Sweeps datasets x methods x K x concurrency in one run and writes "
                                    "results.json, report.md and PNG plots.")
     p.add_argument("--model", default=DEFAULT_MODEL, help="target HF directory (default: the demo target)")
@@ -150,6 +151,7 @@ def ensure_heads(a, log=print):
 
 def run(a) -> int:
     import torch
+
     from .report import write_all
     if a.from_json:
         with open(a.from_json) as f:
@@ -165,7 +167,8 @@ def run(a) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > 0.5 * (os.cpu_count() or 1):
         print(f"bench: warning: load average {load:.1f} on {os.cpu_count()} cores: other processes compete for the "
-              f"CPU, timings will be noisy" + (f" ({torch.get_num_threads()} torch threads may thrash; try --threads 1)" if torch.get_num_threads() > 1 else ""))
+              "CPU, timings will be noisy" + (f" ({torch.get_num_threads()} torch threads may thrash; try --threads 1)"
+                                                if torch.get_num_threads() > 1 else ""))
     os.makedirs(a.out, exist_ok=True)
     ensure_heads(a)
     from .sweep import run_sweep

@@ -37,6 +37,7 @@ def random_demo_target(path: str, seed: int = 0) -> str:
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     from transformers import LlamaForCausalLM
+
     from ..target.train import demo_config
     torch.manual_seed(seed)
     m = LlamaForCausalLM(demo_config()).eval()

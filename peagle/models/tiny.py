@@ -54,6 +54,7 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 def save_tiny_tokenizer(path: str, vocab=400) -> str:
     """A small byte-level BPE with EOS/pad/ChatML/mask specials (ids 0..4), trained in well under a second."""
     import inspect
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     specials = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]

@@ -20,8 +20,7 @@ from .limits import Limits, read_body
 from .loop import EngineLoop, Failure, Gone, Handle, Tokens
 from .prometheus import ServerMetrics
 from .prompt import chat_prompt, completion_prompt
-from .protocol import (ApiError, ChatRequest, CompletionRequest, check_unsupported, error_body, parse_body,
-                       sampling_params)
+from .protocol import ApiError, ChatRequest, CompletionRequest, check_unsupported, error_body, parse_body, sampling_params
 
 log = logging.getLogger("peagle.serve")
 COMPLETIONS_MAX_TOKENS = 16     # OpenAI's default for completions that give no max_tokens
@@ -341,7 +340,7 @@ class _Gen:
             if include_usage:
                 yield self._chunk(choices=False, usage=self._usage())
             yield "data: [DONE]\n\n"
-        except Exception as e:  # noqa: BLE001 - fail this stream only, with an error event
+        except Exception as e:
             log.exception("stream %s failed", self.h.rid)
             self.state.metrics.failed.inc()
             msg = f"internal error: {type(e).__name__}: {e}"
@@ -365,5 +364,5 @@ async def _watch_disconnect(request: Request, h: Handle):
                 return
     except asyncio.CancelledError:
         pass
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a client gone mid-stream: nothing left to tell it
         pass

@@ -144,7 +144,7 @@ class EngineLoop:
                 if self.engine.has_unfinished():
                     self._step()
                 self._snap()
-            except Exception:  # noqa: BLE001 - the loop must survive anything
+            except Exception:
                 log.exception("engine loop error")
                 time.sleep(0.01)
         # shutting down: fail whatever is left so no handler waits forever
@@ -204,7 +204,7 @@ class EngineLoop:
                     self.unreserve()
                     self._post([(h, Failure(400, str(e)))])
                     continue
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     log.exception("add_request failed for %s", h.rid)
                     self.unreserve()
                     self._post([(h, Failure(500, f"internal error: {type(e).__name__}: {e}"))])
@@ -223,7 +223,7 @@ class EngineLoop:
         e = self.engine
         try:
             outs = e.step()
-        except Exception as ex:  # noqa: BLE001
+        except Exception as ex:  # noqa: BLE001 - a failed step fails its requests; the loop must go on
             self.step_errors += 1
             self.last_error = f"{type(ex).__name__}: {ex}"
             log.error("engine step failed: %s\n%s", self.last_error, "".join(traceback.format_exc(limit=8)))
@@ -270,7 +270,7 @@ class EngineLoop:
             for h in reversed(retry):
                 try:
                     r = e.add_request(h.rid, h.prompt_ids, h.params, h.prompt_text)
-                except Exception as e2:  # noqa: BLE001
+                except Exception as e2:  # noqa: BLE001 - any failure to admit is answered with a 500
                     self._fail(h, 500, f"internal error: {e2}")
                     continue
                 e.waiting.remove(r)

@@ -27,11 +27,19 @@ from pathlib import Path
 import numpy as np
 
 from ..data.corpus import build_corpus
-from ..train.common import (cosine_progress, load_checkpoint, lr_factor, resolve_device, rng_state,
-                            save_checkpoint, seed_all, set_rng_state, tune_malloc)
+from ..train.common import (
+    cosine_progress,
+    load_checkpoint,
+    lr_factor,
+    resolve_device,
+    rng_state,
+    save_checkpoint,
+    seed_all,
+    set_rng_state,
+    tune_malloc,
+)
 from .tokenizer import EOS_ID, PAD_ID, build_tokenizer, generation_config_dict
-from .tokens import (SOURCES, eval_loss, get_rows, heldout_rows, load_tokens, row_order, tokenize_corpus,
-                     unigram_loss)
+from .tokens import SOURCES, eval_loss, get_rows, heldout_rows, load_tokens, row_order, tokenize_corpus, unigram_loss
 
 
 # ---------------------------------------------------------------- model

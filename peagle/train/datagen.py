@@ -189,8 +189,9 @@ def original_shard(tok, chat_template, items: list[dict], max_prompt: int, max_n
 
 
 def run(args) -> int:
-    from .. import LLM
     import torch
+
+    from .. import LLM
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)

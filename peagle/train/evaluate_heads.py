@@ -28,8 +28,8 @@ def main(argv=None):
     if a.threads:
         torch.set_num_threads(a.threads)
     from .. import LLM, SamplingParams
-    from ..data.benchmarks import load_dataset
     from ..bench.runner import Bench
+    from ..data.benchmarks import load_dataset
     from ..spec_config import speculative_config
     heads = dict(h.split("=", 1) for h in a.head)
     enc = Bench(a.target, {})

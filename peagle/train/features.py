@@ -58,8 +58,12 @@ def pack_row(docs: list[tuple[torch.Tensor, torch.Tensor]], feats: list[tuple[to
     cpu = torch.device("cpu")
     for j, ((t, m), (a, l)) in enumerate(zip(docs, feats)):
         n = min(len(t), max_tokens)
-        ids.append(t[:n]); lm.append(m[:n].bool()); aux.append(a[:n]); last.append(l[:n])
-        doc.append(torch.full((n,), j, dtype=torch.long, device=cpu)); pos.append(torch.arange(n, device=cpu))
+        ids.append(t[:n])
+        lm.append(m[:n].bool())
+        aux.append(a[:n])
+        last.append(l[:n])
+        doc.append(torch.full((n,), j, dtype=torch.long, device=cpu))
+        pos.append(torch.arange(n, device=cpu))
     ids = torch.cat(ids)
     last = torch.cat(last)
     return {"ids": ids, "doc": torch.cat(doc), "pos": torch.cat(pos), "lmask": torch.cat(lm),

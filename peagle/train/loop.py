@@ -22,14 +22,23 @@ from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
 from ..paths import portable_path, portable_paths
 from . import eagle3_loss, peagle_loss
-from .common import (all_sum, barrier, broadcast, dist_setup, load_checkpoint, lr_factor, resolve_device,
-                     rng_state, save_checkpoint, set_rng_state)
+from .common import (
+    all_sum,
+    barrier,
+    broadcast,
+    dist_setup,
+    load_checkpoint,
+    lr_factor,
+    resolve_device,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .data import epoch_rows, load_docs
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
 from .vocab import build_draft_vocab, mappings, token_counts
-
 
 
 # ----------------------------------------------------------------------------------------- head
@@ -60,7 +69,7 @@ def source_head(path: str, target, parallel: bool, flag: str):
     from ..models.drafter import DrafterHead
     src = DrafterHead.from_pretrained(path, target.cfg, target_embed=target.embed)
     if src.parallel != parallel:
-        kind = lambda p: "a parallel (P-EAGLE)" if p else "an EAGLE-3"  # noqa: E731
+        kind = lambda p: "a parallel (P-EAGLE)" if p else "an EAGLE-3"
         raise PeagleError(f"{flag} {path} is {kind(src.parallel)} head; {flag} needs {kind(parallel)} one")
     return src, torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
 

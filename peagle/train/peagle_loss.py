@@ -75,8 +75,9 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     the keys/values context of every segment; segment s then runs its own deep elements (anchors in
     [s*L, (s+1)*L)) over [depth-0 keys | own keys], plus the logits of its own depth-0 elements, and does its
     own backward into the parameters and into leaf copies of the depth-0 outputs/keys/values; one final
-    backward pushes the accumulated leaf gradients through the depth-0 stream.  Attention work drops from (3.4n)^2 to ~3.4n^2 and peak memory from O((3.4n)^2) to
-    O(n * 3.4L); the accumulated gradient equals the flat pass's (tests/test_train_peagle.py)."""
+    backward pushes the accumulated leaf gradients through the depth-0 stream.  Attention work drops from (3.4n)^2
+    to ~3.4n^2 and peak memory from O((3.4n)^2) to O(n * 3.4L); the accumulated gradient equals the flat pass's
+    (tests/test_train_peagle.py)."""
     if seg_len <= 0:
         return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype)
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
@@ -90,7 +91,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
         normed0_g, _, kv0_g = ttt_forward(head, ids0[None], hid0[None], pos0[None], C[a0][:, a0][None, None])
     # segments read detached leaf copies of the depth-0 stream; their gradients accumulate on the leaves and
     # flow back through the depth-0 graph ONCE at the end (not once per segment)
-    leaf = lambda t: t.detach().requires_grad_(backward)  # noqa: E731
+    leaf = lambda t: t.detach().requires_grad_(backward)
     normed0 = leaf(normed0_g)
     kv0 = [(leaf(k), leaf(v)) for k, v in kv0_g]
     for _, own in owned_segments(anchor, seg_len):

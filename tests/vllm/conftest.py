@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 import vllm_families as vf
 import vllm_harness as vh
 

@@ -27,7 +27,6 @@ import sys
 
 import pytest
 import torch
-
 from vllm_harness import DEMO_MAX_TOKENS, DEMO_RUNS, REPO, RESULTS
 
 pytestmark = pytest.mark.vllm

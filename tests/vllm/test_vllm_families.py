@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from families import HF_FAMILIES
 from tiny import hf_greedy
 from vllm_families import MAX_TOKENS, NO_EAGLE3_IN_VLLM, RUNS

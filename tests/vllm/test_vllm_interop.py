@@ -22,12 +22,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
 import vllm_bigram as bg
+from vllm_harness import BIGRAM_MAX_TOKENS as MAX_TOKENS
+from vllm_harness import BIGRAM_RUNS as RUNS
+from vllm_harness import RESULTS
+
 from peagle.heads.export import export_head
 from peagle.heads.format import HeadValidationError
 from peagle.heads.io import load_head_dir, save_head_dir
-from vllm_harness import BIGRAM_MAX_TOKENS as MAX_TOKENS, BIGRAM_RUNS as RUNS, RESULTS
 
 pytestmark = pytest.mark.vllm
 

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import torch
-
 from vllm_harness import REPO, peagle_runs
 
 sys.path.insert(0, str(REPO / "tests"))
-from families import HF_FAMILIES, save_family  # noqa: E402
-from tiny import write_greedy_shard  # noqa: E402
+from families import HF_FAMILIES, save_family
+from tiny import write_greedy_shard
 
 MAX_TOKENS = 16
 N_PROMPTS = 4
