@@ -27,6 +27,7 @@ from peagle.bench.randheads import head_or_random, target_or_random
 from peagle.drafters.base import DraftBatch
 from peagle.drafters.eagle3 import Eagle3Proposer
 from peagle.drafters.peagle import PEagleProposer
+from peagle.engine import cache_len
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from peagle.models.drafter import DrafterHead
 from peagle.models.llama import Transformer
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     for m, h in loaded.items():
         pre, step = make_step(h, a.batch, a.context, a.new, gen)
         for k in ks:
-            p = (PEagleProposer if m == "peagle" else Eagle3Proposer)(h, k, a.context + a.new + 3 * k + 8, a.batch)
+            p = (PEagleProposer if m == "peagle" else Eagle3Proposer)(h, k, cache_len(a.context + a.new, k), a.batch)
             p.prefill(pre)
             props[(m, k)], steps[m] = p, step
     verify = {}

@@ -21,8 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from peagle import LLM, SamplingParams
-from peagle.bench.runner import encode_prompt
-from peagle.data.benchmarks import load_humaneval
+from peagle.data.benchmarks import encode_prompt, load_humaneval
 from peagle.llm import DEFAULT_MODEL
 
 STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]

@@ -37,7 +37,7 @@ from peagle.models.loader import add_backend_argument
 
 def prompts(llm, n: int, max_len: int) -> list:
     """Mixed-length prompts: HumanEval (raw) and MT-Bench (chat) alternately, as the benchmark encodes them."""
-    from peagle.bench.runner import encode_prompt
+    from peagle.data.benchmarks import encode_prompt
     ps = [p for pair in zip(load_dataset("humaneval", n), load_dataset("mtbench", n)) for p in pair]
     out = [encode_prompt(llm.tokenizer, llm.engine.target.cfg.vocab_size, p)[-max_len:] for p in ps]
     return out[:n]

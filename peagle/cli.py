@@ -7,11 +7,13 @@ import importlib
 import os
 import sys
 
+from .errors import PeagleError
+
 COMMANDS = {
     "generate": ("peagle.generate_cmd", "generate text (plain or speculative), streaming to stdout"),
     "serve": ("peagle.server.cli", "OpenAI-compatible server (vLLM's --speculative-config)"),
     "bench": ("peagle.bench.cli", "benchmarks: baseline vs EAGLE-3 vs P-EAGLE"),
-    "tune": ("peagle.autok.tune", "measure this machine and write vLLM's num_speculative_tokens_per_batch_size"),
+    "tune": ("peagle.tune_cmd", "measure this machine and write vLLM's num_speculative_tokens_per_batch_size"),
     "datagen": ("peagle.train.datagen", "regenerate assistant turns with the target (drafter training data)"),
     "hidden-states": ("peagle.train.hidden_states", "extract the target's hidden states for drafter training"),
     "train": ("peagle.train.cli", "train an EAGLE-3 or P-EAGLE drafter head"),
@@ -40,7 +42,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .errors import PeagleError
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

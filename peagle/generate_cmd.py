@@ -5,7 +5,13 @@ import json
 import sys
 import time
 
+from .compile import add_argument
+from .device import add_arguments
+from .errors import PeagleError
+from .llm import LLM
 from .models.loader import add_backend_argument
+from .sampling import SamplingParams
+from .spec_config import parse_spec_config
 
 
 def add_parser(sub):
@@ -18,8 +24,6 @@ def add_parser(sub):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    from .compile import add_argument
-    from .device import add_arguments
     add_arguments(p)
     add_argument(p)
     add_backend_argument(p)
@@ -31,10 +35,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from .errors import PeagleError
-    from .llm import LLM
-    from .sampling import SamplingParams
-    from .spec_config import parse_spec_config
     parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
     llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0,
               speculative_config=args.speculative_config,

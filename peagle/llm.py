@@ -1,17 +1,31 @@
-"""Python API shaped like vLLM's offline API: LLM(model=..., speculative_config=...).generate / .chat."""
+"""Python API shaped like vLLM's offline API: LLM(model=..., speculative_config=...).generate / .chat, and the
+one way to build an engine.
+
+Invariant: every engine (LLM and the server, the bench runner, auto K's measurement, `peagle tune`) is built by
+make_engine from a loaded target (and tokenizer), a speculative config and options, so they all choose the
+proposer the same way (P-EAGLE for a config with parallel_drafting, else EAGLE-3), size the drafter's cache as
+the engine sizes the target's (peagle.engine.cache_len), and get the K policy the config asks for
+(peagle/autok/factory.py) plugged into the engine here, not inside it."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from .engine import Engine
+from .autok.factory import k_max_for, make_policy
+from .device import resolve
+from .drafters.eagle3 import Eagle3Proposer
+from .drafters.peagle import PEagleProposer
+from .engine import Engine, cache_len
 from .errors import PeagleError
+from .kpolicy import KPolicy
+from .models.drafter import DrafterHead
+from .models.loader import load_target
+from .paths import REPO
 from .sampling import SamplingParams
-from .spec_config import parse_spec_config
+from .spec_config import SpecConfig, parse_spec_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the default target (SmolLM2-135M-Instruct, converted by `make setup`: peagle/default_target.py) and its heads
 DEFAULT_MODEL = os.path.join(REPO, "models", "smollm2-135m-instruct")
 DEFAULT_PEAGLE_HEAD = os.path.join(REPO, "models", "smollm2-135m-instruct-peagle")
@@ -50,31 +64,55 @@ def load_tokenizer(path: str):
         return None
 
 
+def load_head(spec: SpecConfig, target) -> DrafterHead:
+    """The config's head, on the target's device and dtype (sharing the target's embedding where it has none)."""
+    return DrafterHead.from_pretrained(spec.model, target.cfg, parallel=spec.parallel_drafting, dtype=target.dtype,
+                                       device=target.device, target_embed=target.embed)
+
+
+def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, max_model_len: int | None = None,
+                seed: int = 0, compile: bool = False, head: DrafterHead | None = None,
+                k_policy: KPolicy | None = None, model_dir: str | None = None) -> Engine:
+    """spec None: plain decoding. Otherwise the head (given, or loaded from spec.model), a proposer for the
+    largest K the config allows, and the K policy: k_policy if given, else the config's (FixedK, vLLM's
+    schedule, or AutoK, whose cost model is cached per model_dir, head and dtype, or measured with engines
+    built here)."""
+    mlen = min(max_model_len or target.cfg.max_position_embeddings, target.cfg.max_position_embeddings)
+    if spec is None:
+        return Engine(target, tok, None, 0, max_num_seqs, mlen, seed, compile=compile)
+    head = head if head is not None else load_head(spec, target)
+    k = k_max_for(spec, head.cfg)
+    cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
+    proposer = cls(head, k, cache_len(mlen, k), draft_sampling=spec.draft_sampling)
+    if k_policy is None:
+        k_policy = make_policy(spec, target, head, measuring_engines(target, head, spec, k), k, max_num_seqs,
+                               model_dir, target.dtype)
+    return Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=k_policy, compile=compile)
+
+
+def measuring_engines(target, head: DrafterHead, spec: SpecConfig, k: int):
+    """make_engine(policy, max_num_seqs, max_model_len, seed) for auto K's measurement
+    (peagle/autok/measure.py): engines of this target and head built for K = k, drafting the argmax, with K
+    chosen by the measurement's policy."""
+    fixed = replace(spec, num_speculative_tokens=k, max_num_speculative_tokens=None,
+                    num_speculative_tokens_per_batch_size=None, draft_sampling="argmax")
+
+    def build(policy: KPolicy, max_num_seqs: int, max_model_len: int, seed: int) -> Engine:
+        return make_engine(target, None, fixed, max_num_seqs, max_model_len, seed, head=head, k_policy=policy)
+    return build
+
+
 def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None,
                  device="auto", compile=False, target_backend="auto"):
-    """Target, tokenizer and proposer on one device and dtype (peagle.device.resolve), in one Engine
-    (compile: peagle/compile.py); the target's implementation per target_backend (peagle/models/loader.py)."""
-    from .autok.factory import k_max_for, make_policy
-    from .device import resolve
-    from .drafters.eagle3 import Eagle3Proposer
-    from .drafters.peagle import PEagleProposer
-    from .models.drafter import DrafterHead
-    from .models.loader import load_target
+    """Target (from the directory `model`), tokenizer and engine on one device and dtype (peagle.device.resolve),
+    the engine built by make_engine (compile: peagle/compile.py); the target's implementation per
+    target_backend (peagle/models/loader.py)."""
     device, dtype = resolve(device, dtype)
     torch.manual_seed(seed)
     target = load_target(model, dtype, target_backend, device)
     tok = load_tokenizer(model)
     spec = parse_spec_config(speculative_config)
-    proposer, k, policy = None, 0, None
-    mlen = min(max_model_len or target.cfg.max_position_embeddings, target.cfg.max_position_embeddings)
-    if spec is not None:
-        head = DrafterHead.from_pretrained(spec.model, target.cfg, parallel=spec.parallel_drafting,
-                                           dtype=dtype, device=device, target_embed=target.embed)
-        cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
-        k = k_max_for(spec, head.cfg)
-        proposer = cls(head, k, mlen + 3 * k + 8, draft_sampling=spec.draft_sampling)
-        policy = make_policy(spec, target, head, lambda n: cls(head, k, n), k, max_num_seqs, model, dtype)
-    eng = Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=policy, compile=compile)
+    eng = make_engine(target, tok, spec, max_num_seqs, max_model_len, seed, compile, model_dir=model)
     return eng, tok, spec
 
 

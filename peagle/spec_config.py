@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .autok.policy import validate_schedule
 from .errors import PeagleError
+from .kpolicy import validate_schedule
 
 KNOWN = {"method", "model", "num_speculative_tokens", "parallel_drafting", "draft_tensor_parallel_size",
          "max_model_len", "disable_padded_drafter_batch", "num_speculative_tokens_per_batch_size",

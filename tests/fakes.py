@@ -2,8 +2,9 @@
 them into an LLM's engine."""
 from __future__ import annotations
 
-from peagle.autok.policy import FixedK, KPolicy
 from peagle.drafters.base import Proposer
+from peagle.engine import cache_len
+from peagle.kpolicy import FixedK, KPolicy
 from peagle.spec_metrics import SpecMetrics
 
 
@@ -49,5 +50,5 @@ def install_proposer(llm, proposer, k, policy=None):
     e.k_policy = policy or FixedK(k)
     e.metrics = SpecMetrics(k)
     e.metrics.extra = lambda: {"k_policy": e.k_policy.describe()}
-    e.cache = e.target.new_cache(1, e.max_model_len + 3 * k + 8)
+    e.cache = e.target.new_cache(1, cache_len(e.max_model_len, k))
     return llm

@@ -14,6 +14,7 @@ from heads import save_random_head
 from tiny import make_tiny_tokenizer
 
 from peagle import LLM, SamplingParams
+from peagle.server import client as client_http
 
 K = 3
 
@@ -104,18 +105,12 @@ def ref_complete(llm, prompts, max_tokens, **kw):
     return [o.outputs[0] for o in llm.generate(list(prompts), greedy(max_tokens, **kw))]
 
 
-def _get(srv, path):
-    return urllib.request.urlopen(urllib.request.Request(srv.url + path, headers=auth_headers(srv)), timeout=30)
-
-
 def get_json(srv, path):
-    with _get(srv, path) as r:
-        return json.loads(r.read())
+    return client_http.get_json(srv.url + path, headers=auth_headers(srv))
 
 
 def get_text(srv, path):
-    with _get(srv, path) as r:
-        return r.read().decode()
+    return client_http.get_text(srv.url + path, headers=auth_headers(srv))
 
 
 def post(srv, path, body: bytes, headers=None, auth=True):
@@ -130,13 +125,12 @@ def post(srv, path, body: bytes, headers=None, auth=True):
 
 
 def wait_idle(srv, timeout=20.0):
+    """Seconds until the engine is idle; fails the test after timeout."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        d = get_json(srv, "/debug/engine")
-        if d["rows_in_use"] == 0 and d["waiting"] == 0 and d["in_flight"] == 0:
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    raise AssertionError(f"engine not idle after {timeout}s: {get_json(srv, '/debug/engine')}")
+    idle, d = client_http.wait_idle(srv.url, timeout, auth_headers(srv), poll=0.05)
+    if not idle:
+        raise AssertionError(f"engine not idle after {timeout}s: {d}")
+    return time.monotonic() - t0
 
 
 def stream_completion(c, prompt, max_tokens, extra_body=None, **kw):

@@ -14,7 +14,7 @@ from peagle.autok.acceptance import Acceptance
 from peagle.autok.auto import AutoK
 from peagle.autok.costmodel import CostModel
 from peagle.autok.guard import FALLBACK, REFRESH, Guard, bound
-from peagle.autok.policy import FixedK
+from peagle.kpolicy import FixedK
 
 K = 7
 PLAIN = 5e-3                                    # seconds per plain step at batch size 1

@@ -1,7 +1,7 @@
 """K policies: vLLM 0.32's num_speculative_tokens_per_batch_size, read as vLLM reads it."""
 import pytest
 
-from peagle.autok.policy import BatchSizeSchedule, FixedK, validate_schedule
+from peagle.kpolicy import BatchSizeSchedule, FixedK, validate_schedule
 
 
 def test_schedule_lookup_like_vllm():

@@ -76,7 +76,7 @@ def test_built_head_is_valid_and_loads(tmp_path, tiny_dirs):
 
 def test_validate_reports_a_mask_token_outside_the_vocabulary(tiny_dirs):
     t = read_config(tiny_dirs["llama"])
-    hc = HeadConfig.for_target(t, mask_token=t["vocab_size"] + 3)
+    hc = HeadConfig.for_target(ModelConfig.describe(t), mask_token=t["vocab_size"] + 3)
     assert any("ptd_token_id" in p for p in hc.validate(t))
 
 

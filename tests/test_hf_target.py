@@ -107,5 +107,5 @@ def test_model_config_of_any_target_and_a_new_head_for_it(pair, family_dirs):
         c = ModelConfig.describe(cfg)
         assert (c.hidden_size, c.num_hidden_layers, c.vocab_size, c.num_attention_heads) == (
             ref.config.hidden_size, len(ours.layers), ours.cfg.vocab_size, ours.cfg.num_attention_heads)
-        hc = HeadConfig.for_target(cfg, layers=1, mask_token=4)
+        hc = HeadConfig.for_target(c, layers=1, mask_token=4)
         assert hc.validate(raw) == [] and max(hc.eagle_aux_hidden_state_layer_ids) < len(ours.layers)

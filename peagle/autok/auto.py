@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kpolicy import KPolicy
 from .acceptance import Acceptance
 from .costmodel import CostModel, shown_path
 from .guard import FALLBACK, Guard
-from .policy import KPolicy
 from .trace import open_trace, r6
 
 

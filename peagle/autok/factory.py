@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import sys
 
+from ..kpolicy import BatchSizeSchedule, FixedK, KPolicy
 from .acceptance import Acceptance
 from .auto import AutoK
 from .costmodel import CostModel, cache_dir, cache_key
 from .measure import grid_batch_sizes, measure
-from .policy import BatchSizeSchedule, FixedK, KPolicy
 
 DEFAULT_K_MAX = 7            # a head that records no training depth
 CTX_LEN, STEPS = 64, 2       # measurement settings (part of the cache key)
@@ -51,10 +51,11 @@ def k_max_for(spec, head_cfg: dict) -> int:
     return auto_k_max(head_cfg, spec.max_num_speculative_tokens) if spec.auto else spec.num_speculative_tokens
 
 
-def cost_model_for(target, make_proposer, method: str, k_max: int, max_batch: int, model_dir: str, head_dir: str,
+def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int, model_dir: str, head_dir: str,
                    dtype, log=_log, refresh: bool = False) -> CostModel:
     """The cached cost model of this machine/model/head if it covers k_max and max_batch; else (or with
-    refresh) measured now (once: tens of seconds on a CPU for a small model) and saved."""
+    refresh) measured now (once: tens of seconds on a CPU for a small model) and saved. make_engine: as
+    peagle.autok.measure.measure takes it."""
     settings = {"ctx_len": CTX_LEN, "steps": STEPS, "device": str(target.device)}
     if getattr(target, "backend", "native") != "native":       # the transformers backend's steps cost more
         settings["backend"] = target.backend
@@ -66,7 +67,7 @@ def cost_model_for(target, make_proposer, method: str, k_max: int, max_batch: in
         if log:
             log(f"autok: measuring step costs for {method}, K 0..{k_max} x batch sizes {bs} (once per "
                 f"machine/model/head; saved to {path})")
-        cm = measure(target, make_proposer, k_max, bs, CTX_LEN, STEPS, log=log)
+        cm = measure(target, make_engine, k_max, bs, CTX_LEN, STEPS, log=log)
         cm.meta["identity"] = ident
         cm.save(path)
     cm.meta["path"] = path
@@ -86,10 +87,10 @@ def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, guard=None, trace=N
                  guard=guard_from_env() if guard is None else guard, trace=trace)
 
 
-def make_policy(spec, target, head, make_proposer, k_max: int, max_num_seqs: int, model_dir: str, dtype,
+def make_policy(spec, target, head, make_engine, k_max: int, max_num_seqs: int, model_dir: str, dtype,
                 log=_log) -> KPolicy:
     if spec.auto:
-        cm = cost_model_for(target, make_proposer, spec.name, k_max, max_num_seqs, model_dir, spec.model, dtype, log)
+        cm = cost_model_for(target, make_engine, spec.name, k_max, max_num_seqs, model_dir, spec.model, dtype, log)
         return auto_policy(cm, head.cfg, k_max)
     if spec.num_speculative_tokens_per_batch_size is not None:
         return BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size, k_max)

@@ -14,9 +14,9 @@ import time
 
 import torch
 
+from ..kpolicy import KPolicy
 from ..sampling import SamplingParams
 from .costmodel import CostModel
-from .policy import KPolicy
 
 
 def grid_batch_sizes(max_batch: int) -> list:
@@ -47,15 +47,14 @@ def steps_per_batch(k_max: int, steps: int) -> int:
     return 4 + (k_max + 1) * (1 + 2 * steps)
 
 
-def measure(target, make_proposer, k_max: int, batch_sizes: list, ctx_len: int = 64, steps: int = 2, seed: int = 0,
+def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 64, steps: int = 2, seed: int = 0,
             log=None) -> CostModel:
-    """make_proposer(max_len) -> a fresh proposer for this target (built for K = k_max)."""
-    from ..engine import Engine
+    """make_engine(policy, max_num_seqs, max_model_len, seed) -> a fresh engine of this target and the head,
+    built for K = k_max, taking K from `policy` (peagle/llm.py measuring_engines)."""
     need = ctx_len + steps_per_batch(k_max, steps) * (k_max + 1) + 8
     mlen = min(need, target.cfg.max_position_embeddings)
     policy = ForcedK(k_max)
-    eng = Engine(target, None, make_proposer(mlen + 3 * k_max + 8), k_max, max(batch_sizes), mlen, seed,
-                 k_policy=policy)
+    eng = make_engine(policy, max(batch_sizes), mlen, seed)
     g = torch.Generator().manual_seed(seed)
     vocab = target.cfg.vocab_size
     ctx = max(2, min(ctx_len, mlen // 4))

@@ -1,5 +1,5 @@
-"""`peagle tune MODEL --speculative-config JSON`: measure this machine and write vLLM's
-`num_speculative_tokens_per_batch_size` for the head, as a speculative config ready to pass to vLLM.
+"""What `peagle tune` (peagle/tune_cmd.py) computes: vLLM's `num_speculative_tokens_per_batch_size` for a head
+from this machine's step costs t(B, K) and the head's measured acceptance.
 
 1. Step costs t(B, K) for K = 0..k_max and batch sizes up to --max-num-seqs (the cost model "auto" uses,
    from the same cache).
@@ -10,10 +10,6 @@
    beats plain decoding); consecutive batch sizes with the same K form one [start, end, K] range.
 k_max: num_speculative_tokens if an integer; with "auto", max_num_speculative_tokens or the trained depth."""
 from __future__ import annotations
-
-import json
-import os
-import sys
 
 import numpy as np
 
@@ -38,87 +34,3 @@ def ranges(ks: list) -> list:
         else:
             out.append([b, b, k])
     return out
-
-
-def add_parser(sub):
-    p = sub.add_parser("tune", help="measure this machine and write vLLM's num_speculative_tokens_per_batch_size",
-                       description="Measures step costs (draft + verify, K = 0..k_max, batch sizes up to "
-                                   "--max-num-seqs) and the head's acceptance on a few prompts, then writes the "
-                                   "speculative config with the best K per batch-size range, ready for vLLM "
-                                   "(--speculative-config).")
-    p.add_argument("model", nargs="?", default=None, help="target HF directory (default: the demo target)")
-    p.add_argument("--speculative-config", required=True,
-                   help='the head: {"method": "eagle3", "model": DIR, "num_speculative_tokens": "auto" or K_MAX, '
-                        '"parallel_drafting": ...}')
-    p.add_argument("--max-num-seqs", type=int, default=128, help="largest batch size the schedule covers")
-    p.add_argument("--dataset", default="mtbench", help="prompts for the acceptance: mtbench, humaneval, speed")
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--output-len", type=int, default=128)
-    from ..device import add_arguments
-    add_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--out", default=None, help="write the speculative config JSON here (default: stdout)")
-    p.set_defaults(func=run)
-
-
-def run(a) -> int:
-    from ..bench.runner import encode_prompt
-    from ..data.benchmarks import load_dataset
-    from ..errors import PeagleError
-    from ..llm import DEFAULT_MODEL, LLM
-    from ..sampling import SamplingParams
-    from ..spec_config import parse_spec_config
-    from .factory import cost_model_for, k_max_for
-    if a.threads:
-        import torch
-        torch.set_num_threads(a.threads)
-    if a.max_num_seqs < 1 or a.num_prompts < 1 or a.output_len < 1:
-        raise PeagleError("--max-num-seqs, --num-prompts and --output-len must be >= 1")
-    model = a.model or DEFAULT_MODEL
-    spec = parse_spec_config(a.speculative_config)
-    if spec is None:
-        raise PeagleError("--speculative-config names no head")
-    try:
-        with open(os.path.join(spec.model, "config.json")) as f:
-            head_cfg = json.load(f)
-    except OSError as e:
-        raise PeagleError(f"cannot read the head's config: {e}") from None
-    k_max = k_max_for(spec, head_cfg)
-    fixed = dict(spec.as_dict(), num_speculative_tokens=k_max)
-    fixed.pop("max_num_speculative_tokens", None)
-    fixed.pop("num_speculative_tokens_per_batch_size", None)
-    llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=fixed, max_num_seqs=min(a.num_prompts, 16))
-    eng = llm.engine
-    prompts = [encode_prompt(llm.tokenizer, eng.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.num_prompts)]
-    prompts = [p for p in prompts if len(p) + a.output_len < eng.max_model_len]
-    if not prompts:
-        raise PeagleError(f"no {a.dataset} prompt fits the context with --output-len {a.output_len}")
-    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=a.output_len))
-    rate = llm.get_metrics()["acceptance_rate_per_pos"][:k_max]
-    e = expected_tokens(rate)
-    prop = eng.proposer
-    cost = cost_model_for(eng.target, lambda n: type(prop)(prop.head, k_max, n), spec.name, k_max, a.max_num_seqs,
-                          model, spec.model, eng.target.dtype)
-    ks = best_k_per_batch(e, cost, a.max_num_seqs)
-    sched = ranges(ks)
-    out = dict(spec.as_dict(), num_speculative_tokens=k_max, num_speculative_tokens_per_batch_size=sched)
-    out.pop("max_num_speculative_tokens", None)
-    print(f"peagle tune: {spec.name} head {spec.model}, K 0..{k_max}; acceptance on {len(prompts)} {a.dataset} "
-          f"prompts: E[tokens/step | K] = {[round(float(x), 2) for x in e]}", file=sys.stderr)
-    for s, t, k in sched:
-        b = (s + t) // 2
-        gain = float(e[k] / cost.predict(b)[k] * cost.predict(b)[0])
-        print(f"  batch {s}-{t}: K={k}  (at B={b}: {gain:.2f}x plain decoding, estimated)", file=sys.stderr)
-    if spec.parallel_drafting:
-        print("peagle tune: note: vLLM's dynamic K with parallel drafting keeps the configured K's mask slots "
-              "(vLLM PR #45695, open at the time of writing); check your vLLM version", file=sys.stderr)
-    text = json.dumps(out)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-        print(f"peagle tune: wrote {a.out}; serve with: vllm serve {model} --speculative-config \"$(cat {a.out})\"",
-              file=sys.stderr)
-    else:
-        print(text)
-    return 0

@@ -6,7 +6,15 @@ import os
 import shlex
 import time
 
+from ..compile import add_argument
+from ..device import add_arguments
+from ..errors import PeagleError
+from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from ..models.loader import add_backend_argument
+from ..paths import portable_path as rel
+from .randheads import random_head
+from .report import write_all
+from .sweep import run_sweep
 
 QUICK = dict(num_prompts=4, output_len=64, ks=[3, 7, "auto"], concurrency=[1, 4], peer_prompts=2)
 FULL = dict(num_prompts=None, output_len=256, ks=[1, 3, 5, 7, "auto"], concurrency=[1, 2, 4, 8, 16, 32, 64, 128],
@@ -27,7 +35,6 @@ def _strs(s):
 
 
 def add_parser(sub):
-    from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
     p = sub.add_parser("bench", help="benchmark baseline vs EAGLE-3 vs P-EAGLE (offline through the engine, or "
                                      "online through the server)",
                        description="Sweeps datasets x methods x K x concurrency in one run and writes "
@@ -60,8 +67,6 @@ def add_parser(sub):
                    help="HF transformers peers at c=1: hf (generate), hf-pld (prompt lookup); '' for none")
     p.add_argument("--peer-prompts", type=int, default=None, help="prompts per dataset for the HF peers (16)")
     p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-pld")
-    from ..compile import add_argument
-    from ..device import add_arguments
     add_arguments(p)
     add_argument(p)
     add_backend_argument(p)
@@ -94,7 +99,6 @@ def apply_defaults(a):
 
 def canonical_command(a) -> str:
     """The run's settings as one explicit command line (regenerates the same sweep whatever the defaults)."""
-    from ..paths import portable_path as rel
     parts = ["peagle", "bench", "--model", rel(a.model)]
     for m in ("eagle3", "peagle"):
         if m in a.methods:
@@ -132,7 +136,6 @@ def canonical_command(a) -> str:
 
 def ensure_heads(a, log=print):
     """Missing head dirs: error, or (with --random-heads) random heads of the target's shape."""
-    from ..errors import PeagleError
     for m in ("eagle3", "peagle"):
         if m not in a.methods:
             continue
@@ -142,7 +145,6 @@ def ensure_heads(a, log=print):
         if not a.random_heads:
             raise PeagleError(f"{m} head not found at {d} (train/ship it, pass --{m}-head DIR, "
                               f"or --random-heads to test the harness)")
-        from .randheads import random_head
         d = os.path.join(a.out, ".random-heads", m)
         random_head(a.model, d, parallel=(m == "peagle"), mask_token=a.mask_token)
         log(f"bench: {m}: using a RANDOM head at {d} (acceptance figures are meaningless)")
@@ -151,8 +153,6 @@ def ensure_heads(a, log=print):
 
 def run(a) -> int:
     import torch
-
-    from .report import write_all
     if a.from_json:
         with open(a.from_json) as f:
             res = json.load(f)
@@ -171,7 +171,6 @@ def run(a) -> int:
                                                 if torch.get_num_threads() > 1 else ""))
     os.makedirs(a.out, exist_ok=True)
     ensure_heads(a)
-    from .sweep import run_sweep
     t0 = time.time()
     res = run_sweep(a, on_dataset=lambda r: write_all(dict(r, partial=True), a.out))
     paths = write_all(res, a.out, a.notes)

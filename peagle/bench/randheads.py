@@ -5,17 +5,19 @@ import os
 
 import torch
 
+from ..heads.config import HeadConfig, resolve_mask_token
+from ..heads.io import read_config
+from ..models.config import ModelConfig
+from ..models.drafter import DrafterHead
+
 
 def random_head(target_dir: str, path: str, parallel: bool = True, layers: int = 1, draft_vocab: int | None = None,
                 seed: int = 0, aux=None, mask_token: int | None = None) -> str:
     """A random head of the target's shape saved at path (P-EAGLE: the mask token as given, else the target
     tokenizer's <|mask|>).  A draft vocabulary smaller than the target's is every (V // Vd)-th target id, so
     the draft->target map is not the identity."""
-    from ..heads.config import HeadConfig, resolve_mask_token
-    from ..heads.io import read_config
-    from ..models.drafter import DrafterHead
     mask = resolve_mask_token(target_dir, mask_token) if parallel else None
-    hc = HeadConfig.for_target(read_config(target_dir), layers, draft_vocab, mask, aux)
+    hc = HeadConfig.for_target(ModelConfig.describe(read_config(target_dir)), layers, draft_vocab, mask, aux)
     torch.manual_seed(seed)
     h = DrafterHead(hc)
     with torch.no_grad():
@@ -38,7 +40,7 @@ def random_demo_target(path: str, seed: int = 0) -> str:
         return path
     from transformers import LlamaForCausalLM
 
-    from ..target.train import demo_config
+    from ..target.train import demo_config  # the demo target's trainer loads only when no demo target exists
     torch.manual_seed(seed)
     m = LlamaForCausalLM(demo_config()).eval()
     m.save_pretrained(path)

@@ -7,6 +7,7 @@ import statistics
 
 from .autok_report import auto_md
 from .goals import goals_md
+from .plots import write_plots
 from .summary import DS_NAMES, NAMES, _f, _med, _table, korder, main_runs, summarize
 
 
@@ -248,7 +249,6 @@ def report_md(res, pngs, notes: str | None = None) -> str:
 
 
 def write_all(res, out, notes_path: str | None = None) -> list:
-    from .plots import write_plots
     os.makedirs(out, exist_ok=True)
     jp = os.path.join(out, "results.json")
     with open(jp, "w") as f:

@@ -1,7 +1,7 @@
 """Offline benchmark runs through peagle's engine (and HF transformers peers), with vLLM-style metrics.
 
-One target is loaded once and shared; each run gets a fresh Engine (same construction as
-``peagle.llm.build_engine``) with at most ``c`` requests in flight: a request is added only when a slot
+One target is loaded once and shared; each run gets a fresh Engine (built as every engine is, by
+``peagle.llm.make_engine``) with at most ``c`` requests in flight: a request is added only when a slot
 frees, so TTFT excludes queueing, as in ``vllm bench serve --max-concurrency c``."""
 from __future__ import annotations
 
@@ -11,8 +11,15 @@ import time
 
 import torch
 
+from ..autok.factory import auto_policy, cost_model_for, k_max_for
+from ..data.benchmarks import encode_prompt
+from ..device import resolve, synchronize
 from ..errors import PeagleError
+from ..llm import load_tokenizer, make_engine, measuring_engines
+from ..models.drafter import DrafterHead
+from ..models.loader import load_target
 from ..sampling import SamplingParams
+from ..spec_config import SpecConfig
 
 
 def _pct(xs, q):
@@ -52,33 +59,11 @@ class _Timed:
             self.n[b] = self.n.get(b, 0) + 1
 
 
-def encode_prompt(tok, vocab: int, p) -> list:
-    """Token ids of a Prompt. Documents in the demo target's corpus follow an <|endoftext|> (its BOS), so the
-    BOS is prepended. Without a tokenizer (tiny test models) a byte-level stand-in is used."""
-    if tok is None:
-        text = p.text if p.kind == "raw" else "".join(
-            f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in p.messages) + "<|im_start|>assistant\n"
-        return [1] + [8 + b % (vocab - 8) for b in text.encode("utf-8")]
-    if p.kind == "raw" or not getattr(tok, "chat_template", None):
-        text = p.text if p.kind == "raw" else "\n\n".join(m["content"] for m in p.messages)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-    else:
-        out = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
-        ids = list(out["input_ids"] if hasattr(out, "keys") else out)
-    bos = tok.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    return ids
-
-
 class Bench:
     """Holds the target, tokenizer and heads; builds engines and encodes prompts."""
 
     def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
                  remeasure: bool = False, device: str = "auto", compile: bool = False, target_backend: str = "auto"):
-        from ..device import resolve
-        from ..llm import load_tokenizer
-        from ..models.loader import load_target
         self.device, self.dtype = resolve(device, dtype)
         self.compile = compile
         self.model, self.heads_dirs, self.seed = model, heads, seed
@@ -98,7 +83,6 @@ class Bench:
     # ---------------------------------------------------------------- engines
     def head(self, method: str):
         if method not in self._heads:
-            from ..models.drafter import DrafterHead
             d = self.heads_dirs.get(method)
             if not d:
                 raise PeagleError(f"no head directory for {method}")
@@ -107,41 +91,39 @@ class Bench:
                                                               target_embed=self.target.embed)
         return self._heads[method]
 
-    def auto_policy(self, method: str, cls):
-        """(k_max, a fresh AutoK): the cost model comes from the cache (or is measured once per run and method,
-        for batch sizes up to max_batch); acceptance starts from the head's prior, as a fresh server would."""
-        from ..autok.factory import auto_k_max, auto_policy, cost_model_for
+    def spec(self, method: str, k) -> SpecConfig | None:
+        """The speculative config of a run: None for the baseline."""
+        if method == "baseline":
+            return None
+        return SpecConfig("eagle3", self.heads_dirs.get(method), k, parallel_drafting=(method == "peagle"))
+
+    def auto_policy(self, method: str):
+        """A fresh AutoK: the cost model comes from the cache (or is measured once per run and method, for batch
+        sizes up to max_batch); acceptance starts from the head's prior, as a fresh server would."""
         head = self.head(method)
-        k = auto_k_max(head.cfg)
+        spec = self.spec(method, "auto")
+        k = k_max_for(spec, head.cfg)
         if method not in self.costs:
-            self.costs[method] = cost_model_for(self.target, lambda n: cls(head, k, n), method, k, self.max_batch,
-                                                self.model, self.heads_dirs[method], self.dtype, refresh=self.remeasure)
-        return k, auto_policy(self.costs[method], head.cfg, k)
+            self.costs[method] = cost_model_for(self.target, measuring_engines(self.target, head, spec, k), method, k,
+                                                self.max_batch, self.model, self.heads_dirs[method], self.dtype,
+                                                refresh=self.remeasure)
+        return auto_policy(self.costs[method], head.cfg, k)
 
     def engine(self, method: str, k, c: int, max_model_len: int):
         """k: an int, or "auto" (K per step, up to the head's trained depth)."""
-        from ..drafters.eagle3 import Eagle3Proposer
-        from ..drafters.peagle import PEagleProposer
-        from ..engine import Engine
-        mlen = min(max_model_len, self.target.cfg.max_position_embeddings)
-        proposer, policy = None, None
-        if method != "baseline":
-            cls = PEagleProposer if method == "peagle" else Eagle3Proposer
-            if k == "auto":
-                k, policy = self.auto_policy(method, cls)
-            proposer = cls(self.head(method), k, mlen + 3 * k + 8)
+        spec = self.spec(method, k)
+        policy = self.auto_policy(method) if spec is not None and spec.auto else None
         torch.manual_seed(self.seed)
-        eng = Engine(self.target, self.tok, proposer, k if proposer else 0, c, mlen, self.seed, k_policy=policy,
-                     compile=self.compile)
+        eng = make_engine(self.target, self.tok, spec, c, max_model_len, self.seed, self.compile,
+                          head=self.head(method) if spec is not None else None, k_policy=policy)
         eng.cache.ensure_rows(c)                  # allocate outside the timed region
-        if proposer is not None:
-            proposer.cache.ensure_rows(c)
+        if eng.proposer is not None:
+            eng.proposer.cache.ensure_rows(c)
         return eng
 
     # ---------------------------------------------------------------- one run
     def run(self, method: str, k: int, c: int, prompts_ids: list, params: SamplingParams, max_model_len: int) -> dict:
         eng = self.engine(method, k, c, max_model_len)
-        from ..device import synchronize
         sync = (lambda: synchronize(self.device)) if self.device.type != "cpu" else (lambda: None)
         tgt_fwd = _Timed(self.target.forward, key=lambda *a, **kw: "prefill" if kw.get("logits_at") is not None
                          else "decode", sync=sync)

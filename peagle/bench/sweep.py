@@ -12,8 +12,9 @@ import torch
 
 from ..data.benchmarks import load_dataset
 from ..errors import PeagleError
-from ..paths import portable_path, portable_settings
+from ..paths import REPO, portable_path, portable_settings
 from ..sampling import SamplingParams
+from .online import OnlineServer, run_online
 from .runner import Bench, HFPeer
 
 PATH_SETTINGS = ("model", "eagle3_head", "peagle_head", "out", "notes", "from_json")
@@ -42,11 +43,10 @@ def machine_info() -> dict:
 
 def versions() -> dict:
     import transformers
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        commit = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+        dirty = bool(subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
@@ -202,7 +202,6 @@ def _second_turns(bench, kept, enc, a, log):
 def _online_sweep(a, bench, cfgs, batches, res, log, on_dataset):
     """Every (method, K) as its own `peagle serve` subprocess; all datasets and concurrencies against it.
     Greedy outputs are checked against the offline baseline's (or, online only, the online baseline's)."""
-    from .online import OnlineServer, run_online
     mlen = max(d["max_model_len"] for d in res["datasets"].values())
     refs = {key: ref for key, (_, ref) in batches.items()}
     greedy = a.temperature == 0

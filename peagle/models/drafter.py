@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..errors import PeagleError
 from ..heads.config import HeadConfig, is_parallel_head
+from ..heads.format import validate_head
 from ..heads.io import load_head_dir, save_head_dir
 from .layers import BlockCtx, Rope, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
 
@@ -201,7 +202,6 @@ class DrafterHead(nn.Module):
                         device="cpu", target_embed: torch.Tensor | None = None):
         """A validated head; parallel None = what the head is (:func:`peagle.heads.config.is_parallel_head`).
         target_embed: the target's embedding, for heads that store none (they share the target's)."""
-        from ..heads.format import validate_head
         try:
             cfg, sd = load_head_dir(path)
         except (FileNotFoundError, OSError) as e:

@@ -8,13 +8,13 @@ import torch.nn.functional as F
 
 from ..cache import KVCache
 from ..errors import PeagleError
+from ..heads.io import iter_safetensors, safetensors_files
 from .config import ModelConfig
 from .layers import BlockCtx, Rope, Weight, cached_attention, calibrate_layout, mm, rms_norm, swiglu
 
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
     """All tensors of an HF directory (sharded or not), floating point ones cast to dtype."""
-    from ..heads.io import iter_safetensors, safetensors_files
     files = safetensors_files(path)
     if not files:
         raise PeagleError(f"no *.safetensors weights in {path}")

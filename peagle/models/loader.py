@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 
 from ..errors import PeagleError
+from .config import ModelConfig
+from .hf_target import HFTarget
+from .llama import Transformer
 
 BACKENDS = ("auto", "native", "transformers")
 
 
 def native_refusal(path: str) -> str | None:
     """Why the native target cannot run this directory (None: it can)."""
-    from .config import ModelConfig
     try:
         ModelConfig.from_dir(path)
     except PeagleError as e:
@@ -37,12 +39,10 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu"):
     dtype = dtype or torch.float32
     kind = resolve_backend(path, backend)
     if kind == "native":
-        from .llama import Transformer
         why = native_refusal(path)
         if why is not None:
             raise PeagleError(f"{why}; --target-backend transformers runs any transformers causal LM")
         return Transformer.from_pretrained(path, dtype, device)
-    from .hf_target import HFTarget
     return HFTarget.from_pretrained(path, dtype, device)
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 import os
 
+from .. import llm  # llm.DEFAULT_*: read when called (tests point them elsewhere)
+from ..compile import add_argument
+from ..device import add_arguments
+from ..errors import PeagleError
+from ..llm import build_engine, load_tokenizer
 from ..models.loader import add_backend_argument
+from ..spec_config import parse_spec_config, speculative_config
+from .limits import Limits
 
 ENV_SPEC = "PEAGLE_SPECULATIVE_CONFIG"
 DEMO_K = 7
@@ -29,8 +36,6 @@ def add_parser(sub):
                    help="requests that may wait for a row beyond --max-num-seqs (default 4x max-num-seqs); "
                         "more get HTTP 429")
     p.add_argument("--max-model-len", type=int, default=None)
-    from ..compile import add_argument
-    from ..device import add_arguments
     add_arguments(p)
     add_argument(p)
     add_backend_argument(p)
@@ -63,9 +68,6 @@ def resolve_config(model, spec_flag, env=None):
     """-> (model_dir, served_name, spec_config or None). The flag wins over the environment; with no model
     the default target (SmolLM2-135M-Instruct) is served with its P-EAGLE head (if present) unless a config
     says otherwise."""
-    from ..errors import PeagleError
-    from ..llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-    from ..spec_config import parse_spec_config, speculative_config
     env = os.environ if env is None else env
     spec = spec_flag if spec_flag is not None else env.get(ENV_SPEC) or None
     if isinstance(spec, str) and spec.strip().lower() in ("", "none", "null", "off"):
@@ -73,12 +75,12 @@ def resolve_config(model, spec_flag, env=None):
     else:
         explicit_off = False
     if model is None:
-        if not os.path.isdir(DEFAULT_MODEL):
-            raise PeagleError(f"no MODEL given and the default target {DEFAULT_MODEL} does not exist yet "
+        if not os.path.isdir(llm.DEFAULT_MODEL):
+            raise PeagleError(f"no MODEL given and the default target {llm.DEFAULT_MODEL} does not exist yet "
                               "(`make setup` converts it, or pass a model directory)")
-        model, name = DEFAULT_MODEL, os.path.basename(DEFAULT_MODEL)
-        if spec is None and not explicit_off and os.path.isdir(DEFAULT_PEAGLE_HEAD):
-            spec = speculative_config(DEFAULT_PEAGLE_HEAD, DEMO_K, True)
+        model, name = llm.DEFAULT_MODEL, os.path.basename(llm.DEFAULT_MODEL)
+        if spec is None and not explicit_off and os.path.isdir(llm.DEFAULT_PEAGLE_HEAD):
+            spec = speculative_config(llm.DEFAULT_PEAGLE_HEAD, DEMO_K, True)
     else:
         if not os.path.isdir(model):
             raise PeagleError(f"model directory {model} does not exist")
@@ -91,9 +93,7 @@ def resolve_config(model, spec_flag, env=None):
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
                 max_model_len=None, limits=None, device="auto", api_keys=(), compile=False, target_backend="auto"):
-    from ..errors import PeagleError
-    from ..llm import build_engine, load_tokenizer
-    from .app import ServerState
+    from .app import ServerState  # here, not above: fastapi loads only when a server is built, not for every command
     if max_num_seqs < 1:
         raise PeagleError("--max-num-seqs must be >= 1")
     if max_waiting is not None and max_waiting < 0:
@@ -111,9 +111,8 @@ def run(args) -> int:
 
     import uvicorn
 
-    from .app import create_app
+    from .app import create_app  # fastapi (app, auth) loads only when serving: `peagle CMD` imports this module
     from .auth import exposed_without_key, resolve_api_keys
-    from .limits import Limits
     model = args.model or args.model_opt
     model_dir, name, spec = resolve_config(model, args.speculative_config)
     limits = Limits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit, args.default_max_tokens,

@@ -10,17 +10,18 @@ import sys
 import time
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ..paths import REPO
+from ..spec_metrics import SpecMetrics
 
 
-def get_json(url, timeout=30):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def get_text(url, timeout=30):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def get_text(url, timeout=30, headers=None) -> str:
+    """The body of GET url (headers: e.g. an API key's Authorization)."""
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
         return r.read().decode()
+
+
+def get_json(url, timeout=30, headers=None):
+    return json.loads(get_text(url, timeout, headers))
 
 
 def free_port() -> int:
@@ -33,7 +34,7 @@ def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float 
     """`peagle serve MODEL` (model None or "demo": the embedded default) on a free loopback port, without API keys
     (a key in the environment, e.g. $VLLM_API_KEY, is not passed on: the clients here send none).
     Returns (process, base url) once /health answers; raises RuntimeError if it exits or never comes up."""
-    from .auth import ENV_KEYS
+    from .auth import ENV_KEYS  # here: auth imports fastapi, which the client (bench, tests) does not need
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ENV_KEYS}
     port = free_port()
     cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])
@@ -67,15 +68,15 @@ def stop(p, timeout: float = 30):
         p.wait()
 
 
-def wait_idle(url, timeout=60):
+def wait_idle(url, timeout=60, headers=None, poll=0.1):
     """(idle?, /debug/engine) once no rows, waiting or in-flight requests remain (or the timeout passes)."""
     t0 = time.monotonic()
     d = None
     while time.monotonic() - t0 < timeout:
-        d = get_json(url + "/debug/engine")
+        d = get_json(url + "/debug/engine", headers=headers)
         if d["rows_in_use"] == 0 and d["waiting"] == 0 and d["in_flight"] == 0:
             return True, d
-        time.sleep(0.1)
+        time.sleep(poll)
     return False, d
 
 
@@ -108,7 +109,6 @@ def spec_counters(url) -> dict | None:
 def counters_delta(after: dict | None, before: dict | None) -> dict | None:
     if after is None:
         return None
-    from ..spec_metrics import SpecMetrics
     b = before or {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": []}
     pp_b = b["num_accepted_tokens_per_pos"]
     m = SpecMetrics(len(after["num_accepted_tokens_per_pos"]))

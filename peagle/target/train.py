@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.corpus import build_corpus
+from ..heads.io import load_tensors, read_config
 from ..train.common import (
     cosine_progress,
     load_checkpoint,
@@ -61,8 +62,6 @@ def demo_config(vocab_size: int = 8192, **overrides):
 # ------------------------------------------------------------------ main
 def load_init(model, path: str) -> None:
     """--init: the weights of an HF model directory of the same shape (warm restart; fresh optimizer)."""
-    from ..heads.io import load_tensors, read_config
-
     src, cfg = read_config(path), model.config
     for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "vocab_size"):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 
 from ..device import add_arguments as add_device_arguments
+from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
+from .loop import Trainer
 
 
 def add_arguments(p):
@@ -68,9 +70,7 @@ def add_arguments(p):
 
 
 def run(a):
-    from .loop import Trainer
     if a.target is None:
-        from ..llm import DEFAULT_MODEL
         a.target = DEFAULT_MODEL
     if a.draft_vocab == 0:
         a.draft_vocab = None

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import device as peagle_device
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """:func:`peagle.device.resolve_device`; under torchrun a bare ``cuda`` is this rank's GPU (LOCAL_RANK)."""
-    from ..device import resolve_device as resolve
-
-    dev = resolve(name)
+    dev = peagle_device.resolve_device(name)
     if dev.type == "cuda":
         if dev.index is None:
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -22,14 +22,17 @@ import random
 import textwrap
 import time
 
+from ..data import sources as C
+from ..device import add_arguments
 from ..errors import PeagleError
+from ..llm import DEFAULT_MODEL, LLM, load_tokenizer
 from ..models.loader import add_backend_argument
+from ..sampling import SamplingParams
 from .data import shard_path, write_shard
 
 
 # ----------------------------------------------------------------------------------------- prompts
 def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
-    from ..data import sources as C
     text = C.load_sharegpt_text()
     try:
         bench = C.BenchmarkFilter(C.load_mtbench_turns())
@@ -78,7 +81,6 @@ def _code_prompt(src: str, tree: ast.Module, fn: ast.FunctionDef, with_body: boo
 
 
 def code_prompts(limit: int, seed: int = 0, per_file: int = 2) -> list[dict]:
-    from ..data import sources as C
     files = list(C.iter_code_files(C.code_roots()))
     random.Random(seed).shuffle(files)
     out = []
@@ -128,7 +130,6 @@ def with_bos(tok, ids) -> list:
 
 
 def generate_shard(llm, items: list[dict], max_prompt: int, max_new: int, temperature: float, seed: int):
-    from .. import SamplingParams
     tok = llm.get_tokenizer()
     sp = SamplingParams(temperature=temperature, max_tokens=max_new, seed=None if temperature == 0 else seed)
     rows, skipped = [], 0
@@ -190,8 +191,6 @@ def original_shard(tok, chat_template, items: list[dict], max_prompt: int, max_n
 
 def run(args) -> int:
     import torch
-
-    from .. import LLM
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -227,7 +226,6 @@ def run(args) -> int:
     if not todo:
         return 0
     if args.responses == "original":
-        from ..llm import load_tokenizer
         tok = load_tokenizer(args.model)
 
         def template(msgs):
@@ -278,14 +276,12 @@ def add_parser(sub):
     p.add_argument("--shard-size", type=int, default=128, help="prompts per shard")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    from ..device import add_arguments
     add_arguments(p)
     p.add_argument("--part", default="0/1", help="i/n: run only shards with index %% n == i (parallel workers "
                    "on one --out; start one first so it writes the prompt plan)")
 
     def _run(a):
         if a.model is None:
-            from ..llm import DEFAULT_MODEL
             a.model = DEFAULT_MODEL
         return run(a)
     p.set_defaults(func=_run)

@@ -11,6 +11,11 @@ import argparse
 import json
 import time
 
+from ..data.benchmarks import encode_prompt, load_dataset
+from ..llm import LLM
+from ..sampling import SamplingParams
+from ..spec_config import speculative_config
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
@@ -27,17 +32,13 @@ def main(argv=None):
     import torch
     if a.threads:
         torch.set_num_threads(a.threads)
-    from .. import LLM, SamplingParams
-    from ..bench.runner import Bench
-    from ..data.benchmarks import load_dataset
-    from ..spec_config import speculative_config
     heads = dict(h.split("=", 1) for h in a.head)
-    enc = Bench(a.target, {})
-    data = {"mtbench": [enc.encode(p) for p in load_dataset("mtbench", a.mtbench or None)],
-            "humaneval": [enc.encode(p) for p in load_dataset("humaneval", a.humaneval or None)]}
+    plain = LLM(a.target)
+    vocab = plain.engine.target.cfg.vocab_size
+    data = {ds: [encode_prompt(plain.tokenizer, vocab, p) for p in load_dataset(ds, n or None)]
+            for ds, n in (("mtbench", a.mtbench), ("humaneval", a.humaneval))}
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens)
     res = {"k": a.k, "max_tokens": a.max_tokens, "datasets": {}}
-    plain = LLM(a.target)
     refs = {}
     for ds, ps in data.items():
         t0 = time.time()

@@ -23,6 +23,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
+from ..heads.config import default_aux_layer_ids
+from ..llm import DEFAULT_MODEL
+from ..models.loader import load_target
+from ..paths import portable_path
+from .data import load_docs
 
 CONFIG = "hidden_states.json"
 
@@ -164,10 +169,6 @@ def add_parser(sub):
     p.add_argument("--threads", type=int, default=0)
 
     def _run(a):
-        from ..heads.config import default_aux_layer_ids
-        from ..llm import DEFAULT_MODEL
-        from ..models.loader import load_target
-        from .data import load_docs
         if a.threads:
             torch.set_num_threads(a.threads)
         model = a.model or DEFAULT_MODEL
@@ -176,7 +177,6 @@ def add_parser(sub):
         ids = ([int(x) for x in a.layer_ids.split(",")] if a.layer_ids
                else default_layer_ids(L, default_aux_layer_ids(L)))
         docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None)]
-        from ..paths import portable_path
         r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
         print(f"{a.out}: {len(docs)} samples; this run {r['samples']} samples, {r['tokens']} tokens in "
               f"{r['seconds']:.0f} s ({r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s), "

@@ -20,6 +20,8 @@ import torch
 from ..device import resolve_dtype
 from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
+from ..models.drafter import DrafterHead
+from ..models.loader import load_target
 from ..paths import portable_path, portable_paths
 from . import eagle3_loss, peagle_loss
 from .common import (
@@ -43,7 +45,6 @@ from .vocab import build_draft_vocab, mappings, token_counts
 
 # ----------------------------------------------------------------------------------------- head
 def init_head(cfg: dict, target, draft_ids: torch.Tensor, method: str, seed: int):
-    from ..models.drafter import DrafterHead
     torch.manual_seed(seed)
     head = DrafterHead(cfg)
     V = cfg["vocab_size"]
@@ -66,7 +67,6 @@ def init_head(cfg: dict, target, draft_ids: torch.Tensor, method: str, seed: int
 def source_head(path: str, target, parallel: bool, flag: str):
     """A trained head of this target that a run starts from, and its draft vocabulary (target ids);
     refused when it is not of the kind ``flag`` needs."""
-    from ..models.drafter import DrafterHead
     src = DrafterHead.from_pretrained(path, target.cfg, target_embed=target.embed)
     if src.parallel != parallel:
         kind = lambda p: "a parallel (P-EAGLE)" if p else "an EAGLE-3"
@@ -142,7 +142,6 @@ class GradSync(torch.nn.Module):
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, a):
-        from ..models.loader import load_target
         self.a = a
         # one device and dtype for the run: the target (features) and the head live on the device; the dtype
         # is the target's and, when not float32, the head's autocast compute dtype (weights stay float32)

@@ -5,9 +5,10 @@ before this step (never from this step's random draws), so switching K between s
 identical and sampling exact; K = 0 is a plain decoding step (the drafter is not run; its cache catches up on
 the next step with K > 0). After the step the engine reports it through `observe`.
 
-Policies: FixedK (a static num_speculative_tokens), BatchSizeSchedule (vLLM's
-num_speculative_tokens_per_batch_size), AutoK (peagle.autok.auto: the K with the most expected tokens per
-second)."""
+The engine owns this protocol; policies plug into it from above. Here: FixedK (a static
+num_speculative_tokens) and BatchSizeSchedule (vLLM's num_speculative_tokens_per_batch_size, with the
+schedule's validation that peagle/spec_config.py uses). AutoK (peagle/autok/auto.py: the K with the most
+expected tokens per second) and the measurement's ForcedK (peagle/autok/measure.py) implement it there."""
 from __future__ import annotations
 
 
