@@ -10,6 +10,27 @@ import torch
 import torch.nn.functional as F
 
 
+@torch.no_grad()
+def layer_states(target, docs: list[torch.Tensor], layer_ids, max_batch_tokens: int = 16384):
+    """Yields (document index, its residual states entering each layer id [n, len(layer_ids) * H], ascending
+    ids, target dtype, on the target's device) for every document, longest first, in padded batches of at most
+    max_batch_tokens tokens: one target forward per batch (the final state is id num_layers)."""
+    order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
+    dev, i = target.device, 0
+    while i < len(order):
+        Tm = len(docs[order[i]])
+        grp = order[i: i + max(1, max_batch_tokens // max(Tm, 1))]
+        toks = torch.zeros(len(grp), Tm, dtype=torch.long, device=dev)
+        for j, g in enumerate(grp):
+            toks[j, : len(docs[g])] = docs[g]
+        zeros = torch.zeros(len(grp), dtype=torch.long, device=dev)
+        _, aux = target.forward(toks, target.new_cache(len(grp), Tm + 8), 0, zeros, aux_ids=tuple(layer_ids),
+                                logits_at=zeros, span=Tm, s0=0)
+        for j, g in enumerate(grp):
+            yield g, aux[j, : len(docs[g])]
+        i += len(grp)
+
+
 class Teacher:
     def __init__(self, target, aux_ids, draft_ids: torch.Tensor):
         self.target = target
@@ -24,23 +45,8 @@ class Teacher:
     def doc_features(self, docs: list[torch.Tensor], max_batch_tokens: int = 16384) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per document: (aux [n, 3T], last [n, T]) (target dtype, on the target's device)."""
         out: list = [None] * len(docs)
-        order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
-        i = 0
-        while i < len(order):
-            Tm = len(docs[order[i]])
-            B = max(1, min(len(order) - i, max_batch_tokens // max(Tm, 1)))
-            grp = order[i:i + B]
-            dev = self.target.device
-            toks = torch.zeros(len(grp), Tm, dtype=torch.long, device=dev)
-            for j, g in enumerate(grp):
-                toks[j, : len(docs[g])] = docs[g]
-            cache = self.target.new_cache(len(grp), Tm + 8)
-            zeros = torch.zeros(len(grp), dtype=torch.long, device=dev)
-            _, aux = self.target.forward(toks, cache, 0, zeros, aux_ids=self.req, logits_at=zeros)
-            for j, g in enumerate(grp):
-                n = len(docs[g])
-                out[g] = (aux[j, :n, : 3 * self.T].clone(), aux[j, :n, -self.T:].clone())
-            i += B
+        for g, h in layer_states(self.target, docs, self.req, max_batch_tokens):
+            out[g] = (h[:, : 3 * self.T].clone(), h[:, -self.T:].clone())
         return out
 
     @torch.no_grad()

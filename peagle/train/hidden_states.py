@@ -28,6 +28,7 @@ from ..llm import DEFAULT_MODEL
 from ..models.loader import load_target
 from ..paths import portable_path
 from .data import load_docs
+from .features import layer_states
 
 CONFIG = "hidden_states.json"
 
@@ -72,33 +73,20 @@ def extract(target, docs: list, out: str, layer_ids: list[int], max_batch_tokens
         json.dump(cfg, f, indent=1)
     os.replace(os.path.join(out, CONFIG) + ".tmp", os.path.join(out, CONFIG))
     todo = [i for i in range(len(docs)) if not os.path.isfile(sample_path(out, i))]
-    todo.sort(key=lambda i: -len(docs[i][0]))             # similar lengths batch together
     bar = None
     if progress and todo:
         from tqdm import tqdm
         bar = tqdm(total=sum(len(docs[i][0]) for i in todo), desc="hidden states", unit="tok", unit_scale=True)
-    t0, ntok, nbytes, j = time.perf_counter(), 0, 0, 0
-    dev = target.device
-    while j < len(todo):
-        Tm = len(docs[todo[j]][0])
-        grp = todo[j: j + max(1, max_batch_tokens // max(Tm, 1))]
-        toks = torch.zeros(len(grp), Tm, dtype=torch.long, device=dev)
-        for r, i in enumerate(grp):
-            toks[r, : len(docs[i][0])] = docs[i][0]
-        cache = target.new_cache(len(grp), Tm + 8)
-        zeros = torch.zeros(len(grp), dtype=torch.long, device=dev)
-        _, aux = target.forward(toks, cache, 0, zeros, aux_ids=tuple(layer_ids), logits_at=zeros, span=Tm, s0=0)
-        H = target.cfg.hidden_size
-        for r, i in enumerate(grp):
-            n = len(docs[i][0])
-            h = aux[r, :n].reshape(n, len(layer_ids), H).cpu()        # [seq, n_layers, H], model dtype
-            write_sample(out, i, docs[i][0], h, docs[i][1])
-            ntok += n
-            nbytes += h.numel() * h.element_size()
-            if bar is not None:
-                bar.update(n)
-        j += len(grp)
+    t0, ntok, nbytes, H = time.perf_counter(), 0, 0, target.cfg.hidden_size
+    for i, h in layer_states(target, [docs[i][0] for i in todo], layer_ids, max_batch_tokens):
+        i = todo[i]
+        n = len(docs[i][0])
+        h = h.reshape(n, len(layer_ids), H).cpu()                 # [seq, n_layers, H], model dtype
+        write_sample(out, i, docs[i][0], h, docs[i][1])
+        ntok += n
+        nbytes += h.numel() * h.element_size()
         if bar is not None:
+            bar.update(n)
             bar.set_postfix(tok_s=f"{ntok / (time.perf_counter() - t0):.0f}")
     if bar is not None:
         bar.close()
