@@ -62,6 +62,8 @@ $(VLLM_STAMP):
 # exported by `peagle export`); the parity table is printed and written to build/vllm-interop/demo-parity.md
 # (recorded in docs/vllm-parity.md), plus the target families (tests/vllm/test_vllm_families.py: 12 engines,
 # 8 heads trained first).  Budget: install ~3-5 min + tests ~6-10 min on 2 cores (10 min 18 s at load 6.5).
+# tests/vllm/test_vllm_schedule.py (`peagle tune` schedules in vLLM's dynamic K) runs its own vLLM process after
+# the suite's: 2 tune runs + 9 engines, ~5 min on 2 cores.
 test-vllm: setup $(VLLM_STAMP)
 	@start=$$(date +%s); \
 	$(PY) -m pytest -q -rA -s -p no:cacheprovider -m vllm tests/vllm; rc=$$?; \

@@ -23,15 +23,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from peagle.bench.randheads import head_or_random, target_or_random
+from peagle.demo_target.model import target_or_random
+from peagle.demo_target.tokenizer import MASK_ID
 from peagle.drafters.base import DraftBatch
 from peagle.drafters.eagle3 import Eagle3Proposer
 from peagle.drafters.peagle import PEagleProposer
 from peagle.engine import cache_len
+from peagle.heads.init import head_or_random
+from peagle.heads.model import DrafterHead
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-from peagle.models.drafter import DrafterHead
 from peagle.models.llama import Transformer
-from peagle.target.tokenizer import MASK_ID
 
 
 def make_step(head, B, ctx, new, gen):

@@ -24,7 +24,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from peagle.server.client import get_json, get_text, launch, spec_counters, stop, stream_one, wait_idle
+from peagle.bench.summary import percentile
+from peagle.client import get_json, get_text, launch, spec_counters, stop, stream_one, wait_idle
 
 TOPICS = ["the ocean", "a small robot", "speculative decoding", "the history of bread", "a rainy city",
           "prime numbers", "an old lighthouse", "the moon", "learning to cook", "a chess game", "mountain trails",
@@ -40,12 +41,12 @@ def make_prompts(n):
 
 
 def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+    p = percentile(xs, q)
+    return float("nan") if p is None else p
 
 
 def build_tiny(d):
-    from peagle.bench.randheads import random_head
+    from peagle.heads.init import random_head
     from peagle.models.tiny import make_tiny_tokenizer, save_tiny
     if not os.path.exists(os.path.join(d, "target", "tokenizer.json")):
         save_tiny("llama", os.path.join(d, "target"))

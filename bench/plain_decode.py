@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from peagle import LLM, SamplingParams
-from peagle.bench.randheads import target_or_random
 from peagle.data.benchmarks import load_dataset
+from peagle.demo_target.model import target_or_random
 from peagle.llm import DEFAULT_MODEL
 from peagle.models.loader import add_backend_argument
 

@@ -32,9 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plain_decode
 
 from peagle import LLM, SamplingParams
-from peagle.bench.randheads import head_or_random, target_or_random
 from peagle.bench.runner import Bench
 from peagle.data.benchmarks import load_dataset
+from peagle.demo_target.model import target_or_random
+from peagle.heads.init import head_or_random
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from peagle.paths import portable_path, portable_settings
 

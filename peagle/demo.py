@@ -19,8 +19,8 @@ PROMPTS = [("chat prompt", "What is the difference between a list and a tuple in
 K = {"P-EAGLE": 3, "EAGLE-3": 3}      # each head's best K at c=1 (docs/benchmarks/smollm2/report.md)
 
 
-def _run(llm, ids, sp, label, repeats=2):
-    """Best of `repeats` timed runs (the machine is shared and noisy); metrics are from the last run."""
+def _run(llm, ids, sp, label, repeats=1):
+    """Best of `repeats` timed runs after a short warm-up; metrics are from the last run."""
     llm.generate({"prompt_token_ids": ids[:8]}, SamplingParams(temperature=0, max_tokens=4))   # warm-up
     dt = float("inf")
     for _ in range(repeats):
@@ -38,7 +38,7 @@ def main() -> int:
     # two threads only on an idle machine: under load, OpenMP barriers make 2 threads several times slower
     threads = 2 if (os.cpu_count() or 1) >= 2 and os.getloadavg()[0] < 0.8 else 1
     torch.set_num_threads(threads)
-    print(f"(torch threads: {threads}; timings are the best of 2 runs)")
+    print(f"(torch threads: {threads}; one timed run each after a warm-up)")
     model = DEFAULT_MODEL
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise PeagleError(f"the default target {model} is not converted yet: run `make setup`")

@@ -19,8 +19,8 @@ from .drafters.eagle3 import Eagle3Proposer
 from .drafters.peagle import PEagleProposer
 from .engine import Engine, cache_len
 from .errors import PeagleError
+from .heads.model import DrafterHead
 from .kpolicy import KPolicy
-from .models.drafter import DrafterHead
 from .models.loader import load_target
 from .paths import REPO
 from .sampling import SamplingParams

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-build/demo-target-gpu}
 PY=${PY:-python3}
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
-$PY -m peagle.target.train --device cuda --out "$OUT" --data-dir data/target --run-dir runs/target-gpu \
+$PY -m peagle.demo_target.train --device cuda --out "$OUT" --data-dir data/target --run-dir runs/target-gpu \
   --layers 8 --hidden 256 --intermediate 688 --heads 4 --kv-heads 2 \
   --batch-size 64 --seq-len 512 --lr 2e-3 --warmup-steps 50 --time-budget-min 6 --ckpt-min 2 --threads 8
-$PY -m peagle.target.evaluate_target "$OUT" --reuse-heldout --batch-size 64
+$PY -m peagle.demo_target.evaluate_target "$OUT" --reuse-heldout --batch-size 64

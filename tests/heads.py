@@ -1,10 +1,10 @@
 """Tiny random drafter heads for a tiny target (random heads reject most drafts: tests check identity)."""
 from __future__ import annotations
 
-from peagle.bench.randheads import random_head
 from peagle.heads.config import HeadConfig
-from peagle.heads.io import read_config
+from peagle.heads.init import random_head
 from peagle.models.config import ModelConfig
+from peagle.models.files import read_config
 
 # The tiny targets mostly have no tokenizer, so the P-EAGLE mask token is given explicitly (tiny.py's
 # tokenizer puts <|mask|> at this id too).

@@ -14,7 +14,7 @@ from heads import save_random_head
 from tiny import make_tiny_tokenizer
 
 from peagle import LLM, SamplingParams
-from peagle.server import client as client_http
+from peagle import client as client_http
 
 K = 3
 
@@ -82,7 +82,7 @@ def spec_cfg(head):
 
 
 def start(model_dir, spec=None, **kw):
-    from peagle.server.cli import build_state, resolve_config
+    from peagle.server.start import build_state, resolve_config
     m, name, sp = resolve_config(model_dir, json.dumps(spec) if spec else None, env={})
     return BackgroundServer(build_state(m, "tiny", sp, **kw)).start()
 

@@ -6,7 +6,7 @@ import numpy as np
 from heads import save_random_head
 
 from peagle.autok.costmodel import CostModel
-from peagle.autok.tune import best_k_per_batch, expected_tokens, ranges
+from peagle.autok.tune import best_k_per_batch, best_two_level, expected_tokens, ranges
 from peagle.spec_config import parse_spec_config
 
 
@@ -26,6 +26,24 @@ def test_schedule_from_costs_and_acceptance():
     assert [k for s, t, k in sched for _ in range(s, t + 1)] == ks
 
 
+def test_two_level_schedule_for_parallel_heads():
+    """Each batch size uses 0 or one k (vLLM <= 0.32 with parallel drafting), the k with the most expected
+    speedup summed over batch sizes; the free schedule of the same costs has more levels (the control)."""
+    e = expected_tokens([0.9, 0.8, 0.6, 0.3])
+    cost = CostModel([1, 32], [[10e-3 + 1e-3 * k for k in range(5)], [30e-3 + 40e-3 * k for k in range(5)]])
+    free = best_k_per_batch(e, cost, 32)
+    assert len(set(free) - {0}) > 1
+    k, ks = best_two_level(e, cost, 32)
+    assert set(ks) <= {0, k} and k in ks
+
+    def total(kk, sched):
+        return sum(e[x] / cost.predict(b)[x] / (e[0] / cost.predict(b)[0]) for b, x in enumerate(sched, 1))
+    for other in range(1, 5):                                 # no other level does better
+        alt = [other if e[other] / cost.predict(b)[other] > e[0] / cost.predict(b)[0] else 0 for b in range(1, 33)]
+        assert total(k, ks) >= total(other, alt) - 1e-12
+    assert total(k, ks) <= total(None, free) + 1e-12          # never above the free schedule
+
+
 def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys):
     from peagle.cli import main
     tgt = tiny_dirs["llama"]
@@ -40,7 +58,13 @@ def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys):
         cfg = json.load(f)
     assert set(cfg) == {"method", "model", "num_speculative_tokens", "parallel_drafting",
                         "num_speculative_tokens_per_batch_size"}
-    assert cfg["num_speculative_tokens"] == 3 and cfg["model"] == head and cfg["parallel_drafting"] is True
+    k = cfg["num_speculative_tokens"]
+    assert 1 <= k <= 3 and cfg["model"] == head and cfg["parallel_drafting"] is True
     sched = parse_spec_config(cfg).num_speculative_tokens_per_batch_size
-    assert sched[0][0] == 1 and sched[-1][1] == 6 and all(0 <= k <= 3 for _, _, k in sched)
+    assert sched[0][0] == 1 and sched[-1][1] == 6 and all(x in (0, k) for _, _, x in sched)   # two levels
     assert "batch 1-" in capsys.readouterr().err
+    rc = main(["tune", tgt, "--speculative-config", spec, "--max-num-seqs", "6", "--num-prompts", "2",
+               "--output-len", "8", "--dataset", "humaneval", "--out", out, "--any-k"])
+    with open(out) as f:
+        cfg = json.load(f)
+    assert rc == 0 and cfg["num_speculative_tokens"] == 3            # any K up to the maximum

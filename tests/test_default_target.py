@@ -8,8 +8,8 @@ import os
 import pytest
 
 from peagle import LLM, SamplingParams
-from peagle.bench.randheads import random_head
 from peagle.heads.config import resolve_mask_token
+from peagle.heads.init import random_head
 
 QUESTIONS = ["What is the difference between a list and a tuple in Python?",
              "Write a Python function that returns the n-th Fibonacci number."]

@@ -6,7 +6,7 @@ from heads import save_random_head
 from peagle.drafters.base import DraftBatch
 from peagle.drafters.eagle3 import Eagle3Proposer
 from peagle.drafters.peagle import PEagleProposer
-from peagle.models.drafter import DrafterHead
+from peagle.heads.model import DrafterHead
 from peagle.models.llama import Transformer
 
 

@@ -80,7 +80,8 @@ def test_training_logs_and_greedy_identity_plain_and_speculative(trained):
 
 def test_bench_and_export(trained, tmp_path):
     from peagle.heads.format import validate_head
-    from peagle.heads.io import load_head_dir, read_config
+    from peagle.heads.io import load_head_dir
+    from peagle.models.files import read_config
     _, target, _, heads = trained
     out = tmp_path / "bench"
     peagle("bench", "--model", target, "--eagle3-head", heads["eagle3"], "--peagle-head", heads["peagle"],

@@ -19,10 +19,11 @@ from peagle.heads.config import (
     vllm_aux_layer_ids,
 )
 from peagle.heads.format import validate_head
-from peagle.heads.io import load_head_dir, read_config
+from peagle.heads.io import load_head_dir
+from peagle.heads.model import DrafterHead
 from peagle.llm import DEMO_EAGLE3_HEAD, DEMO_PEAGLE_HEAD, DEMO_TARGET
 from peagle.models.config import ModelConfig
-from peagle.models.drafter import DrafterHead
+from peagle.models.files import read_config
 
 SHIPPED = [d for d in (DEMO_EAGLE3_HEAD, DEMO_PEAGLE_HEAD) if os.path.isfile(os.path.join(d, "config.json"))]
 

@@ -14,7 +14,7 @@ from peagle import LLM, SamplingParams
 from peagle.errors import PeagleError
 from peagle.heads.format import HeadValidationError
 from peagle.heads.importer import import_head
-from peagle.models.drafter import DrafterHead
+from peagle.heads.model import DrafterHead
 
 
 def published_peagle_head(path, target_dir, mask_id, layers=4, **over):

@@ -473,7 +473,7 @@ def test_32_concurrent_streams_with_speculation(spec, ref_llm):
 def test_resolve_config(model_dir, head_dir, monkeypatch, tmp_path):
     from peagle import llm
     from peagle.errors import PeagleError
-    from peagle.server.cli import ENV_SPEC, resolve_config
+    from peagle.server.start import ENV_SPEC, resolve_config
     env = {ENV_SPEC: json.dumps(spec_cfg(head_dir))}
     assert resolve_config(model_dir, None, env)[2].num_speculative_tokens == K          # from the environment
     flag = json.dumps({**spec_cfg(head_dir), "num_speculative_tokens": 2, "parallel_drafting": False})

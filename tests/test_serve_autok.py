@@ -24,7 +24,7 @@ def model_dir(tiny_dirs, tmp_path_factory):
 
 
 def serve(model_dir, env):
-    from peagle.server.cli import ENV_SPEC, build_state, resolve_config
+    from peagle.server.start import ENV_SPEC, build_state, resolve_config
     m, name, sp = resolve_config(model_dir, None, env={ENV_SPEC: env})
     return sp, BackgroundServer(build_state(m, "tiny", sp, max_num_seqs=4)).start()
 

@@ -3,8 +3,8 @@ import ast
 
 import torch
 
+from peagle.heads.vocab import build_draft_vocab, mappings, token_counts
 from peagle.train.data import epoch_rows, load_docs, shard_path, write_shard
-from peagle.train.vocab import build_draft_vocab, mappings, token_counts
 
 
 def test_shards_and_packing(tmp_path):

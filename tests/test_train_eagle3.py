@@ -2,7 +2,7 @@
 import torch
 from heads import head_config, propose_capturing_logits, random_target_states
 
-from peagle.models.drafter import DrafterHead
+from peagle.heads.model import DrafterHead
 from peagle.train.head_forward import ttt_forward
 from peagle.train.mask import MaskTable
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from peagle import LLM, SamplingParams
-from peagle.train import cli
+from peagle.cli import train as cli
 from peagle.train.data import load_docs, write_shard
 
 
@@ -181,7 +181,7 @@ def test_a_head_that_shares_the_target_embedding_stores_none_and_stays_lossless(
     from safetensors import safe_open
 
     from peagle.errors import PeagleError
-    from peagle.models.drafter import DrafterHead
+    from peagle.heads.model import DrafterHead
     from peagle.models.llama import Transformer
     target, data, prompts = tiny_data
     out = str(tmp_path / "pe")

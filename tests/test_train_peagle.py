@@ -3,7 +3,7 @@ import pytest
 import torch
 from heads import head_config, propose_capturing_logits, random_target_states
 
-from peagle.models.drafter import DrafterHead
+from peagle.heads.model import DrafterHead
 from peagle.train.cod import sample_cod, supervised
 from peagle.train.mask import MaskTable
 from peagle.train.peagle_loss import draft_forward, make_elements, row_step

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from peagle.train import cli
+from peagle.cli import train as cli
 
 
 def trainer_losses(target, data, out, method, extra=(), steps: int = 6) -> list[dict]:

@@ -1,4 +1,4 @@
-"""What `peagle tune` (peagle/tune_cmd.py) computes: vLLM's `num_speculative_tokens_per_batch_size` for a head
+"""What `peagle tune` (peagle/cli/tune.py) computes: vLLM's `num_speculative_tokens_per_batch_size` for a head
 from this machine's step costs t(B, K) and the head's measured acceptance.
 
 1. Step costs t(B, K) for K = 0..k_max and batch sizes up to --max-num-seqs (the cost model "auto" uses,
@@ -8,7 +8,11 @@ from this machine's step costs t(B, K) and the head's measured acceptance.
    rows attend causally), so E[accepted + 1 | K] = 1 + sum_{i<=K} P(accepted >= i) for every K <= k_max.
 3. For every batch size B, the K with the most expected tokens per second, E(K) / t(B, K) (K = 0 when no K
    beats plain decoding); consecutive batch sizes with the same K form one [start, end, K] range.
-k_max: num_speculative_tokens if an integer; with "auto", max_num_speculative_tokens or the trained depth."""
+k_max: num_speculative_tokens if an integer; with "auto", max_num_speculative_tokens or the trained depth.
+4. A parallel (P-EAGLE) head gets a two-level schedule unless asked otherwise: every batch size uses 0 or one
+   K, and that K becomes num_speculative_tokens. vLLM <= 0.32 fills num_speculative_tokens mask slots whatever
+   the step's K (the fix, vLLM PR #45695, is open), so a step with 0 < K < num_speculative_tokens crashes or
+   verifies another request's drafts there (tests/vllm/test_vllm_schedule.py); K = 0 and K = the maximum work."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,6 +27,22 @@ def best_k_per_batch(expected: np.ndarray, cost, max_batch: int) -> list:
     """[K for B = 1..max_batch]: argmax_K E(K) / t(B, K) (the batch's tokens per second)."""
     k_max = expected.shape[0] - 1
     return [int((expected / cost.predict(b)[: k_max + 1]).argmax()) for b in range(1, max_batch + 1)]
+
+
+def best_two_level(expected: np.ndarray, cost, max_batch: int) -> tuple[int, list]:
+    """(k, [K for B = 1..max_batch]) with every K in {0, k}: for each k in 1..k_max, K = k where it beats plain
+    decoding, else 0; the k whose schedule has the largest sum over B of expected speedup over plain decoding."""
+    best = None
+    for k in range(1, expected.shape[0]):
+        ks, score = [], 0.0
+        for b in range(1, max_batch + 1):
+            t = cost.predict(b)
+            spec, plain = expected[k] / t[k], expected[0] / t[0]
+            ks.append(k if spec > plain else 0)
+            score += max(spec, plain) / plain
+        if best is None or score > best[0]:
+            best = (score, k, ks)
+    return best[1], best[2]
 
 
 def ranges(ks: list) -> list:

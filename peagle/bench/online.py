@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 
-from ..server import client as C
+from .. import client as C
 from ..spec_config import speculative_config
 from .runner import out_hash, stats_ms
 

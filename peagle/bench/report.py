@@ -209,7 +209,9 @@ def report_md(res, pngs, notes: str | None = None) -> str:
              f"Target `{os.path.basename(meta['model'])}`; heads: "
              + ", ".join(f"{NAMES[m]} `{os.path.basename(d) if d else '–'}` {meta.get('head_configs', {}).get(m, '')}"
                          for m, d in meta["heads"].items() if d) + ".\n",
-             f"Settings: temperature {st['temperature']}, output length {st['output_len']} "
+             f"Settings: temperature {st['temperature']}"
+             + (" (drafts sampled from the drafter's q)" if st.get("draft_sampling") == "sample" else "")
+             + f", output length {st['output_len']} "
              f"({'ignore EOS' if st['ignore_eos'] else 'stops at EOS'}), K ∈ {st['ks']}, concurrency {st['concurrency']}, "
              f"repeats {st['repeats']}, prompts per dataset: "
              + ", ".join(f"{DS_NAMES.get(d, d)} {x['n_prompts']}" for d, x in res["datasets"].items())

@@ -15,25 +15,19 @@ from ..autok.factory import auto_policy, cost_model_for, k_max_for
 from ..data.benchmarks import encode_prompt
 from ..device import resolve, synchronize
 from ..errors import PeagleError
+from ..heads.model import DrafterHead
 from ..llm import load_tokenizer, make_engine, measuring_engines
-from ..models.drafter import DrafterHead
 from ..models.loader import load_target
 from ..sampling import SamplingParams
 from ..spec_config import SpecConfig
-
-
-def _pct(xs, q):
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+from .summary import percentile
 
 
 def stats_ms(xs) -> dict:
     xs = [x * 1000 for x in xs if x is not None]
     if not xs:
         return {"mean": None, "median": None, "p99": None}
-    return {"mean": statistics.fmean(xs), "median": statistics.median(xs), "p99": _pct(xs, 99)}
+    return {"mean": statistics.fmean(xs), "median": statistics.median(xs), "p99": percentile(xs, 99)}
 
 
 def out_hash(ids) -> str:
@@ -63,7 +57,9 @@ class Bench:
     """Holds the target, tokenizer and heads; builds engines and encodes prompts."""
 
     def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
-                 remeasure: bool = False, device: str = "auto", compile: bool = False, target_backend: str = "auto"):
+                 remeasure: bool = False, device: str = "auto", compile: bool = False, target_backend: str = "auto",
+                 draft_sampling: str = "argmax"):
+        self.draft_sampling = draft_sampling      # the speculative config's "draft_sampling" for every run
         self.device, self.dtype = resolve(device, dtype)
         self.compile = compile
         self.model, self.heads_dirs, self.seed = model, heads, seed
@@ -95,7 +91,8 @@ class Bench:
         """The speculative config of a run: None for the baseline."""
         if method == "baseline":
             return None
-        return SpecConfig("eagle3", self.heads_dirs.get(method), k, parallel_drafting=(method == "peagle"))
+        return SpecConfig("eagle3", self.heads_dirs.get(method), k, parallel_drafting=(method == "peagle"),
+                          draft_sampling=self.draft_sampling)
 
     def auto_policy(self, method: str):
         """A fresh AutoK: the cost model comes from the cache (or is measured once per run and method, for batch

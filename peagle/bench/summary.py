@@ -17,6 +17,14 @@ def korder(k):
     return (1, 0) if k == AUTO else (0, k)
 
 
+def percentile(xs, q):
+    """The q-th percentile of xs (nearest rank on the sorted values, no interpolation); None for none."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
 def _med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cache import KVCache
-from ..models.drafter import DrafterHead
+from ..heads.model import DrafterHead
 from ..sampling import probs_from_logits, sample_rows
 from ..spec_config import DRAFT_SAMPLING
 from ..verify import SampledRows
@@ -49,11 +49,11 @@ class Proposer:
     def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1, draft_sampling: str = "argmax"):
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
-        c = head.cfg
+        c = head.config
         self.head, self.k, self.draft_sampling = head.prepare_inference(), k, draft_sampling
         w = head.fc.weight
         # no lengths of its own: the engine derives the drafter's valid length (peagle/engine.py)
-        self.cache = KVCache(c["num_hidden_layers"], c["num_key_value_heads"], c["head_dim"], max_len, rows, w.dtype,
+        self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, rows, w.dtype,
                              w.device, lens=False)
 
     @torch.no_grad()
@@ -77,5 +77,5 @@ class Proposer:
         qd = probs_from_logits(logits[sampled.index], sampled.temperature, sampled.top_k, sampled.top_p)
         ids[sampled.index] = sample_rows(qd, sampled.gens)                           # [S,J]
         to_t = h.to_target(torch.arange(qd.shape[-1], device=qd.device))            # [Vd] draft id -> target id
-        q = qd.new_zeros(qd.shape[:-1] + (h.cfg["vocab_size"],)).index_copy_(-1, to_t, qd)   # [S,J,V]
+        q = qd.new_zeros(qd.shape[:-1] + (h.config.vocab_size,)).index_copy_(-1, to_t, qd)   # [S,J,V]
         return h.to_target(ids), q

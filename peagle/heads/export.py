@@ -11,14 +11,10 @@ target's).
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import sys
 from pathlib import Path
 from typing import Mapping
 
-from ..spec_config import speculative_config
 from .config import NUM_AUX, fit_context, is_parallel_head
 from .format import HeadValidationError, portability_notes, validate_head
 from .importer import convert_head
@@ -131,49 +127,3 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
 
     replace_head_dir(out_dir, out_cfg, ts, overwrite=overwrite)
     return out_cfg
-
-
-# --------------------------------------------------------------------------------------------------- CLI
-def add_export_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "export", help="export a head for vLLM (flat EAGLE-3 layout or speculators layout), validated first",
-        description="Validate a peagle head and write it in vLLM's flat EAGLE-3 layout (--format vllm, loads on "
-                    "vLLM >= 0.16) or the speculators layout (--format speculators, vLLM >= 0.22). Nothing is "
-                    "written if the head is invalid.")
-    p.add_argument("head", help="head directory (peagle native layout)")
-    p.add_argument("out", help="output directory")
-    p.add_argument("--format", choices=FORMATS, default="vllm")
-    p.add_argument("--target", default=None, help="target model dir: validates vocab, aux ids, hidden size and "
-                                                  "context against it; names the verifier (speculators)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, dest="k",
-                   help="K to serve with (speculators proposal_methods; default: the head's trained depth, else 3)")
-    p.set_defaults(func=main_export)
-    return p
-
-
-def main_export(args) -> int:
-    notes: list[str] = []
-    try:
-        cfg = export_head(args.head, args.out, format=args.format, target_dir=getattr(args, "target", None),
-                          num_speculative_tokens=getattr(args, "k", None), notes=notes)
-    except HeadValidationError as e:
-        print(f"error: {e}\nnothing written to {args.out}", file=sys.stderr)
-        return 2
-    for n in notes:
-        print(f"note: {n}")
-    if args.format == "vllm":
-        parallel = is_parallel_head(cfg)
-        k = cfg.get("peagle", {}).get("num_speculative_tokens", 3)
-        spec = speculative_config(Path(args.out).resolve(), k, parallel)
-        print(f"wrote {args.out} (vLLM flat EAGLE-3 layout). Serve with:\n"
-              f"  vllm serve {getattr(args, 'target', None) or 'TARGET'} --speculative-config '{json.dumps(spec)}'")
-    else:
-        print(f"wrote {args.out} (speculators layout, {cfg['speculators_model_type']}, K="
-              f"{cfg['speculators_config']['proposal_methods'][0]['speculative_tokens']}). Serve with:\n"
-              f"  vllm serve {Path(args.out).resolve()}   (vLLM >= 0.22)")
-    return 0
-
-
-# the `peagle` CLI (peagle/cli.py) calls add_parser(subparsers) on each command module
-add_parser = add_export_parser
-

@@ -14,15 +14,14 @@ Conversions:
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import os
-import sys
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
+from ..models.files import iter_safetensors, read_config, safetensors_files
 from .config import (
     NATIVE_ARCH,
     fit_context,
@@ -32,7 +31,7 @@ from .config import (
     vllm_aux_layer_ids,
 )
 from .format import HeadValidationError, validate_head
-from .io import iter_safetensors, load_head_dir, read_config, safetensors_files, save_head_dir
+from .io import load_head_dir, save_head_dir
 
 # keys of a speculators config that are not Llama-layer fields but belong in the flat config
 _SPEC_TOP_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_residual",
@@ -228,41 +227,3 @@ def import_head(src: str | os.PathLike, out: str | os.PathLike | None = None,
             raise ValueError("import output dir must differ from the source dir")
         save_head_dir(out, cfg, ts)
     return cfg, ts
-
-
-# --------------------------------------------------------------------------------------------------- CLI
-def add_import_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "import", help="import a published EAGLE-3 / P-EAGLE head (vLLM flat or speculators layout) into peagle's layout",
-        description="Convert a head in vLLM's flat EAGLE-3 layout (incl. midlayer.* names, model. prefixes) or the "
-                    "speculators layout into peagle's native layout, and validate it (against the target if given).")
-    p.add_argument("src", help="head directory (config.json + *.safetensors)")
-    p.add_argument("out", help="output directory (native layout)")
-    p.add_argument("--target", default=None, help="target model dir: checks vocab/aux ids/context, supplies "
-                                                  "embed_tokens (and lm_head) if the head does not ship them")
-    p.set_defaults(func=main_import)
-    return p
-
-
-def main_import(args) -> int:
-    notes: list[str] = []
-    try:
-        cfg, ts = import_head(args.src, args.out, target_dir=getattr(args, "target", None), notes=notes)
-    except HeadValidationError as e:
-        for n in notes:
-            print(f"note: {n}", file=sys.stderr)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for n in notes:
-        print(f"note: {n}")
-    pb = cfg.get("peagle", {})
-    print(f"imported {args.src} -> {args.out}: method={pb.get('method')} layers={cfg['num_hidden_layers']} "
-          f"H={cfg['hidden_size']} T={cfg['target_hidden_size']} draft_vocab={cfg['draft_vocab_size']}/"
-          f"{cfg['vocab_size']} aux={cfg['eagle_aux_hidden_state_layer_ids']}"
-          + (f" mask_token={cfg['ptd_token_id']}" if cfg.get("ptd_token_id") is not None else ""))
-    return 0
-
-
-# the `peagle` CLI (peagle/cli.py) calls add_parser(subparsers) on each command module
-add_parser = add_import_parser
-

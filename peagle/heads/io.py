@@ -1,10 +1,9 @@
 """Head files: a head directory is ``config.json`` + ``model.safetensors`` (see :mod:`peagle.heads.format`),
-and the safetensors reading every HF directory in peagle goes through (heads and the native target loader).
+read through :mod:`peagle.models.files` as every HF directory is.
 
-Invariants: reading accepts sharded safetensors (``model.safetensors.index.json``), ``model.safetensors``, any
-``*.safetensors`` and, for heads, ``pytorch_model.bin`` as a fallback; nothing here converts or validates.
-Every write is atomic: a file is written under a temporary name and renamed, and :func:`replace_head_dir`
-swaps a whole directory in one rename, so a reader never sees a half-written head."""
+Invariants: nothing here converts or validates.  Every write is atomic: a file is written under a temporary
+name and renamed, and :func:`replace_head_dir` swaps a whole directory in one rename, so a reader never sees a
+half-written head."""
 from __future__ import annotations
 
 import json
@@ -12,59 +11,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Mapping
 
 import torch
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-
-
-def read_config(path: str | os.PathLike) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        p = p / CONFIG_NAME
-    with open(p) as f:
-        return json.load(f)
-
-
-def safetensors_files(path: str | os.PathLike) -> list[Path]:
-    d = Path(path)
-    idx = d / WEIGHTS_INDEX_NAME
-    if idx.exists():
-        with open(idx) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-        return [d / f for f in files]
-    if (d / WEIGHTS_NAME).exists():
-        return [d / WEIGHTS_NAME]
-    return sorted(d.glob("*.safetensors"))
-
-
-def iter_safetensors(files: Iterable[Path], want: Callable[[str], bool] | None = None
-                     ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every tensor in the files whose name ``want`` accepts (all if None), as stored.
-    Tensors are read one at a time, when reached."""
-    from safetensors import safe_open
-
-    for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():
-                if want is None or want(k):
-                    yield k, sf.get_tensor(k)
-
-
-def load_tensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-    """All tensors of an HF dir (single or sharded safetensors; pytorch_model.bin as a fallback)."""
-    want = set(names) if names is not None else None
-    files = safetensors_files(path)
-    if files:
-        return dict(iter_safetensors(files, None if want is None else want.__contains__))
-    binf = Path(path) / "pytorch_model.bin"
-    if binf.exists():
-        sd = torch.load(binf, map_location="cpu", weights_only=True)
-        return {k: v for k, v in sd.items() if want is None or k in want}
-    raise FileNotFoundError(f"no model.safetensors (or *.safetensors / pytorch_model.bin) in {path}")
+from ..models.files import CONFIG_NAME, WEIGHTS_NAME, load_tensors, read_config
 
 
 def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:

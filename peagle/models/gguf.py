@@ -95,18 +95,3 @@ def convert(path: str, out: str, force: bool = False) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return info
-
-
-def add_parser(sub):
-    p = sub.add_parser("convert-gguf", help="convert a Llama-family GGUF file into a Hugging Face directory",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("file", help="the .gguf file")
-    p.add_argument("out", help="output directory (written atomically)")
-    p.add_argument("--force", action="store_true", help="replace an existing output directory")
-
-    def _run(a):
-        info = convert(a.file, a.out, a.force)
-        print(f"wrote {a.out}: {info['tensors']} tensors, {info['parameters'] / 1e6:.1f} M parameters (float32); "
-              f"sha256 gguf {info['gguf_sha256'][:16]}…, safetensors {info['safetensors_sha256'][:16]}…")
-        return 0
-    p.set_defaults(func=_run)

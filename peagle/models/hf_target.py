@@ -221,7 +221,7 @@ class HFTarget:
         cap = getattr(self.tcfg, "final_logit_softcapping", None)
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    # the weights drafter training initialises from (see peagle.train.loop.init_head)
+    # the weights drafter training initialises from (see peagle.heads.init.init_head)
     @property
     def embed(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight.detach()

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from ..cache import KVCache
 from ..errors import PeagleError
-from ..heads.io import iter_safetensors, safetensors_files
 from .config import ModelConfig
+from .files import iter_safetensors, safetensors_files
 from .layers import BlockCtx, Rope, Weight, cached_attention, calibrate_layout, mm, rms_norm, swiglu
 
 

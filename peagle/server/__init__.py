@@ -1,6 +1,6 @@
 """peagle's OpenAI-compatible server: `peagle serve`.
 
-- cli.py:      the `peagle serve` command line (model, --speculative-config, keys, limits) -> uvicorn
+- start.py:    start-up (model, --speculative-config, keys, limits) -> uvicorn; the flags: peagle/cli/serve.py
 - protocol.py: request models (JSON that is not valid Unicode: a 400 naming the field), OpenAI-style errors,
                request -> SamplingParams
 - prompt.py:   request -> prompt token ids (completions, chat template)

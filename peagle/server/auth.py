@@ -13,9 +13,9 @@ import ipaddress
 
 from fastapi.responses import JSONResponse
 
+from ..client import ENV_KEYS
 from .protocol import error_body
 
-ENV_KEYS = ("PEAGLE_API_KEY", "VLLM_API_KEY")
 OPEN = ("/health", "/metrics")
 
 

@@ -1,12 +1,12 @@
 """What every peagle trainer shares: device, heap settings, the learning-rate schedule, atomic
-checkpoints, RNG state and the process group.
+checkpoints and when to write them, RNG state and the process group.
 
 Invariants: the schedule is a pure function of (step, progress); a checkpoint file is either the old
 one or the complete new one (written to a temporary name, then renamed); RNG state round-trips exactly
 (python, numpy, torch and, when present, CUDA), so a resumed run continues bit-identically; the process
 group's backend follows the device the tensors live on (gloo for CPU, nccl for CUDA), never merely
-whether CUDA exists.  Used by the target trainer (:mod:`peagle.target.train`) and the drafter trainer
-(:mod:`peagle.train.loop`).
+whether CUDA exists.  Used by the demo target's trainer (:mod:`peagle.demo_target.train`) and the drafter
+trainer (:mod:`peagle.train.loop`).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import math
 import os
 import random
 import sys
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -69,6 +70,24 @@ def cosine_progress(step: int, total: int, warmup: int) -> float:
 
 
 # ------------------------------------------------------------------------------------ checkpoints
+class CheckpointClock:
+    """When a trainer writes its checkpoint: every ``steps`` optimizer steps and/or every ``minutes`` of wall
+    time since the last one (0 steps / None minutes: never by that measure)."""
+
+    def __init__(self, steps: int = 0, minutes: float | None = None):
+        self.steps, self.seconds = steps, (None if minutes is None else minutes * 60)
+        self.restart()
+
+    def restart(self) -> None:
+        """A checkpoint was just written: the wall-time measure starts again."""
+        self.last = time.time()
+
+    def due(self, step: int) -> bool:
+        if self.steps and step % self.steps == 0:
+            return True
+        return self.seconds is not None and time.time() - self.last >= self.seconds
+
+
 def save_checkpoint(path: str | Path, state: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,10 +23,8 @@ import textwrap
 import time
 
 from ..data import sources as C
-from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL, LLM, load_tokenizer
-from ..models.loader import add_backend_argument
 from ..sampling import SamplingParams
 from .data import shard_path, write_shard
 
@@ -189,8 +187,21 @@ def original_shard(tok, chat_template, items: list[dict], max_prompt: int, max_n
     return rows, skipped
 
 
+def excluded_ids(dirs: str) -> set:
+    """Prompt ids that other datagen runs (comma-separated --out directories) already hold."""
+    ids = set()
+    for d in dirs.split(","):
+        fn = os.path.join(d, "prompts.json")
+        if not os.path.isfile(fn):
+            raise PeagleError(f"--exclude {d}: no datagen run there (no prompts.json)")
+        with open(fn) as f:
+            ids.update(it["id"] for it in json.load(f)["items"])
+    return ids
+
+
 def run(args) -> int:
     import torch
+    args.model = args.model or DEFAULT_MODEL
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -199,6 +210,8 @@ def run(args) -> int:
                                               "max_prompt_tokens", "max_new_tokens", "temperature", "shard_size")}
     if args.responses != "regenerate":          # (absent from older plans, which all regenerated)
         settings["responses"] = args.responses
+    if args.exclude:                            # (absent from older plans, which excluded nothing)
+        settings["exclude"] = args.exclude
     if os.path.isfile(plan_fn):
         with open(plan_fn) as f:
             plan = json.load(f)
@@ -209,6 +222,9 @@ def run(args) -> int:
     else:
         print(f"datagen: collecting {args.num_prompts} prompts ...", flush=True)
         items = build_prompts(args.num_prompts, args.code_fraction, args.seed, args.turns)
+        if args.exclude:
+            held = excluded_ids(args.exclude)
+            items = [it for it in items if it["id"] not in held]
         if not items:
             raise PeagleError("no prompts found")
         tmp = plan_fn + ".tmp"
@@ -255,33 +271,3 @@ def run(args) -> int:
         bar.set_postfix(gen_tok_s=f"{ntok / max(time.time() - t0, 1e-9):.0f}", rows=len(rows))
     bar.close()
     return 0
-
-
-def add_parser(sub):
-    p = sub.add_parser("datagen", help="regenerate assistant turns with the target (drafter training data)",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="target HF directory (default models/demo-target)")
-    add_backend_argument(p)
-    p.add_argument("--out", required=True, help="output directory (shards; rerun to resume)")
-    p.add_argument("--num-prompts", type=int, default=3000)
-    p.add_argument("--code-fraction", type=float, default=0.3)
-    p.add_argument("--turns", type=int, default=1, choices=[1, 2])
-    p.add_argument("--max-prompt-tokens", type=int, default=768)
-    p.add_argument("--max-new-tokens", type=int, default=320)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--responses", choices=["regenerate", "original"], default="regenerate",
-                   help="regenerate the answers with the target (default), or keep the corpus' own answers "
-                        "(no generation: fast; the loss still follows the target's distribution)")
-    p.add_argument("--batch", type=int, default=64, help="engine max_num_seqs")
-    p.add_argument("--shard-size", type=int, default=128, help="prompts per shard")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    add_arguments(p)
-    p.add_argument("--part", default="0/1", help="i/n: run only shards with index %% n == i (parallel workers "
-                   "on one --out; start one first so it writes the prompt plan)")
-
-    def _run(a):
-        if a.model is None:
-            a.model = DEFAULT_MODEL
-        return run(a)
-    p.set_defaults(func=_run)

@@ -23,11 +23,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
-from ..heads.config import default_aux_layer_ids
-from ..llm import DEFAULT_MODEL
-from ..models.loader import load_target
-from ..paths import portable_path
-from .data import load_docs
 from .features import layer_states
 
 CONFIG = "hidden_states.json"
@@ -140,34 +135,3 @@ class HiddenStateCache:
             h = f.get_tensor("hidden_states").float()                  # [n, n_layers, H]
         n = h.shape[0]
         return h[:, :-1].reshape(n, -1), h[:, -1]
-
-
-def add_parser(sub):
-    p = sub.add_parser("hidden-states", help="extract the target's hidden states for drafter training "
-                       "(speculators' hs_{i}.safetensors format)", description=__doc__,
-                       formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="target HF directory (default: the default target)")
-    p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated)")
-    p.add_argument("--out", required=True, help="cache directory (rerun to resume)")
-    p.add_argument("--layer-ids", default=None,
-                   help="comma-separated, the last = num_layers (default: vLLM's aux ids 2,L//2,L-3 and L)")
-    p.add_argument("--max-docs", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=2048, help="documents are cut to this many tokens")
-    p.add_argument("--max-batch-tokens", type=int, default=8192)
-    p.add_argument("--threads", type=int, default=0)
-
-    def _run(a):
-        if a.threads:
-            torch.set_num_threads(a.threads)
-        model = a.model or DEFAULT_MODEL
-        target = load_target(model)
-        L = target.cfg.num_hidden_layers
-        ids = ([int(x) for x in a.layer_ids.split(",")] if a.layer_ids
-               else default_layer_ids(L, default_aux_layer_ids(L)))
-        docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None)]
-        r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
-        print(f"{a.out}: {len(docs)} samples; this run {r['samples']} samples, {r['tokens']} tokens in "
-              f"{r['seconds']:.0f} s ({r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s), "
-              f"{r['bytes_per_token'] / 1024:.1f} KiB per token")
-        return 0
-    p.set_defaults(func=_run)

@@ -20,11 +20,13 @@ import torch
 from ..device import resolve_dtype
 from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
-from ..models.drafter import DrafterHead
+from ..heads.init import from_eagle3, init_head, load_eagle3_into, warm_start
+from ..heads.vocab import build_draft_vocab, mappings, token_counts
 from ..models.loader import load_target
 from ..paths import portable_path, portable_paths
 from . import eagle3_loss, peagle_loss
 from .common import (
+    CheckpointClock,
     all_sum,
     barrier,
     broadcast,
@@ -40,72 +42,6 @@ from .data import epoch_rows, load_docs
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
-from .vocab import build_draft_vocab, mappings, token_counts
-
-
-# ----------------------------------------------------------------------------------------- head
-def init_head(cfg: dict, target, draft_ids: torch.Tensor, method: str, seed: int):
-    torch.manual_seed(seed)
-    head = DrafterHead(cfg)
-    V = cfg["vocab_size"]
-    d2t, t2d, _ = mappings(draft_ids, V)
-    with torch.no_grad():
-        head.d2t.copy_(d2t)
-        head.t2d.copy_(t2d)
-        if head.embed_tokens.weight.shape == target.embed.shape:
-            head.embed_tokens.weight.copy_(target.embed.float())
-        if head.lm_head.weight.shape[1] == target.lm_head.shape[1]:
-            head.lm_head.weight.copy_(target.lm_head[draft_ids].float())
-            head.norm.weight.copy_(target.norm.float())
-        if head.parallel:
-            head.mask_hidden.normal_(0, 1.0)
-    # EAGLE-3 keeps the target's embedding frozen; P-EAGLE trains it (the mask row must adapt)
-    head.embed_tokens.weight.requires_grad_(method == "peagle")
-    return head
-
-
-def source_head(path: str, target, parallel: bool, flag: str):
-    """A trained head of this target that a run starts from, and its draft vocabulary (target ids);
-    refused when it is not of the kind ``flag`` needs."""
-    src = DrafterHead.from_pretrained(path, target.cfg, target_embed=target.embed)
-    if src.parallel != parallel:
-        kind = lambda p: "a parallel (P-EAGLE)" if p else "an EAGLE-3"
-        raise PeagleError(f"{flag} {path} is {kind(src.parallel)} head; {flag} needs {kind(parallel)} one")
-    return src, torch.arange(src.cfg["draft_vocab_size"]) + src.d2t
-
-
-def warm_start(path: str, target, method: str):
-    """--init: an existing head (same target) to continue training from, with its config and draft vocabulary;
-    the optimizer and schedule start fresh."""
-    src, draft_ids = source_head(path, target, method == "peagle", f"--method {method} --init")
-    return src, dict(src.cfg), draft_ids
-
-
-def from_eagle3(path: str, target, layers: int, mask_token: int):
-    """--init-from-eagle3: a P-EAGLE head that starts as a trained EAGLE-3 head (same target): its fc, first
-    layer, final norm, lm_head, embeddings and draft vocabulary are copied.  Extra layers start as identities
-    on the residual stream (their output projections o_proj / down_proj are zero), so at step 0 the new head's
-    depth-1 draft equals the EAGLE-3 head's; ``mask_hidden`` starts at zero (fc maps it to zero and the mask
-    token's embedding alone marks the slot).  Returns (source head, config, draft ids)."""
-    src, draft_ids = source_head(path, target, False, "--init-from-eagle3")
-    hc = HeadConfig.from_dict({k: v for k, v in src.cfg.items() if k != "peagle"})  # its record is not ours
-    hc.num_hidden_layers, hc.mask_token_id = layers, mask_token
-    return src, hc.to_dict(), draft_ids
-
-
-def load_eagle3_into(head, src) -> None:
-    """Copy every tensor of ``src`` that ``head`` has with the same shape; zero the output projections of
-    the layers ``src`` lacks and ``mask_hidden``."""
-    own = head.state_dict()
-    with torch.no_grad():
-        for k, v in src.state_dict().items():
-            if k in own and own[k].shape == v.shape:
-                own[k].copy_(v)
-        for i in range(len(src.layers), len(head.layers)):
-            for name, p in head.layers[i].named_parameters():
-                if name.endswith(("o_proj.weight", "down_proj.weight")):
-                    p.zero_()
-        head.mask_hidden.zero_()
 
 
 class GradSync(torch.nn.Module):
@@ -351,7 +287,7 @@ class Trainer:
         if self.rank != 0:
             return
         a = self.a
-        info = {"method": self.method, "layers": self.head.cfg["num_hidden_layers"], "draft_vocab_size": len(self.draft_ids),
+        info = {"method": self.method, "layers": self.head.config.num_hidden_layers, "draft_vocab_size": len(self.draft_ids),
                 "steps": self.step, "train_time_s": round(self.elapsed, 1), "max_tokens": a.max_tokens,
                 "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world,
                 "data": portable_paths(a.data), "docs": len(self.docs),
@@ -378,6 +314,7 @@ class Trainer:
         log = open(os.path.join(a.out, "train_log.jsonl"), "a") if self.rank == 0 else None
         acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []
         stop_at = time.time() + a.max_minutes * 60 - self.elapsed if a.max_minutes else None
+        ckpt_clock = CheckpointClock(steps=a.ckpt_every)
         while self.step < self.total:
             t0 = time.time()
             self._time_schedule()
@@ -403,7 +340,7 @@ class Trainer:
                 losses = []
             if bar:
                 bar.update(1)
-            if a.ckpt_every and self.step % a.ckpt_every == 0:
+            if ckpt_clock.due(self.step):
                 self.save_ckpt()
             if a.kill_at_step and self.step == a.kill_at_step:  # test hook: simulate a crash after a checkpoint
                 os._exit(17)

@@ -26,8 +26,7 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from vllm_harness import DEMO_MAX_TOKENS, DEMO_RUNS, REPO, RESULTS
+from vllm_harness import DEMO_MAX_TOKENS, DEMO_RUNS, REPO, RESULTS, first_diff, top2_gap
 
 pytestmark = pytest.mark.vllm
 
@@ -48,30 +47,14 @@ def peagle_runs(peagle_results):
     return peagle_results["demo"]
 
 
-def _first_diff(a, b):
-    for j, (u, v) in enumerate(zip(a, b)):
-        if u != v:
-            return j
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _top2_gap(target, ids) -> float:
-    seq = torch.tensor([ids])
-    with torch.no_grad():
-        logits, _ = target.forward(seq, target.new_cache(1, seq.shape[1] + 8), 0, torch.zeros(1, dtype=torch.long),
-                                   logits_at=torch.tensor([seq.shape[1] - 1]))
-    top2 = logits[0].float().topk(2).values
-    return float(top2[0] - top2[1])
-
-
 def _compare(target, prompts, ref, out, what):
     """Per prompt: identical, or diverging at a floating-point tie (top-2 gap < TIE_EPS) -> (ties, problems)."""
     ties, bad = [], []
     for i, (p, r, o) in enumerate(zip(prompts, ref, out)):
-        j = _first_diff(r, o)
+        j = first_diff(r, o)
         if j is None:
             continue
-        gap = _top2_gap(target, p + r[:j])
+        gap = top2_gap(target, p + r[:j])
         (ties if gap < TIE_EPS else bad).append(f"{what}: prompt {i} differs at token {j} (top-2 gap {gap:.2e})")
     return ties, bad
 

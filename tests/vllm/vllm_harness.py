@@ -246,3 +246,22 @@ def finish_vllm(h: dict, timeout: float = 1500) -> dict:
               f"{m.get('num_drafts', '-')!s:>6s} {m.get('mean_acceptance_length') or 0:5.2f}  "
               f"{m.get('num_accepted_tokens_per_pos', '')}" + (f"  ERROR {x['error']}" if x.get("error") else ""))
     return doc
+
+
+def first_diff(a, b):
+    """First index where two token lists differ (None if equal)."""
+    for j, (u, v) in enumerate(zip(a, b)):
+        if u != v:
+            return j
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def top2_gap(target, ids) -> float:
+    """Gap between the target's two best logits for the token after ids (a floating-point tie when tiny)."""
+    import torch
+    seq = torch.tensor([ids])
+    with torch.no_grad():
+        logits, _ = target.forward(seq, target.new_cache(1, seq.shape[1] + 8), 0, torch.zeros(1, dtype=torch.long),
+                                   logits_at=torch.tensor([seq.shape[1] - 1]))
+    top2 = logits[0].float().topk(2).values
+    return float(top2[0] - top2[1])

@@ -1,5 +1,8 @@
 """Client-side helpers for benchmarks and load tests against `peagle serve` (or any vLLM-style server):
-start the server in a subprocess, read JSON / Prometheus metrics, stream one request with the `openai` client."""
+start the server in a subprocess, read JSON / Prometheus metrics, stream one request with the `openai` client.
+
+Invariant: the client knows the server only from outside (HTTP, and `python -m peagle.cli serve` as a
+subprocess); it imports no server module, so benchmarks and tests use it without the server's dependencies."""
 from __future__ import annotations
 
 import json
@@ -10,8 +13,11 @@ import sys
 import time
 import urllib.request
 
-from ..paths import REPO
-from ..spec_metrics import SpecMetrics
+from .paths import REPO
+from .spec_metrics import SpecMetrics
+
+# the environment variables an API key comes from (peagle/server/auth.py reads them; a launched server gets none)
+ENV_KEYS = ("PEAGLE_API_KEY", "VLLM_API_KEY")
 
 
 def get_text(url, timeout=30, headers=None) -> str:
@@ -34,7 +40,6 @@ def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float 
     """`peagle serve MODEL` (model None or "demo": the embedded default) on a free loopback port, without API keys
     (a key in the environment, e.g. $VLLM_API_KEY, is not passed on: the clients here send none).
     Returns (process, base url) once /health answers; raises RuntimeError if it exits or never comes up."""
-    from .auth import ENV_KEYS  # here: auth imports fastapi, which the client (bench, tests) does not need
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ENV_KEYS}
     port = free_port()
     cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])

@@ -1,6 +1,6 @@
-"""The target evaluator's HumanEval scoring: body truncation and the repetition rate."""
+"""The demo target's evaluator (peagle/demo_target/evaluate_target.py): HumanEval body truncation and the repetition rate."""
 
-from peagle.target.evaluate_target import body_parses, repetition_rate, truncate_body
+from peagle.demo_target.evaluate_target import body_parses, repetition_rate, truncate_body
 
 PROMPT = 'def add(a, b):\n    """Return a + b."""'
 

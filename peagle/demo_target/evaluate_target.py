@@ -1,6 +1,6 @@
 """Evaluate the demo target model (the figures its model card quotes).
 
-    python -m peagle.target.evaluate_target models/demo-target
+    python -m peagle.demo_target.evaluate_target models/demo-target
 
 * held-out code and chat loss (nats/token) vs a unigram baseline (the training
   unigram distribution's cross-entropy on the same tokens);
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ap = argparse.ArgumentParser(prog="python -m peagle.target.evaluate_target", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m peagle.demo_target.evaluate_target", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", nargs="?", default="models/demo-target")
     ap.add_argument("--data-dir", default="data/target")
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     mdir = Path(args.model_dir)
     tok = AutoTokenizer.from_pretrained(str(mdir))
     model = AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).to(device).eval()
-    res: dict = {"model_dir": str(mdir), "command": "python -m peagle.target.evaluate_target "
+    res: dict = {"model_dir": str(mdir), "command": "python -m peagle.demo_target.evaluate_target "
                  + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))}
 
     # ---- held-out loss vs unigram

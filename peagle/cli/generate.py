@@ -5,13 +5,13 @@ import json
 import sys
 import time
 
-from .compile import add_argument
-from .device import add_arguments
-from .errors import PeagleError
-from .llm import LLM
-from .models.loader import add_backend_argument
-from .sampling import SamplingParams
-from .spec_config import parse_spec_config
+from ..compile import add_argument
+from ..device import add_arguments
+from ..errors import PeagleError
+from ..llm import LLM
+from ..models.loader import add_backend_argument
+from ..sampling import SamplingParams
+from ..spec_config import parse_spec_config
 
 
 def add_parser(sub):

@@ -10,10 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import PeagleError
-from ..heads.config import HeadConfig, is_parallel_head
-from ..heads.format import validate_head
-from ..heads.io import load_head_dir, save_head_dir
-from .layers import BlockCtx, Rope, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
+from ..models.layers import BlockCtx, Rope, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
+from .config import HeadConfig, is_parallel_head
+from .format import validate_head
+from .io import load_head_dir, save_head_dir
 
 
 class RMSNorm(nn.Module):
@@ -26,9 +26,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, in_dim):
+    def __init__(self, cfg: HeadConfig, in_dim):
         super().__init__()
-        nh, nkv, hd, H = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["hidden_size"]
+        nh, nkv, hd, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         self.q_proj = nn.Linear(in_dim, nh * hd, bias=False)
         self.k_proj = nn.Linear(in_dim, nkv * hd, bias=False)
         self.v_proj = nn.Linear(in_dim, nkv * hd, bias=False)
@@ -55,17 +55,17 @@ class MLP(nn.Module):
 
 
 class DrafterLayer(nn.Module):
-    def __init__(self, cfg, first: bool):
+    def __init__(self, cfg: HeadConfig, first: bool):
         super().__init__()
-        H, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.first = first
         self.input_layernorm = RMSNorm(H, eps)
         if first:
             self.hidden_norm = RMSNorm(H, eps)
         self.self_attn = Attention(cfg, 2 * H if first else H)
         self.post_attention_layernorm = RMSNorm(H, eps)
-        self.mlp = MLP(H, cfg["intermediate_size"])
-        self.norm_before_residual = bool(cfg.get("norm_before_residual", False))
+        self.mlp = MLP(H, cfg.intermediate_size)
+        self.norm_before_residual = bool(cfg.norm_before_residual)
 
     def attn_input(self, x, emb):
         """(residual, attention input): layer 0 attends over [input_layernorm(embed) || hidden_norm(h)]."""
@@ -85,21 +85,26 @@ class DrafterHead(nn.Module):
     def __init__(self, cfg: HeadConfig | dict, parallel: bool | None = None):
         """parallel: build for parallel drafting (mask token + mask_hidden); None = what the config says."""
         super().__init__()
-        hc = cfg if isinstance(cfg, HeadConfig) else HeadConfig.from_dict(cfg)
-        self.cfg = cfg = hc.to_dict()
-        H, T3 = cfg["hidden_size"], 3 * cfg["target_hidden_size"]
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], H)
+        # a copy (from_dict(to_dict())): the head owns its config, whatever the caller does with hers
+        self.config = hc = HeadConfig.from_dict(cfg.to_dict() if isinstance(cfg, HeadConfig) else cfg)
+        H, T3 = hc.hidden_size, 3 * hc.target_hidden_size
+        self.embed_tokens = nn.Embedding(hc.vocab_size, H)
         self.fc = nn.Linear(T3, H, bias=False)
-        self.layers = nn.ModuleList([DrafterLayer(cfg, i == 0) for i in range(cfg["num_hidden_layers"])])
-        self.norm = RMSNorm(H, cfg["rms_norm_eps"])
-        self.lm_head = nn.Linear(H, cfg["draft_vocab_size"], bias=False)
-        self.register_buffer("d2t", torch.zeros(cfg["draft_vocab_size"], dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(cfg["vocab_size"], dtype=torch.bool))
+        self.layers = nn.ModuleList([DrafterLayer(hc, i == 0) for i in range(hc.num_hidden_layers)])
+        self.norm = RMSNorm(H, hc.rms_norm_eps)
+        self.lm_head = nn.Linear(H, hc.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(hc.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(hc.vocab_size, dtype=torch.bool))
         self.mask_token_id = hc.mask_token_id if (hc.parallel if parallel is None else parallel) else None
         if self.parallel:
             self.mask_hidden = nn.Parameter(torch.randn(1, 1, T3) * 0.02)
-        self.aux_ids = tuple(cfg["eagle_aux_hidden_state_layer_ids"])
+        self.aux_ids = tuple(hc.eagle_aux_hidden_state_layer_ids)
         self.rope = None
+
+    @property
+    def cfg(self) -> dict:
+        """The head's config.json (vLLM's flat layout, :meth:`HeadConfig.to_dict`): a fresh dict per call."""
+        return self.config.to_dict()
 
     @property
     def parallel(self) -> bool:
@@ -107,9 +112,9 @@ class DrafterHead(nn.Module):
 
     def _rope(self, device, dtype):
         if self.rope is None or self.rope.device != device or self.rope.dtype != dtype:
-            c = self.cfg
-            self.rope = Rope(c["head_dim"], float(c.get("rope_theta", 10000.0)), c.get("rope_scaling"),
-                             int(c.get("max_position_embeddings", 2048)) + 64, dtype, device)
+            c = self.config
+            self.rope = Rope(c.head_dim, float(c.rope_theta), c.extra.get("rope_scaling"),
+                             int(c.max_position_embeddings) + 64, dtype, device)
         return self.rope
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
@@ -155,9 +160,9 @@ class DrafterHead(nn.Module):
     def _forward_cached(self, ids, hidden, cache, b0, start, span=None, s0=None):
         if getattr(self, "_fused", None) is None:
             self.prepare_inference()
-        c = self.cfg
-        eps, nh, nkv = c["rms_norm_eps"], c["num_attention_heads"], c["num_key_value_heads"]
-        hd, inter = c["head_dim"], c["intermediate_size"]
+        c = self.config
+        eps, nh, nkv = c.rms_norm_eps, c.num_attention_heads, c.num_key_value_heads
+        hd, inter = c.head_dim, c.intermediate_size
         ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1], b0, span, s0, cache.max_len)
         emb = F.embedding(ids, self.embed_tokens.weight)
         x = hidden
@@ -181,7 +186,7 @@ class DrafterHead(nn.Module):
     def save_pretrained(self, path: str, extra: dict | None = None):
         """The head directory vLLM loads (config keys sorted; ``extra`` adds keys such as the peagle record).
         A head that shares the target's embedding stores none (vLLM then uses the target's, as peagle does)."""
-        cfg = HeadConfig.from_dict({**self.cfg, **(extra or {})}).to_dict()
+        cfg = HeadConfig.from_dict({**self.config.to_dict(), **(extra or {})}).to_dict()
         sd = self.state_dict()
         if self.shares_target_embedding:
             sd.pop("embed_tokens.weight")
@@ -215,7 +220,7 @@ class DrafterHead(nn.Module):
         if not parallel:
             sd.pop("mask_hidden", None)
         missing, unexpected = head.load_state_dict(sd, strict=False)
-        if head.cfg["draft_vocab_size"] == head.cfg["vocab_size"]:
+        if head.config.draft_vocab_size == head.config.vocab_size:
             missing = [m for m in missing if m not in ("d2t", "t2d")]   # full vocabulary: identity map (vLLM 0.32
         shared = "embed_tokens.weight" in missing
         missing = [m for m in missing if m != "embed_tokens.weight"]

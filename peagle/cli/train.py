@@ -11,7 +11,7 @@ import argparse
 from ..device import add_arguments as add_device_arguments
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
-from .loop import Trainer
+from ..train.loop import Trainer
 
 
 def add_arguments(p):

@@ -8,7 +8,7 @@ For the first --num-prompts HumanEval problems, greedy --max-tokens continuation
 Reports the parse rate, the share of answers that contain a `return`/code at all, and the repetition rate
 (fraction of generated tokens that extend an 8-gram already in the output; lower is better).
 
-    .venv/bin/python bench/humaneval_format.py --num-prompts 40
+    .venv/bin/python studies/humaneval_format.py --num-prompts 40
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from peagle import LLM, SamplingParams
 from peagle.data.benchmarks import encode_prompt, load_humaneval
+from peagle.demo_target.evaluate_target import repetition_rate
 from peagle.llm import DEFAULT_MODEL
 
 STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]
@@ -36,11 +37,8 @@ def parses(src: str) -> bool:
 
 
 def repetition(ids, n=8) -> float:
-    seen, rep = set(), 0
-    for i in range(n, len(ids) + 1):
-        g = tuple(ids[i - n:i])
-        rep += g in seen
-        seen.add(g)
+    """The share of the output's n-grams that occurred earlier in it (repetition_rate counts them)."""
+    rep, _ = repetition_rate(list(ids), n)
     return rep / max(len(ids) - n + 1, 1)
 
 

@@ -1,6 +1,6 @@
 """Peak RSS of one P-EAGLE training step (K=8 depths, COD r=0.7 / r_min=0.2), flat vs partitioned.
 
-    .venv/bin/python bench/train_memory.py [--lengths 2048,4096,8192,16384] [--budget-gib 10]
+    .venv/bin/python studies/train_memory.py [--lengths 2048,4096,8192,16384] [--budget-gib 10]
 
 Each configuration runs in its own subprocess (so peaks do not mix) on synthetic data: one document of
 N tokens (90 % assistant tokens), random target features, a small drafter (hidden 128, 1 layer, 2 heads,
@@ -27,7 +27,7 @@ def child(n: int, seg: int, threads: int):
     import torch
     torch.set_num_threads(threads)
     from peagle.heads.config import HeadConfig
-    from peagle.models.drafter import DrafterHead
+    from peagle.heads.model import DrafterHead
     from peagle.train.mask import MaskTable
     from peagle.train.peagle_loss import make_elements, row_step
     # a synthetic head (no target, no tokenizer): the mask token id is given explicitly

@@ -9,14 +9,14 @@ import sys
 
 import torch
 
-from .autok.factory import cost_model_for, k_max_for
-from .autok.tune import best_k_per_batch, expected_tokens, ranges
-from .data.benchmarks import encode_prompt, load_dataset
-from .device import add_arguments
-from .errors import PeagleError
-from .llm import DEFAULT_MODEL, LLM, measuring_engines
-from .sampling import SamplingParams
-from .spec_config import parse_spec_config
+from ..autok.factory import cost_model_for, k_max_for
+from ..autok.tune import best_k_per_batch, best_two_level, expected_tokens, ranges
+from ..data.benchmarks import encode_prompt, load_dataset
+from ..device import add_arguments
+from ..errors import PeagleError
+from ..llm import DEFAULT_MODEL, LLM, measuring_engines
+from ..sampling import SamplingParams
+from ..spec_config import parse_spec_config
 
 
 def add_parser(sub):
@@ -36,6 +36,9 @@ def add_parser(sub):
     add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--any-k", action="store_true",
+                   help="P-EAGLE heads: any K per batch size (a vLLM with PR #45695); default: each batch size "
+                        "uses 0 or one K, the largest, which vLLM <= 0.32 runs correctly")
     p.add_argument("--out", default=None, help="write the speculative config JSON here (default: stdout)")
     p.set_defaults(func=run)
 
@@ -69,9 +72,13 @@ def run(a) -> int:
     e = expected_tokens(rate)
     cost = cost_model_for(eng.target, measuring_engines(eng.target, eng.proposer.head, spec, k_max), spec.name, k_max,
                           a.max_num_seqs, model, spec.model, eng.target.dtype)
-    ks = best_k_per_batch(e, cost, a.max_num_seqs)
+    two_level = spec.parallel_drafting and not a.any_k
+    if two_level:
+        k_top, ks = best_two_level(e, cost, a.max_num_seqs)
+    else:
+        k_top, ks = k_max, best_k_per_batch(e, cost, a.max_num_seqs)
     sched = ranges(ks)
-    out = dict(spec.as_dict(), num_speculative_tokens=k_max, num_speculative_tokens_per_batch_size=sched)
+    out = dict(spec.as_dict(), num_speculative_tokens=k_top, num_speculative_tokens_per_batch_size=sched)
     out.pop("max_num_speculative_tokens", None)
     print(f"peagle tune: {spec.name} head {spec.model}, K 0..{k_max}; acceptance on {len(prompts)} {a.dataset} "
           f"prompts: E[tokens/step | K] = {[round(float(x), 2) for x in e]}", file=sys.stderr)
@@ -79,9 +86,10 @@ def run(a) -> int:
         b = (s + t) // 2
         gain = float(e[k] / cost.predict(b)[k] * cost.predict(b)[0])
         print(f"  batch {s}-{t}: K={k}  (at B={b}: {gain:.2f}x plain decoding, estimated)", file=sys.stderr)
-    if spec.parallel_drafting:
-        print("peagle tune: note: vLLM's dynamic K with parallel drafting keeps the configured K's mask slots "
-              "(vLLM PR #45695, open at the time of writing); check your vLLM version", file=sys.stderr)
+    if two_level:
+        print(f"peagle tune: parallel drafting: K is 0 or {k_top} per batch size (vLLM <= 0.32 keeps "
+              "num_speculative_tokens mask slots whatever the step's K, vLLM PR #45695; --any-k lifts this)",
+              file=sys.stderr)
     text = json.dumps(out)
     if a.out:
         with open(a.out, "w") as f:

@@ -1,4 +1,5 @@
-"""Draft vocabulary: the top-N target tokens by frequency over the loss-masked (assistant) tokens."""
+"""Draft vocabulary: the top-N target tokens by frequency over the loss-masked (assistant) tokens, and the
+maps a head stores for it (d2t, t2d; see peagle/heads/format.py)."""
 from __future__ import annotations
 
 import torch

@@ -1,0 +1,78 @@
+"""`peagle` command line: one module per subcommand in this package, named after it (``peagle hidden-states``
+-> ``peagle/cli/hidden_states.py``; a Python keyword gets a trailing underscore: ``import`` -> ``import_.py``),
+imported only when used.  A module holds the command's argument parsing and dispatch only; what the command
+does lives with its concept (peagle/server/, peagle/bench/, peagle/train/, peagle/heads/, ...).
+
+A module exposes add_parser(subparsers), which registers a parser with set_defaults(func=handler); a command in
+PASSTHROUGH owns its whole argument parsing instead (its module's main(argv) gets everything after the name)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import keyword
+import os
+import sys
+
+from ..errors import PeagleError
+
+COMMANDS = {
+    "generate": "generate text (plain or speculative), streaming to stdout",
+    "serve": "OpenAI-compatible server (vLLM's --speculative-config)",
+    "bench": "benchmarks: baseline vs EAGLE-3 vs P-EAGLE",
+    "tune": "measure this machine and write vLLM's num_speculative_tokens_per_batch_size",
+    "datagen": "regenerate assistant turns with the target (drafter training data)",
+    "hidden-states": "extract the target's hidden states for drafter training",
+    "train": "train an EAGLE-3 or P-EAGLE drafter head",
+    "export": "export a head in vLLM's flat or the speculators layout",
+    "import": "import a published head into peagle's layout",
+    "convert-gguf": "convert a Llama-family GGUF file into a Hugging Face directory",
+}
+
+# commands whose module owns its whole argument parsing: main(argv) gets everything after the command name
+PASSTHROUGH = ("train-target", "eval-target")
+
+
+def module_name(command: str) -> str:
+    """The module of a subcommand: its name with '-' -> '_' (a Python keyword gets a trailing '_')."""
+    name = command.replace("-", "_")
+    return f"{__name__}.{name}_" if keyword.iskeyword(name) else f"{__name__}.{name}"
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="peagle", description="Lossless speculative decoding with EAGLE-3 and P-EAGLE.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for name in PASSTHROUGH:
+        sub.add_parser(name, help=f"see `peagle {name} --help`")
+    for name, help_ in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_)
+            continue
+        importlib.import_module(module_name(name)).add_parser(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    cmd = next((a for a in argv if not a.startswith("-")), None)
+    if cmd in PASSTHROUGH:
+        rest = argv[argv.index(cmd) + 1:]
+        try:
+            return int(importlib.import_module(module_name(cmd)).main(rest) or 0)
+        except PeagleError as e:
+            print(f"peagle: error: {e}", file=sys.stderr)
+            return 1
+    ap = build_parser(cmd if cmd in COMMANDS else None)
+    args = ap.parse_args(argv)
+    if not getattr(args, "func", None):
+        ap.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except PeagleError as e:
+        print(f"peagle: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("peagle: interrupted", file=sys.stderr)
+        return 130

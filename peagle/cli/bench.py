@@ -1,0 +1,78 @@
+"""`peagle bench`: baseline vs EAGLE-3 vs P-EAGLE (and HF transformers peers) -> JSON, Markdown, PNGs (the
+flags; the run: peagle/bench/command.py)."""
+from __future__ import annotations
+
+import argparse
+
+from ..bench.command import QUICK, run
+from ..compile import add_argument
+from ..device import add_arguments
+from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from ..models.loader import add_backend_argument
+
+
+def _ints(s):
+    return [int(x) for x in str(s).split(",") if x.strip()]
+
+
+def _ks(s):
+    """K values: integers, and "auto" (K chosen per step; a method per drafter in the tables)."""
+    return [x.strip() if x.strip() == "auto" else int(x) for x in str(s).split(",") if x.strip()]
+
+
+def _strs(s):
+    return [x.strip() for x in str(s).split(",") if x.strip()]
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="benchmark baseline vs EAGLE-3 vs P-EAGLE (offline through the engine, or "
+                                     "online through the server)",
+                       description="Sweeps datasets x methods x K x concurrency in one run and writes "
+                                   "results.json, report.md and PNG plots.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="target HF directory (default: the default target)")
+    p.add_argument("--eagle3-head", default=DEFAULT_EAGLE3_HEAD)
+    p.add_argument("--peagle-head", default=DEFAULT_PEAGLE_HEAD)
+    p.add_argument("--datasets", type=_strs, default=["mtbench", "humaneval", "speed"],
+                   help="comma list of mtbench, humaneval, speed")
+    p.add_argument("--methods", type=_strs, default=["baseline", "eagle3", "peagle"])
+    p.add_argument("--ks", "--num-speculative-tokens", type=_ks, default=None, dest="ks",
+                   help='K values; "auto" = K chosen per step up to the head\'s trained depth (default 1,3,5,7,auto)')
+    p.add_argument("--remeasure", action="store_true",
+                   help='measure the step-cost model of K "auto" now instead of using the cached one')
+    p.add_argument("--concurrency", type=_ints, default=None, help="default 1,2,4,8,16,32,64,128")
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts per dataset (default: all; speed: 80)")
+    p.add_argument("--output-len", type=int, default=None, help="max output tokens (default 256)")
+    p.add_argument("--mode", choices=["offline", "online", "both"], default="offline",
+                   help="offline: through the engine in this process; online: through `peagle serve` subprocesses "
+                        "(one per method/K) with c concurrent streaming openai clients; both")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--draft-sampling", choices=["argmax", "sample"], default="argmax",
+                   help="the speculative config's draft_sampling: argmax drafts (vLLM's) or drafts sampled from the "
+                   "drafter's distribution at temperature > 0 (see README, Sampling)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
+    p.add_argument("--fill-concurrency", action=argparse.BooleanOptionalAction, default=True,
+                   help="at concurrency c > prompts, repeat prompts so c requests are in flight (default on)")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every run (median reported)")
+    p.add_argument("--humaneval-format", choices=["raw", "chat"], default="raw")
+    p.add_argument("--mtbench-turns", type=int, choices=[1, 2], default=1)
+    p.add_argument("--max-prompt-len", type=int, default=1024, help="skip longer prompts (tokens)")
+    p.add_argument("--peers", type=_strs, default=["hf", "hf-pld"],
+                   help="HF transformers peers at c=1: hf (generate), hf-pld (prompt lookup); '' for none")
+    p.add_argument("--peer-prompts", type=int, default=None, help="prompts per dataset for the HF peers (16)")
+    p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-pld")
+    add_arguments(p)
+    add_argument(p)
+    add_backend_argument(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--random-heads", action="store_true",
+                   help="use random heads of the target's shape when a head directory is missing (harness test)")
+    p.add_argument("--mask-token", type=int, default=None,
+                   help="mask token id of a random P-EAGLE head (default: the target tokenizer's <|mask|>)")
+    p.add_argument("--quick", action="store_true",
+                   help="sanity run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    p.add_argument("--out", default="bench-out", help="output directory (results.json, report.md, *.png)")
+    p.add_argument("--from-json", default=None, help="only re-render report and plots from a results.json")
+    p.add_argument("--notes", default=None, help="a Markdown file inserted into the report after the goals "
+                                                 "(analysis written after the run)")
+    p.set_defaults(func=run)

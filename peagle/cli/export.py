@@ -1,0 +1,53 @@
+"""`peagle export HEAD OUT`: a peagle head in vLLM's flat EAGLE-3 layout or the speculators layout, validated
+first (what is written: peagle/heads/export.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..heads.config import is_parallel_head
+from ..heads.export import FORMATS, export_head
+from ..heads.format import HeadValidationError
+from ..spec_config import speculative_config
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "export", help="export a head for vLLM (flat EAGLE-3 layout or speculators layout), validated first",
+        description="Validate a peagle head and write it in vLLM's flat EAGLE-3 layout (--format vllm, loads on "
+                    "vLLM >= 0.16) or the speculators layout (--format speculators, vLLM >= 0.22). Nothing is "
+                    "written if the head is invalid.")
+    p.add_argument("head", help="head directory (peagle native layout)")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--format", choices=FORMATS, default="vllm")
+    p.add_argument("--target", default=None, help="target model dir: validates vocab, aux ids, hidden size and "
+                                                  "context against it; names the verifier (speculators)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, dest="k",
+                   help="K to serve with (speculators proposal_methods; default: the head's trained depth, else 3)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    notes: list[str] = []
+    try:
+        cfg = export_head(args.head, args.out, format=args.format, target_dir=getattr(args, "target", None),
+                          num_speculative_tokens=getattr(args, "k", None), notes=notes)
+    except HeadValidationError as e:
+        print(f"error: {e}\nnothing written to {args.out}", file=sys.stderr)
+        return 2
+    for n in notes:
+        print(f"note: {n}")
+    if args.format == "vllm":
+        parallel = is_parallel_head(cfg)
+        k = cfg.get("peagle", {}).get("num_speculative_tokens", 3)
+        spec = speculative_config(Path(args.out).resolve(), k, parallel)
+        print(f"wrote {args.out} (vLLM flat EAGLE-3 layout). Serve with:\n"
+              f"  vllm serve {getattr(args, 'target', None) or 'TARGET'} --speculative-config '{json.dumps(spec)}'")
+    else:
+        print(f"wrote {args.out} (speculators layout, {cfg['speculators_model_type']}, K="
+              f"{cfg['speculators_config']['proposal_methods'][0]['speculative_tokens']}). Serve with:\n"
+              f"  vllm serve {Path(args.out).resolve()}   (vLLM >= 0.22)")
+    return 0

@@ -1,0 +1,47 @@
+"""`peagle hidden-states`: extract the target's hidden states for drafter training (speculators'
+hs_{i}.safetensors format; what is written: peagle/train/hidden_states.py)."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..heads.config import default_aux_layer_ids
+from ..llm import DEFAULT_MODEL
+from ..models.loader import load_target
+from ..paths import portable_path
+from ..train import hidden_states
+from ..train.data import load_docs
+from ..train.hidden_states import default_layer_ids, extract
+
+
+def add_parser(sub):
+    p = sub.add_parser("hidden-states", help="extract the target's hidden states for drafter training "
+                       "(speculators' hs_{i}.safetensors format)", description=hidden_states.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="target HF directory (default: the default target)")
+    p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated)")
+    p.add_argument("--out", required=True, help="cache directory (rerun to resume)")
+    p.add_argument("--layer-ids", default=None,
+                   help="comma-separated, the last = num_layers (default: vLLM's aux ids 2,L//2,L-3 and L)")
+    p.add_argument("--max-docs", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=2048, help="documents are cut to this many tokens")
+    p.add_argument("--max-batch-tokens", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(a):
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model = a.model or DEFAULT_MODEL
+    target = load_target(model)
+    L = target.cfg.num_hidden_layers
+    ids = ([int(x) for x in a.layer_ids.split(",")] if a.layer_ids
+           else default_layer_ids(L, default_aux_layer_ids(L)))
+    docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None)]
+    r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
+    print(f"{a.out}: {len(docs)} samples; this run {r['samples']} samples, {r['tokens']} tokens in "
+          f"{r['seconds']:.0f} s ({r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s), "
+          f"{r['bytes_per_token'] / 1024:.1f} KiB per token")
+    return 0

@@ -1,0 +1,51 @@
+"""`peagle serve`: an OpenAI-compatible HTTP server (completions, chat, streaming, metrics) with vLLM's
+--speculative-config (the flags; the start-up: peagle/server/start.py)."""
+from __future__ import annotations
+
+import argparse
+
+from ..compile import add_argument
+from ..device import add_arguments
+from ..models.loader import add_backend_argument
+from ..server.start import DEMO_K, ENV_SPEC, run
+
+
+def add_parser(sub):
+    p = sub.add_parser("serve", help="OpenAI-compatible server (vLLM's --speculative-config)",
+                       description="Serve a model over an OpenAI-compatible HTTP API with continuous batching and "
+                                   "optional speculative decoding. With no MODEL: the embedded demo target with its "
+                                   f"P-EAGLE head (K={DEMO_K}, parallel drafting).")
+    p.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded demo target)")
+    p.add_argument("--model", dest="model_opt", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--speculative-config", default=None,
+                   help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
+                        f'"parallel_drafting": true}}\'; also from ${ENV_SPEC} (the flag wins); "none" turns '
+                        "speculation off")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-num-seqs", type=int, default=128, help="rows in the running batch")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="requests that may wait for a row beyond --max-num-seqs (default 4x max-num-seqs); "
+                        "more get HTTP 429")
+    p.add_argument("--max-model-len", type=int, default=None)
+    add_arguments(p)
+    add_argument(p)
+    add_backend_argument(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require `Authorization: Bearer KEY` on every route but /health and /metrics; repeatable "
+                        "or comma-separated; also from $PEAGLE_API_KEY or $VLLM_API_KEY (the flag wins)")
+    g = p.add_argument_group("request limits (over a limit: HTTP 4xx naming the parameter)")
+    g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body size (default 8 MiB)")
+    g.add_argument("--max-prompt-tokens", type=int, default=None, help="prompt tokens (default: the context)")
+    g.add_argument("--max-tokens-limit", type=int, default=None,
+                   help="the largest max_tokens a request may ask for (default: the rest of the context)")
+    g.add_argument("--default-max-tokens", type=int, default=None,
+                   help="max_tokens for requests that give none (default: --max-tokens-limit, else the rest of the "
+                        "context)")
+    g.add_argument("--max-stop", type=int, default=16, help="stop strings, and stop_token_ids, per request")
+    g.add_argument("--max-stop-chars", type=int, default=512, help="characters per stop string")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true")
+    p.set_defaults(func=run)
