@@ -14,8 +14,12 @@ Runs under ``.venv-vllm/bin/python`` (vLLM pins its own torch/transformers), as 
 "serve": bool}`` and optionally ``"target": DIR``, ``"prompts": set name``, ``"max_tokens": N`` overriding
 the command line (``head`` null = no speculation; ``serve`` true = load a speculators-layout head as the
 main model, as ``vllm serve HEAD`` does, so vLLM takes the verifier, K and parallel drafting from the head's
-config).  All runs share one process (one ``import vllm``, ~10 s, and one first-engine warm-up, ~30 s on
-2 cores), so several targets are best checked in one matrix; each run builds its own engine in-process
+config).  Optional per run: ``"speculative_config"`` (a dict passed to vLLM as written, e.g. by ``peagle
+tune``, its "model" replaced by ``head`` if given), ``"max_num_seqs"``, ``"max_tokens_per_prompt"`` (one
+max_tokens per prompt) and ``"trace_steps": true`` (adds ``"steps"``: per scheduler step [batch size, K
+picked for the drafts proposed at the end of the step, sorted draft counts verified in the step]).
+All runs share one process (one ``import vllm``, ~10 s, and one first-engine warm-up, ~30 s on 2 cores), so
+several targets are best checked in one matrix; each run builds its own engine in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0, distributed_executor_backend="uni", enforce_eager, fp32, max_model_len
 512, 1 GiB KV cache).
 
@@ -106,17 +110,49 @@ def _shutdown(llm) -> None:
         pass
 
 
+STEP_TRACE: list | None = None  # per-step [batch size, K scheduled for the next step, [drafts verified]]
+
+
+def _install_step_trace() -> None:
+    """Record, per scheduler step: the batch size, the K vLLM's dynamic-SD lookup picked for the drafts proposed
+    at the end of the step (``num_spec_tokens_to_schedule``) and the number of draft tokens verified per
+    request in the step (``scheduled_spec_decode_tokens``)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if getattr(Scheduler.schedule, "_peagle_trace", False):
+        return
+    orig = Scheduler.schedule
+
+    def schedule(self, *a, **kw):
+        out = orig(self, *a, **kw)
+        if STEP_TRACE is not None and out.num_scheduled_tokens:
+            STEP_TRACE.append([len(out.num_scheduled_tokens), int(out.num_spec_tokens_to_schedule),
+                               sorted(len(v) for v in out.scheduled_spec_decode_tokens.values())])
+        return out
+
+    schedule._peagle_trace = True
+    Scheduler.schedule = schedule
+
+
 def run_one(run: dict, args, prompts: list[list[int]], target: str, max_tokens: int) -> dict:
+    global STEP_TRACE
     from vllm import LLM, SamplingParams
 
     res = dict(run)
     res.update(ok=False, error=None, outputs=None, metrics=None)
     head, k, parallel, serve = run.get("head"), run.get("k"), bool(run.get("parallel")), bool(run.get("serve"))
     kw = dict(distributed_executor_backend="uni", enforce_eager=True, max_model_len=args.max_model_len,
-              dtype=args.dtype, max_num_seqs=args.max_num_seqs, skip_tokenizer_init=True,
-              disable_log_stats=False, seed=0, gpu_memory_utilization=0.9)
+              dtype=args.dtype, max_num_seqs=int(run.get("max_num_seqs") or args.max_num_seqs),
+              skip_tokenizer_init=True, disable_log_stats=False, seed=0, gpu_memory_utilization=0.9)
     model = target
-    if head and serve:
+    if run.get("trace_steps"):
+        _install_step_trace()
+    STEP_TRACE = [] if run.get("trace_steps") else None
+    if run.get("speculative_config"):
+        # a speculative config as written (e.g. by `peagle tune`), its "model" replaced by the head to serve
+        kw["speculative_config"] = dict(run["speculative_config"], **({"model": head} if head else {}))
+        k = kw["speculative_config"].get("num_speculative_tokens")
+    elif head and serve:
         model = head  # speculators layout: vLLM reads verifier, K and parallel drafting from the head
         if k is not None:
             kw["speculative_config"] = {"num_speculative_tokens": int(k)}
@@ -131,7 +167,9 @@ def run_one(run: dict, args, prompts: list[list[int]], target: str, max_tokens: 
         t0 = time.perf_counter()
         llm = LLM(model=model, **kw)
         res["engine_start_s"] = round(time.perf_counter() - t0, 2)
-        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        per = run.get("max_tokens_per_prompt")  # staggered lengths: the batch shrinks as requests finish
+        sp = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True, detokenize=False)
+              for n in (per or [max_tokens] * len(prompts))]
         before = _spec_snapshot(llm)
         t0 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
@@ -141,11 +179,13 @@ def run_one(run: dict, args, prompts: list[list[int]], target: str, max_tokens: 
         res["generate_s"] = round(dt, 3)
         ntok = sum(len(o) for o in res["outputs"])
         res["output_tokens_per_s"] = round(ntok / dt, 1) if dt > 0 else None
-        if head:
+        if head or run.get("speculative_config"):
             sc = llm.llm_engine.vllm_config.speculative_config
             if sc is not None:
                 res["resolved"] = {"method": sc.method, "num_speculative_tokens": sc.num_speculative_tokens,
                                    "parallel_drafting": bool(getattr(sc, "parallel_drafting", False)),
+                                   "num_speculative_tokens_per_batch_size":
+                                       getattr(sc, "num_speculative_tokens_per_batch_size", None),
                                    "draft_model": str(sc.draft_model_config.model) if sc.draft_model_config else None}
                 k = sc.num_speculative_tokens
             res["metrics"] = _metrics(before, after, k)
@@ -154,6 +194,9 @@ def run_one(run: dict, args, prompts: list[list[int]], target: str, max_tokens: 
         res["error"] = f"{type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()[-4000:]
     finally:
+        if STEP_TRACE is not None:
+            res["steps"] = STEP_TRACE
+        STEP_TRACE = None
         if llm is not None:
             _shutdown(llm)
         del llm
@@ -232,12 +275,13 @@ def main(argv=None) -> int:
         target = run.get("target") or args.target
         pset = run.get("prompts", default_set)
         max_tokens = int(run.get("max_tokens") or args.max_tokens)
-        key = (target, pset, max_tokens)
+        key = (target, pset, max_tokens, tuple(run.get("max_tokens_per_prompt") or ()))
         r = run_one(run, args, sets[pset], target, max_tokens)
         r.update(target=target, prompts=pset, max_tokens=max_tokens)
-        if run.get("head") is None and r["ok"] and key not in baselines:
+        spec = run.get("head") is not None or bool(run.get("speculative_config"))
+        if not spec and r["ok"] and key not in baselines:
             baselines[key] = r["outputs"]
-        if run.get("head") is not None and r["ok"] and key in baselines:
+        if spec and r["ok"] and key in baselines:
             mm = _first_mismatch(r["outputs"], baselines[key])
             r["matches_baseline"], r["first_mismatch"] = mm is None, mm
         else:
