@@ -9,6 +9,9 @@
 #  2. hidden states of SmolLM2 (layers 2, 15, 27 and the final state 30), once, in speculators' format (~11 min).
 #  3. both heads side by side, one thread each, the same data, schedule and wall time; both share the target's
 #     embedding (a 49,152 x 576 embedding is 57 MB in bfloat16: over a head's file budget).
+#  4. part 2 (a later session): 1,790 more prompts from the same list (--exclude: none of part 1's), their hidden
+#     states appended to the same cache (2,510 samples), and both heads continued from part 1's weights (--init:
+#     fresh optimizer, lr 1e-3, cosine by wall time), again side by side, one thread each, the same minutes.
 set -e
 PY=.venv/bin/python; R=runs/smol; T=models/smollm2-135m-instruct
 MIN=${MIN:-55}
@@ -26,4 +29,19 @@ wait
 for h in e3:eagle3 pe:peagle; do
   mkdir -p models/smollm2-135m-instruct-${h#*:}
   cp $R/${h%:*}/config.json $R/${h%:*}/model.safetensors $R/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/
+done
+# part 2
+$PY -m peagle.cli datagen --model $T --out data/smol-orig2 --responses original --num-prompts 2600 --max-new-tokens 200 \
+    --max-prompt-tokens 256 --shard-size 100 --code-fraction 0.3 --seed 1 --exclude data/smol-orig
+$PY -m peagle.cli hidden-states --model $T --data data/smol-orig,data/smol-gen,data/smol-orig2 --out data/smol-hs \
+    --max-tokens 1024 --max-batch-tokens 4096 --threads 2
+MIN2=${MIN2:-57}
+COMMON2="--target $T --data data/smol-hs --max-tokens 1024 --batch-rows 1 --threads 1 --save-dtype bf16 --share-embedding --lr 1e-3 --warmup 20 --epochs 30 --max-minutes $MIN2 --ckpt-every 25"
+$PY -m peagle.cli train --method eagle3 --layers 1 --ttt-steps 7 --init models/smollm2-135m-instruct-eagle3 --out $R/e3b $COMMON2 &
+$PY -m peagle.cli train --method peagle --layers 2 --depths 8 --segment-len 512 --cod-r 0.5 --cod-rmin 0.1 \
+    --init models/smollm2-135m-instruct-peagle --out $R/peb $COMMON2 &
+wait
+for h in e3b:eagle3 peb:peagle; do
+  cp $R/${h%:*}/config.json $R/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
+  cp $R/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part2.jsonl
 done
