@@ -2,10 +2,11 @@
 `"num_speculative_tokens": "auto"` (peagle: K per step, see peagle.autok), optionally bounded by
 `"max_num_speculative_tokens"`, and vLLM's explicit `"num_speculative_tokens_per_batch_size"` schedule
 (with an integer num_speculative_tokens, the largest K, as in vLLM); and how sampled rows draft (peagle):
-`"draft_sampling": "argmax"` (the default: argmax drafts verified as one-hot drafts, vLLM's behaviour and
-acceptance counts) or `"sample"` (drafts drawn from the drafter's distribution q, verified with min(1, p/q)
-and the (p - q)+ residual; peagle/drafters/base.py, peagle/verify.py). Both are lossless; greedy rows
-(temperature 0) draft and verify the same in both."""
+`"draft_sampling": "sample"` (the default: drafts drawn from the drafter's distribution q, verified with
+min(1, p/q) and the (p - q)+ residual; peagle/drafters/base.py, peagle/verify.py) or `"argmax"` (argmax drafts
+verified as one-hot drafts: vLLM's behaviour and its acceptance counts at temperature > 0). Both are lossless;
+greedy rows (temperature 0) draft and verify the same in both. The key is peagle's: `as_dict()` leaves the
+default out, and `peagle tune` never writes it (vLLM has no such key)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,9 @@ KNOWN = {"method", "model", "num_speculative_tokens", "parallel_drafting", "draf
          "max_num_speculative_tokens", "draft_sampling"}
 AUTO = "auto"
 DRAFT_SAMPLING = ("argmax", "sample")
+# drafts sampled from q accepted more in 11 of 12 measured T > 0 cells (docs/benchmarks/sampling.md); greedy
+# rows draft and verify the same in both modes, so vLLM's greedy acceptance counts are unchanged
+DEFAULT_DRAFT_SAMPLING = "sample"
 
 
 def speculative_config(head, k, parallel: bool) -> dict:
@@ -36,7 +40,7 @@ class SpecConfig:
     parallel_drafting: bool = False
     max_num_speculative_tokens: int | None = None
     num_speculative_tokens_per_batch_size: list | None = None
-    draft_sampling: str = "argmax"               # "argmax" | "sample" (peagle only)
+    draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # "argmax" | "sample" (peagle only)
 
     @property
     def name(self) -> str:
@@ -60,7 +64,7 @@ class SpecConfig:
             d["max_num_speculative_tokens"] = self.max_num_speculative_tokens
         if self.num_speculative_tokens_per_batch_size is not None:
             d["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.num_speculative_tokens_per_batch_size]
-        if self.draft_sampling != "argmax":          # the default stays out: the dict vLLM gets is vLLM's
+        if self.draft_sampling != DEFAULT_DRAFT_SAMPLING:    # the default stays out: the dict vLLM gets is vLLM's
             d["draft_sampling"] = self.draft_sampling
         return d
 
@@ -113,7 +117,7 @@ def parse_spec_config(spec) -> SpecConfig | None:
     tp = spec.get("draft_tensor_parallel_size", 1)
     if tp != 1:
         raise PeagleError("draft_tensor_parallel_size must be 1 in peagle (single process)")
-    ds = spec.get("draft_sampling", "argmax")
+    ds = spec.get("draft_sampling", DEFAULT_DRAFT_SAMPLING)
     if ds not in DRAFT_SAMPLING:
         raise PeagleError(f"draft_sampling must be \"argmax\" or \"sample\", got {ds!r}")
     return SpecConfig("eagle3", spec["model"], k, pd, kmax, sched, ds)

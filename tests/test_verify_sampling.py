@@ -163,9 +163,9 @@ def test_greedy_rows_unchanged_in_sample_mode(tiny_dirs, tmp_path_factory, metho
 
 def test_spec_config_draft_sampling():
     base = {"method": "eagle3", "model": "h", "num_speculative_tokens": 3}
-    assert parse_spec_config(base).draft_sampling == "argmax"
+    assert parse_spec_config(base).draft_sampling == "sample"                   # the default (measured)
     assert "draft_sampling" not in parse_spec_config(base).as_dict()            # the vLLM dict stays vLLM's
-    s = parse_spec_config({**base, "draft_sampling": "sample"})
-    assert s.draft_sampling == "sample" and parse_spec_config(s.as_dict()) == s
+    s = parse_spec_config({**base, "draft_sampling": "argmax"})
+    assert s.draft_sampling == "argmax" and parse_spec_config(s.as_dict()) == s
     with pytest.raises(PeagleError, match="draft_sampling"):
         parse_spec_config({**base, "draft_sampling": "random"})

@@ -10,6 +10,7 @@ import time
 from ..errors import PeagleError
 from ..heads.init import random_head
 from ..paths import portable_path as rel
+from ..spec_config import DEFAULT_DRAFT_SAMPLING
 from .report import write_all
 from .sweep import run_sweep
 
@@ -38,7 +39,7 @@ def canonical_command(a) -> str:
     if a.mode != "offline":
         parts += ["--mode", a.mode]
     parts += ["--output-len", str(a.output_len), "--temperature", str(a.temperature)]
-    if getattr(a, "draft_sampling", "argmax") != "argmax":
+    if getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING) != DEFAULT_DRAFT_SAMPLING:
         parts += ["--draft-sampling", a.draft_sampling]
     if a.ignore_eos:
         parts.append("--ignore-eos")

@@ -19,7 +19,7 @@ from ..heads.model import DrafterHead
 from ..llm import load_tokenizer, make_engine, measuring_engines
 from ..models.loader import load_target
 from ..sampling import SamplingParams
-from ..spec_config import SpecConfig
+from ..spec_config import DEFAULT_DRAFT_SAMPLING, SpecConfig
 from .summary import percentile
 
 
@@ -58,7 +58,7 @@ class Bench:
 
     def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
                  remeasure: bool = False, device: str = "auto", compile: bool = False, target_backend: str = "auto",
-                 draft_sampling: str = "argmax"):
+                 draft_sampling: str = DEFAULT_DRAFT_SAMPLING):
         self.draft_sampling = draft_sampling      # the speculative config's "draft_sampling" for every run
         self.device, self.dtype = resolve(device, dtype)
         self.compile = compile

@@ -9,6 +9,7 @@ from ..compile import add_argument
 from ..device import add_arguments
 from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from ..models.loader import add_backend_argument
+from ..spec_config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING
 
 
 def _ints(s):
@@ -46,7 +47,7 @@ def add_parser(sub):
                    help="offline: through the engine in this process; online: through `peagle serve` subprocesses "
                         "(one per method/K) with c concurrent streaming openai clients; both")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--draft-sampling", choices=["argmax", "sample"], default="argmax",
+    p.add_argument("--draft-sampling", choices=list(DRAFT_SAMPLING), default=DEFAULT_DRAFT_SAMPLING,
                    help="the speculative config's draft_sampling: argmax drafts (vLLM's) or drafts sampled from the "
                    "drafter's distribution at temperature > 0 (see README, Sampling)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")

@@ -80,6 +80,7 @@ def run(a) -> int:
     sched = ranges(ks)
     out = dict(spec.as_dict(), num_speculative_tokens=k_top, num_speculative_tokens_per_batch_size=sched)
     out.pop("max_num_speculative_tokens", None)
+    out.pop("draft_sampling", None)                  # peagle's key: the config is for vLLM
     print(f"peagle tune: {spec.name} head {spec.model}, K 0..{k_max}; acceptance on {len(prompts)} {a.dataset} "
           f"prompts: E[tokens/step | K] = {[round(float(x), 2) for x in e]}", file=sys.stderr)
     for s, t, k in sched:
