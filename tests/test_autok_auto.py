@@ -57,7 +57,9 @@ def test_chooses_the_k_with_most_tokens_per_second():
 
 
 def test_k0_when_drafts_are_rejected_and_tries_again_once_evidence_ages():
-    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6, half_life_rows=256), refine=False, guard=False)
+    # a small margin: this is about how fast old evidence ages, not about the default margin's caution
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6, half_life_rows=256), refine=False, guard=False,
+                margin=0.02)
     rows = [Row(f"r{i}") for i in range(64)]
     assert pol.drafts_next(64) and pol.choose(rows) > 0   # the prior says drafting pays
     feed(pol, rows, 0.0, 20, k=2)                      # nothing is accepted

@@ -198,7 +198,7 @@ def test_a_slow_drafter_converges_to_plain_within_the_stated_steps_and_stays_wit
     def pol(guard=True):
         return AutoK(K, grid(step), Acceptance(K, prior=[0.8] * K, prior_weight=1e9 if trusting else 4.0,
                                               request_weight=1e9 if trusting else 16.0),
-                     guard=guard)
+                     guard=guard, margin=0.02)   # a policy that wants to draft: the guard has to stop it
     exact = run(pol(), 300, step, geometric(0.0), noise=0.0)
     assert any(exact["k"]) and exact["first_zero_run"] is not None and exact["first_zero_run"] <= stated
     noisy = run(pol(), 3000, step, geometric(0.0), noise=0.1, catch_row_s=CATCH_ROW_S)
