@@ -35,7 +35,6 @@ from .costmodel import CostModel, shown_path
 from .guard import FALLBACK, Guard
 from .trace import open_trace, r6
 
-
 # A K > 0 must be expected to beat plain decoding by this fraction. The c=1 traces on the demo target
 # (docs/benchmarks/auto/README.md) show the model's K > 0 choices realise 0.80-0.95x the tokens/s they were
 # expected to (step time 1.01-1.23x the prediction, tokens 0.85-0.99x: acceptance is estimated from the
