@@ -292,8 +292,7 @@ class Engine:
             outs.append(self._emit(r, h[1:a + 2]))
         self.metrics.verify_time_s += time.perf_counter() - t0
         self.metrics.add_step(K)
-        self.k_policy.observe(rows, K, torch.tensor([h[0] for h in host], dtype=torch.long, device="cpu"),
-                              time.perf_counter() - t_step)
+        self.k_policy.observe(rows, K, [h[0] for h in host], time.perf_counter() - t_step)
         return outs
 
     def _advance(self, B: int, K: int, acc, toks, aux) -> list:

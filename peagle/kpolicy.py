@@ -29,7 +29,7 @@ class KPolicy:
         return self.k_max > 0
 
     def observe(self, rows, k: int, accepted, step_s: float) -> None:
-        """After a decode step: K used, accepted drafts per row (tensor [B]; zeros when K = 0) and the step's
+        """After a decode step: K used, accepted drafts per row (a list of B ints; zeros when K = 0) and the step's
         wall time in seconds (drafting + verification + bookkeeping)."""
 
     def describe(self) -> dict:

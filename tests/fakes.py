@@ -40,7 +40,7 @@ class ScriptedK(KPolicy):
         return self.script[self.i % len(self.script)] > 0
 
     def observe(self, rows, k, accepted, step_s):
-        self.observed.append((len(rows), k, accepted.tolist()))
+        self.observed.append((len(rows), k, list(accepted)))
 
 
 def install_proposer(llm, proposer, k, policy=None):

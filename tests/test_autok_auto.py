@@ -101,7 +101,7 @@ def test_a_drafter_catch_up_is_paid_only_when_the_remaining_tokens_repay_it():
     """After K = 0 steps the drafter is behind; the first K > 0 step feeds every skipped row (a padded block of
     B x max rows), a one-off cost amortised over the tokens the batch still generates: a long backlog with few
     tokens left stays at K = 0, the same backlog with many tokens left (or a short one) drafts."""
-    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=False, guard=False)
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=False, guard=False, settle=1)
     pol.row_s = 1e-3
     steady = pol.choose([Behind(f"r{i}", 1, 8) for i in range(4)])
     assert steady > 0 and pol.last["catch_up_rows"] == 0
@@ -109,6 +109,32 @@ def test_a_drafter_catch_up_is_paid_only_when_the_remaining_tokens_repay_it():
     assert pol.last["catch_up_rows"] == 4 * (300 - 7)
     assert pol.choose([Behind(f"r{i}", 300, 2000) for i in range(4)]) > 0        # repaid over many steps
     assert pol.choose([Behind(f"r{i}", 12, 8) for i in range(4)]) > 0            # a short backlog
+
+
+def test_a_k0_choice_stands_for_settle_steps_of_the_same_batch():
+    """Deciding K = 0 again at every step costs the estimate (~0.5 ms, 7 % of the demo target's step) and
+    rarely changes it: a K = 0 choice stands `settle` steps while the batch's requests are unchanged, then is
+    made again; a changed batch is decided at once. settle=1 (the negative control) estimates every step."""
+    def run(settle, batches, alpha=0.02):
+        pol = AutoK(6, cost(), Acceptance(6, prior=[alpha] * 6), refine=False, guard=False, settle=settle)
+        n, rates = [0], pol.rates
+
+        def counted(rids):
+            n[0] += 1
+            return rates(rids)
+        pol.rates = counted
+        ks = []
+        for rows in batches:
+            ks.append(pol.choose(rows))
+            pol.observe(rows, ks[-1], [ks[-1] if alpha > 0.5 else 0] * len(rows), 0.01)
+        return ks, n[0]
+
+    same = [[Row("a"), Row("b")]] * 40
+    assert run(16, same) == ([0] * 40, 3)                  # estimated at steps 1, 17 and 33
+    assert run(1, same) == ([0] * 40, 40)
+    assert run(16, [[Row("a")]] * 5 + [[Row("a"), Row("b")]] * 5)[1] == 2    # a new request: decided again
+    ks, n = run(16, same, alpha=0.9)                       # K > 0 chosen: decided every step
+    assert all(ks) and n == 40
 
 
 def test_catch_up_cost_is_learned_from_catch_up_steps_and_kept_out_of_the_cost_model():

@@ -40,6 +40,11 @@ from .trace import open_trace, r6
 # expected to (step time 1.01-1.23x the prediction, tokens 0.85-0.99x: acceptance is estimated from the
 # counts that made K > 0 look good), so a 2 % margin chose steps that lost to plain decoding.
 MARGIN = 0.15
+# A K = 0 choice stands this many steps while the batch (its requests) is unchanged: the steps in between skip the estimate
+# and learn only what a fallback step does (the evidence ages, the guard's plain reference follows), because the
+# estimate moves little in 16 steps and computing it each step cost ~0.5 ms, 7 % of the demo target's 7.6 ms
+# step (docs/benchmarks/auto/README.md).
+SETTLE = 16
 
 
 class AutoK(KPolicy):
@@ -47,8 +52,9 @@ class AutoK(KPolicy):
 
     def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, refine: bool = True,
                  margin: float = MARGIN, horizon: int = 64, default_max_tokens: int = 256, guard=True,
-                 trace=None):
-        """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen; horizon: the most
+                 trace=None, settle: int = SETTLE):
+        """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen; settle: a K = 0
+        choice stands this many steps while the batch's requests are unchanged (1: decide every step); horizon: the most
         steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none;
         guard: True (the default guard), False (none: its windows are still judged, for the trace, but never
         force K = 0), a dict of Guard settings, or a Guard; trace: a path or text file for the per-step trace
@@ -56,7 +62,11 @@ class AutoK(KPolicy):
         if cost.k_max < k_max or acceptance.k_max < k_max:
             raise ValueError(f"the cost model and acceptance estimate must cover K up to {k_max}")
         super().__init__(k_max)
+        if settle < 1:
+            raise ValueError("settle must be >= 1")
         self.cost, self.acc, self.refine, self.margin = cost, acceptance, refine, margin
+        self.settle, self.settled = int(settle), 0      # settled: steps the last K = 0 choice still stands
+        self._batch = ()                                  # the request ids that choice was made for
         self.horizon, self.default_max_tokens = horizon, default_max_tokens
         big = cost.t[-1]
         self.row_s = max(float(big[min(1, cost.k_max)] - big[0]), 0.0) / (2 * cost.bs[-1])  # prior, then learned
@@ -96,10 +106,18 @@ class AutoK(KPolicy):
     def choose(self, rows) -> int:
         forced = self.guard.forced()
         if forced and self.trace is None:       # K = 0 decided: no estimate needed (a fallback costs no work)
-            self.last.update(batch_size=len(rows), k=0, k_model=None, forced=forced, catch_up_rows=0)
+            self.last.update(batch_size=len(rows), k=0, k_model=None, forced=forced, catch_up_rows=0, settled=False)
+            self.settled = 0
+            return 0
+        if not forced and self.settled and self._batch == tuple(r.request_id for r in rows):
+            self.settled -= 1                   # the last K = 0 choice stands: no estimate (but for the trace)
+            k_model = self._choose(rows) if self.trace is not None else None
+            self.last.update(k=0, k_model=k_model, forced=None, catch_up_rows=0, settled=True)
             return 0
         k = self._choose(rows)
-        self.last.update(k_model=k, forced=forced)
+        self.last.update(k_model=k, forced=forced, settled=False)
+        self.settled = self.settle - 1 if not (k or forced) else 0
+        self._batch = tuple(r.request_id for r in rows) if self.settled else ()
         if forced:
             self.last.update(k=0, catch_up_rows=0)
             return 0
@@ -132,8 +150,8 @@ class AutoK(KPolicy):
     def observe(self, rows, k, accepted, step_s):
         B = len(rows)
         pred = self._predicted(B, k) if self.trace is not None else None    # before this step refines them
-        if not k and self.last.get("forced") == FALLBACK:
-            self.acc.age(B)                     # a fallback step: the evidence ages, nothing else to learn
+        if not k and (self.last.get("forced") == FALLBACK or self.last.get("settled")):
+            self.acc.age(B)                     # a fallback or settled step: the evidence ages, nothing else to learn
             act, tokens, extra = self.guard.observe(B, 0, B, step_s), B, 0
         else:
             accepted = accepted.tolist() if hasattr(accepted, "tolist") else list(accepted)
@@ -162,7 +180,8 @@ class AutoK(KPolicy):
     def _trace(self, B, k, tokens, step_s, extra, pred, act):
         last, (pred_s, pred_tok) = self.last, pred
         rec = {"event": "step", "step": self.guard.stats["steps"], "batch_size": B, "k": k,
-               "k_model": last.get("k_model"), "forced": last.get("forced"), "catch_up_rows": extra,
+               "k_model": last.get("k_model"), "forced": last.get("forced"), "settled": bool(last.get("settled")),
+               "catch_up_rows": extra,
                "pred_step_s": r6(pred_s) if pred_s is not None else None, "step_s": r6(step_s),
                "pred_tokens": r6(pred_tok) if pred_tok is not None else None, "tokens": tokens,
                "plain_step_s": r6(self.guard.plain_s(B)) if self.guard.log_scale is not None else None,

@@ -1,0 +1,111 @@
+"""What does "auto" cost when it decodes plainly? Engines compared request by request, interleaved.
+
+A VM's step time drifts by up to ±15 % between identical runs, more than the cost in question, so the engines
+are not run one after the other: each request of each pass runs on every engine in turn (same prompt, c=1,
+greedy), and the ratios are of total tokens ÷ total seconds over all passes. Engines:
+* plain: no drafter;
+* fixed0: the drafter attached with K = 0 at every step (the aux-state recording and drafter-row bookkeeping
+  of a K = 0 step, no policy);
+* auto-M-S: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle) and AutoK's `settle` = S (1: the
+  estimate at every step, the behaviour before settling); also the policy's own seconds per step (choose +
+  observe).
+
+    .venv/bin/python studies/autok_overhead.py --passes 4
+    .venv/bin/python studies/autok_overhead.py --model models/smollm2-135m-instruct --num-prompts 4 --passes 3
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from peagle.bench.runner import Bench
+from peagle.data.benchmarks import load_dataset
+from peagle.kpolicy import FixedK
+from peagle.llm import DEMO_TARGET
+from peagle.sampling import SamplingParams
+
+
+def build(bench: Bench, kind: str):
+    """(engine, policy seconds counter [seconds, steps]) for one engine kind."""
+    if kind == "plain":
+        return bench.engine("baseline", 0, 1, 4096), None
+    if kind == "fixed0":
+        eng = bench.engine("eagle3", 1, 1, 4096)
+        eng.k_policy = FixedK(0)
+        return eng, None
+    _, method, settle = kind.split("-")
+    eng = bench.engine(method, "auto", 1, 4096)
+    pol, spent = eng.k_policy, [0.0, 0]
+    pol.settle = int(settle)
+    choose, observe = pol.choose, pol.observe
+
+    def timed_choose(rows):
+        t = time.perf_counter()
+        k = choose(rows)
+        spent[0] += time.perf_counter() - t
+        spent[1] += 1
+        return k
+
+    def timed_observe(*args):
+        t = time.perf_counter()
+        observe(*args)
+        spent[0] += time.perf_counter() - t
+    pol.choose, pol.observe = timed_choose, timed_observe
+    return eng, spent
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEMO_TARGET)
+    ap.add_argument("--eagle3-head", default=None, help="default: the model's -eagle3 directory")
+    ap.add_argument("--peagle-head", default=None, help="default: the model's -peagle directory")
+    ap.add_argument("--engines", default="plain,fixed0,auto-eagle3-16,auto-eagle3-1,auto-peagle-16,auto-peagle-1")
+    ap.add_argument("--dataset", default="humaneval")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--output-len", type=int, default=48)
+    ap.add_argument("--passes", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    model = a.model.rstrip("/")
+    bench = Bench(model, {"eagle3": a.eagle3_head or model + "-eagle3", "peagle": a.peagle_head or model + "-peagle"})
+    prompts = [bench.encode(p) for p in load_dataset(a.dataset, a.num_prompts)]
+    params = SamplingParams(max_tokens=a.output_len, temperature=0.0)
+    kinds = a.engines.split(",")
+    engines = {k: build(bench, k) for k in kinds}
+    secs, toks = dict.fromkeys(kinds, 0.0), dict.fromkeys(kinds, 0)
+    outs: dict = {}
+    for p in range(a.passes):
+        for i, ids in enumerate(prompts):
+            for k in kinds:
+                eng = engines[k][0]
+                t = time.perf_counter()
+                req = eng.add_request(f"p{p}-{i}", ids, params)
+                while eng.has_unfinished():
+                    eng.step()
+                secs[k] += time.perf_counter() - t
+                toks[k] += len(req.output_ids)
+                outs.setdefault((p, i), set()).add(tuple(req.output_ids))
+    same = sum(len(v) == 1 for v in outs.values())
+    print(f"{os.path.basename(model)}, {a.dataset}, {a.num_prompts} prompts x {a.output_len} tokens, c=1, "
+          f"{a.passes} interleaved passes; outputs identical on every engine: {same}/{len(outs)}\n")
+    print("| engine | tokens/s | ÷ plain | mean K | policy ms/step |\n|---|---|---|---|---|")
+    base = toks[kinds[0]] / secs[kinds[0]]
+    for k in kinds:
+        eng, spent = engines[k]
+        rate = toks[k] / secs[k]
+        pol = f"{1e3 * spent[0] / max(spent[1], 1):.3f}" if spent else "-"
+        print(f"| {k} | {rate:.1f} | {rate / base:.3f} | {eng.metrics.as_dict()['mean_num_speculative_tokens']:.3f} "
+              f"| {pol} |")
+    print(f"\nRegenerate: .venv/bin/python studies/autok_overhead.py {' '.join(argv or sys.argv[1:])}")
+    return 0 if same == len(outs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
