@@ -1,8 +1,8 @@
 """What does "auto" cost when it decodes plainly? Engines compared request by request, interleaved.
 
 A VM's step time drifts by up to ±15 % between identical runs, more than the cost in question, so the engines
-are not run one after the other: each request of each pass runs on every engine in turn (same prompt, c=1,
-greedy), and the ratios are of total tokens ÷ total seconds over all passes. Engines:
+are not run one after the other: each group of c requests of each pass runs on every engine in turn (same
+prompts, greedy), and the ratios are of total tokens ÷ total seconds over all passes. Engines:
 * plain: no drafter;
 * fixed0: the drafter attached with K = 0 at every step (the aux-state recording and drafter-row bookkeeping
   of a K = 0 step, no policy);
@@ -11,6 +11,7 @@ greedy), and the ratios are of total tokens ÷ total seconds over all passes. En
   observe).
 
     .venv/bin/python studies/autok_overhead.py --passes 4
+    .venv/bin/python studies/autok_overhead.py --passes 3 --concurrency 8 --engines plain,fixed0,auto-eagle3-16,auto-peagle-16
     .venv/bin/python studies/autok_overhead.py --model models/smollm2-135m-instruct --num-prompts 4 --passes 3
 """
 from __future__ import annotations
@@ -31,16 +32,16 @@ from peagle.llm import DEMO_TARGET
 from peagle.sampling import SamplingParams
 
 
-def build(bench: Bench, kind: str):
+def build(bench: Bench, kind: str, c: int):
     """(engine, policy seconds counter [seconds, steps]) for one engine kind."""
     if kind == "plain":
-        return bench.engine("baseline", 0, 1, 4096), None
+        return bench.engine("baseline", 0, c, 4096), None
     if kind == "fixed0":
-        eng = bench.engine("eagle3", 1, 1, 4096)
+        eng = bench.engine("eagle3", 1, c, 4096)
         eng.k_policy = FixedK(0)
         return eng, None
     _, method, settle = kind.split("-")
-    eng = bench.engine(method, "auto", 1, 4096)
+    eng = bench.engine(method, "auto", c, 4096)
     pol, spent = eng.k_policy, [0.0, 0]
     pol.settle = int(settle)
     choose, observe = pol.choose, pol.observe
@@ -70,6 +71,7 @@ def main(argv=None):
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=48)
     ap.add_argument("--passes", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=1, help="requests run together (a group per engine)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -78,22 +80,24 @@ def main(argv=None):
     prompts = [bench.encode(p) for p in load_dataset(a.dataset, a.num_prompts)]
     params = SamplingParams(max_tokens=a.output_len, temperature=0.0)
     kinds = a.engines.split(",")
-    engines = {k: build(bench, k) for k in kinds}
+    c = a.concurrency
+    engines = {k: build(bench, k, c) for k in kinds}
     secs, toks = dict.fromkeys(kinds, 0.0), dict.fromkeys(kinds, 0)
     outs: dict = {}
     for p in range(a.passes):
-        for i, ids in enumerate(prompts):
+        for g in range(0, len(prompts), c):
             for k in kinds:
                 eng = engines[k][0]
                 t = time.perf_counter()
-                req = eng.add_request(f"p{p}-{i}", ids, params)
+                reqs = [eng.add_request(f"p{p}-{i}", prompts[i], params) for i in range(g, min(g + c, len(prompts)))]
                 while eng.has_unfinished():
                     eng.step()
                 secs[k] += time.perf_counter() - t
-                toks[k] += len(req.output_ids)
-                outs.setdefault((p, i), set()).add(tuple(req.output_ids))
+                for i, req in enumerate(reqs, g):
+                    toks[k] += len(req.output_ids)
+                    outs.setdefault((p, i), set()).add(tuple(req.output_ids))
     same = sum(len(v) == 1 for v in outs.values())
-    print(f"{os.path.basename(model)}, {a.dataset}, {a.num_prompts} prompts x {a.output_len} tokens, c=1, "
+    print(f"{os.path.basename(model)}, {a.dataset}, {a.num_prompts} prompts x {a.output_len} tokens, c={c}, "
           f"{a.passes} interleaved passes; outputs identical on every engine: {same}/{len(outs)}\n")
     print("| engine | tokens/s | ÷ plain | mean K | policy ms/step |\n|---|---|---|---|---|")
     base = toks[kinds[0]] / secs[kinds[0]]
