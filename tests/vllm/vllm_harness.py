@@ -73,10 +73,16 @@ def bigram_matrix(world: dict) -> list[dict]:
 # ------------------------------------------------------------------------------------- demo target + heads
 DEMO_TARGET = REPO / "models" / "demo-target"
 DEMO_HEADS = {"eagle3": REPO / "models" / "demo-target-eagle3", "peagle": REPO / "models" / "demo-target-peagle"}
-# another target (with a tokenizer and chat template) for the demo checks, with random heads: development aid
+# another target (with a tokenizer and chat template) for the demo checks: its heads are its siblings
+# TARGET-eagle3 / TARGET-peagle when both exist (SmolLM2's shipped heads: docs/vllm-parity.md), else random
+# stand-ins. PEAGLE_VLLM_WORLDS=demo (conftest.py) runs that check alone.
+# The mean acceptance length a shipped head must exceed in vLLM (a head left random accepts ~nothing: ~1.0):
+# the demo target's heads reach 1.7-2.8, SmolLM2's 1.29-1.37 (docs/vllm-parity.md).
+DEMO_MIN_MAL = 1.5
 if os.environ.get("PEAGLE_VLLM_DEMO_TARGET"):
     DEMO_TARGET = Path(os.environ["PEAGLE_VLLM_DEMO_TARGET"]).resolve()
-    DEMO_HEADS = {}
+    DEMO_HEADS = {m: DEMO_TARGET.parent / f"{DEMO_TARGET.name}-{m}" for m in ("eagle3", "peagle")}
+    DEMO_MIN_MAL = 1.2
 # shape of the shipped heads (runs/heads/ship.sh): used for random stand-ins while they are not built
 STANDIN = {"eagle3": dict(layers=1, parallel=False, draft_vocab=4096),
            "peagle": dict(layers=2, parallel=True, draft_vocab=4096)}
@@ -148,7 +154,8 @@ def build_demo_world(root: Path) -> dict:
            .hexdigest()[:12] for name, src in native.items()}
     print(f"\n[vllm-demo] {'shipped' if shipped else 'RANDOM STAND-IN'} heads {sha} exported in "
           f"{time.perf_counter() - t0:.1f}s; {len(prompts)} prompts, lengths {[len(p) for p in prompts]}")
-    return {"root": root, "target": target, "shipped": shipped, "native": native, "exported": exported,
+    return {"root": root, "target": target, "shipped": shipped, "min_mal": DEMO_MIN_MAL, "native": native,
+            "exported": exported,
             "export_notes": notes, "prompts": prompts, "labels": labels, "head_sha256": sha}
 
 
