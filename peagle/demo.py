@@ -34,9 +34,23 @@ def _run(llm, ids, sp, label, repeats=1):
     return out, len(out.token_ids) / dt
 
 
+def busy_cpus(window: float = 0.5) -> float:
+    """CPUs busy right now: /proc/stat sampled over `window` seconds (Linux), else the 1-minute load average.
+    The load average trails by a minute, so right after `make setup` it still counts pip and the conversion."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]                       # total and idle + iowait jiffies
+    try:
+        (t0, i0), _, (t1, i1) = sample(), time.sleep(window), sample()
+        return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1))
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
 def main() -> int:
     # two threads only on an idle machine: under load, OpenMP barriers make 2 threads several times slower
-    threads = 2 if (os.cpu_count() or 1) >= 2 and os.getloadavg()[0] < 0.8 else 1
+    threads = 2 if (os.cpu_count() or 1) >= 2 and busy_cpus() < 0.8 else 1
     torch.set_num_threads(threads)
     print(f"(torch threads: {threads}; one timed run each after a warm-up)")
     model = DEFAULT_MODEL
