@@ -103,3 +103,15 @@ def test_a_cell_priced_out_by_costly_steps_relaxes_back_to_its_measured_value():
             cm.update(1, 1, float(cm.t0[0, 1]) * cm.scale)
         assert raised > 1.2
         assert (ratio() < 1.02) == back, (relax, raised, ratio())
+
+
+def test_cache_key_follows_the_step_code(tmp_path, monkeypatch):
+    """Step times measured before a change to the code a step runs are not reused after it."""
+    import peagle.autok.costmodel as cm
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text("{}")
+    before, ident = cache_key(str(m), str(m), "peagle", torch.float32, {})
+    assert ident["code"] == cm._code_id()
+    monkeypatch.setattr(cm, "_code_id", lambda: "changed")
+    assert cache_key(str(m), str(m), "peagle", torch.float32, {})[0] != before

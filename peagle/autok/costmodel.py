@@ -64,12 +64,30 @@ def _files_id(d: str) -> dict:
     return out
 
 
+# the code a step runs: a change there (a faster kernel path) makes measured step times stale
+STEP_CODE = ("models", "heads", "drafters", "engine.py", "verify.py", "cache.py", "rowstate.py", "sampling.py")
+
+
+def _code_id() -> str:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha1()
+    for name in STEP_CODE:
+        p = os.path.join(root, name)
+        files = ([os.path.join(p, f) for f in sorted(os.listdir(p)) if f.endswith(".py")] if os.path.isdir(p)
+                 else [p])
+        for fn in files:
+            with open(fn, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:16]
+
+
 def cache_key(model_dir: str, head_dir: str, method: str, dtype, settings: dict) -> tuple[str, dict]:
-    """-> (file name, what it identifies): the machine, torch and its thread count, the model and the head
-    (by content, not path), the drafting method, dtype and the measurement settings."""
+    """-> (file name, what it identifies): the machine, torch and its thread count, peagle's step code, the
+    model and the head (by content, not path), the drafting method, dtype and the measurement settings."""
     ident = {"format": FORMAT, "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
              "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-             "torch": torch.__version__, "model": _files_id(model_dir), "head": _files_id(head_dir),
+             "torch": torch.__version__, "code": _code_id(),
+             "model": _files_id(model_dir), "head": _files_id(head_dir),
              "method": method, "dtype": str(dtype), **settings}
     h = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
     return f"costs-{method}-{h}.json", ident

@@ -46,11 +46,13 @@ class Proposer:
     name = "base"
     draft_sampling = "argmax"
 
-    def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1, draft_sampling: str = "argmax"):
+    def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1, draft_sampling: str = "argmax",
+                 dual: bool = False):
+        """dual: keep the head's weights in both layouts, as the target does (its `dual_layout`)."""
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
         c = head.config
-        self.head, self.k, self.draft_sampling = head.prepare_inference(), k, draft_sampling
+        self.head, self.k, self.draft_sampling = head.prepare_inference(dual), k, draft_sampling
         w = head.fc.weight
         # no lengths of its own: the engine derives the drafter's valid length (peagle/engine.py)
         self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, rows, w.dtype,

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import PeagleError
-from ..models.layers import BlockCtx, Rope, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
+from ..models.layers import BlockCtx, Rope, Weight, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
 from .config import HeadConfig, is_parallel_head
 from .format import validate_head
 from .io import load_head_dir, save_head_dir
@@ -144,16 +144,18 @@ class DrafterHead(nn.Module):
         return self.norm(x), x
 
     @torch.no_grad()
-    def prepare_inference(self):
-        """Fuse q/k/v and gate/up per layer for the cached inference path (call again after changing weights)."""
+    def prepare_inference(self, dual: bool = False):
+        """Fuse q/k/v and gate/up per layer for the cached inference path (call again after changing weights),
+        in layers.Weight's layouts: dual (the target's choice, `dual_layout`) adds the [out, in] copies that
+        products of a few rows (a P-EAGLE pass, EAGLE-3's catch-up rows) run fastest with on this CPU."""
         self._fused = []
         for L in self.layers:
             a, m = L.self_attn, L.mlp
-            self._fused.append(tuple(w.t().contiguous() for w in (
+            self._fused.append(tuple(Weight(w.detach(), dual) for w in (
                 torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
                 torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight)))
-        self._fc_t = self.fc.weight.t().contiguous()
-        self._lm_head_t = self.lm_head.weight.t().contiguous()
+        self._fc_t = Weight(self.fc.weight.detach(), dual)
+        self._lm_head_t = Weight(self.lm_head.weight.detach(), dual)
         return self
 
     @torch.no_grad()

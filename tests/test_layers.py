@@ -1,0 +1,45 @@
+"""peagle.models.layers: the few-row products' layout and what it lets attention use."""
+import pytest
+import torch
+from torch.profiler import profile
+
+from peagle.models.layers import OI_MAX_ROWS, Weight, mm
+from peagle.models.llama import Transformer
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, OI_MAX_ROWS + 1])
+def test_dual_weight_products_are_exact_and_row_major(rows):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 40, generator=g)
+    x = torch.randn(1, rows, 40, generator=g)
+    y = mm(x, Weight(w, dual=True))
+    assert torch.allclose(y, x @ w.t(), atol=1e-5)
+    # W_oi @ x^T yields a column-major result; handed on as is, every later op (rope, the residual adds)
+    # inherits its strides and SDPA falls back from its fused kernel to the unfused one
+    assert y.is_contiguous()
+
+
+def _attention_kernels(model, T):
+    cache = model.new_cache(1, 64)
+    model.forward(torch.arange(3, 23)[None], cache, 0, torch.tensor([0]), span=20, s0=0)
+    with profile() as p:
+        model.forward(torch.arange(3, 3 + T)[None], cache, 0, torch.tensor([20]), span=20 + T, s0=20)
+    return {e.key for e in p.key_averages() if "scaled_dot_product" in e.key}
+
+
+@pytest.mark.parametrize("T", [2, 4])
+def test_verification_block_takes_the_fused_attention_kernel(tiny_dirs, T):
+    """A verify block of T tokens in the two-layout target reaches SDPA's fused CPU kernel, as one token does."""
+    model = Transformer.from_pretrained(tiny_dirs["llama"], layout="dual")
+    kernels = _attention_kernels(model, T)
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
+    assert "aten::_scaled_dot_product_attention_math" not in kernels
+
+
+def test_negative_control_a_column_major_query_takes_the_unfused_kernel():
+    q = torch.randn(1, 9, 64, 2).transpose(-1, -2)          # [1,9,2,64], last-dim stride 2
+    k = v = torch.randn(1, 3, 20, 64)
+    mask = torch.ones(1, 1, 2, 20, dtype=torch.bool)
+    with profile() as p:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert "aten::_scaled_dot_product_attention_math" in {e.key for e in p.key_averages()}
