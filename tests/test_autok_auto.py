@@ -138,9 +138,11 @@ def test_a_k0_choice_stands_for_settle_steps_of_the_same_batch():
 
 
 def test_catch_up_cost_is_learned_from_catch_up_steps_and_kept_out_of_the_cost_model():
-    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=True, guard=False)
+    measured = cost()
+    measured.meta["drafter_row_s"] = 2e-4                  # measure.py's drafter prefill per row
+    pol = AutoK(6, measured, Acceptance(6, prior=[0.8] * 6), refine=True, guard=False)
     prior = pol.row_s
-    assert prior > 0
+    assert prior == 2e-4                                   # the measured price is the prior
     rows = [Behind(f"r{i}", 50, 2000) for i in range(4)]
     k = pol.choose(rows)
     assert k > 0

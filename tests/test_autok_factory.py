@@ -41,6 +41,9 @@ def test_auto_is_greedy_identical_and_measures_once(target, tmp_path, capsys, pa
     with open(path) as f:
         saved = json.load(f)
     assert saved["batch_sizes"] == [1, 2, 4] and saved["k"] == [0, 1, 2, 3, 4]
+    # the catch-up price is measured (a drafter prefill), well below a whole step per row
+    assert 0 < saved["drafter_row_s"] < saved["seconds_per_step"][0][1]
+    assert llm.engine.k_policy.row_s == saved["drafter_row_s"]
     LLM(target, speculative_config=spec(head, "auto", parallel, max_num_speculative_tokens=3), max_num_seqs=2)
     assert "measuring" not in capsys.readouterr().err          # covered by the cached model: not measured again
 

@@ -68,8 +68,8 @@ class AutoK(KPolicy):
         self.settle, self.settled = int(settle), 0      # settled: steps the last K = 0 choice still stands
         self._batch = ()                                  # the request ids that choice was made for
         self.horizon, self.default_max_tokens = horizon, default_max_tokens
-        big = cost.t[-1]
-        self.row_s = max(float(big[min(1, cost.k_max)] - big[0]), 0.0) / (2 * cost.bs[-1])  # prior, then learned
+        # seconds per drafter row of a catch-up: measured with the cost model (a drafter prefill), then learned
+        self.row_s = float(cost.meta.get("drafter_row_s") or 0.0)
         self.row_s_learned = False
         self.last: dict = {}
         if not isinstance(guard, Guard):

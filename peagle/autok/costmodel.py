@@ -22,7 +22,7 @@ import platform
 import numpy as np
 import torch
 
-FORMAT = 1
+FORMAT = 2      # 2: meta carries the measured drafter_row_s
 
 
 def cache_dir() -> str:

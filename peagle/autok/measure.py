@@ -6,7 +6,11 @@ timed steps per K per pass; a cell is the median of its steps (the two passes ca
 context); the grid is then made nondecreasing in K and B (CostModel.monotone; the raw medians are kept). Times are
 what the engine reports to its K policy (the same clock the online refinement uses).
 Random prompts keep acceptance low, so every step carries about one new row per request, as in a
-steady state."""
+steady state.
+
+Also measured: the drafter's seconds per context row (`drafter_row_s`), from its prefill of one prompt-sized
+block: the price of the catch-up a K > 0 step pays for rows the drafter skipped while K was 0 (a deferred
+prompt). AutoK starts from it and then learns it from real catch-up steps."""
 from __future__ import annotations
 
 import statistics
@@ -14,6 +18,7 @@ import time
 
 import torch
 
+from ..drafters.base import DraftBatch
 from ..kpolicy import KPolicy
 from ..sampling import SamplingParams
 from .costmodel import CostModel
@@ -61,6 +66,7 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
     rows = []
     t0 = time.perf_counter()
+    row_s = drafter_row_seconds(eng.proposer, min(4 * ctx, mlen // 2), g)
     for B in batch_sizes:
         for i in range(B):
             eng.add_request(f"m{B}-{i}", torch.randint(8, vocab, (ctx,), generator=g).tolist(), params)
@@ -86,7 +92,27 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
             log(f"autok: measured B={B}: " + " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1])))
     _fill_gaps(rows)
     return CostModel(batch_sizes, rows, meta={"measured_s": round(time.perf_counter() - t0, 1), "ctx_len": ctx,
-                                              "steps_per_cell": 2 * steps, "raw_seconds_per_step": rows}).monotone()
+                                              "steps_per_cell": 2 * steps, "raw_seconds_per_step": rows,
+                                              "drafter_row_s": row_s}).monotone()
+
+
+def drafter_row_seconds(proposer, n: int, g: torch.Generator, reps: int = 3) -> float | None:
+    """Seconds per row of a drafter prefill over one block of n context rows (median of reps after a warm-up),
+    written to rows the measuring engine never reads; None without a drafter."""
+    if proposer is None or n < 1:
+        return None
+    head = proposer.head
+    w = head.fc.weight                                     # [H, 3T]: the aux states' width
+    db = DraftBatch(torch.randint(8, head.config.vocab_size, (1, n), generator=g).to(w.device),
+                    torch.randn(1, n, w.shape[1], generator=g).to(w.device, w.dtype),
+                    torch.zeros(1, dtype=torch.long, device=w.device), torch.full((1,), n, device=w.device),
+                    span=n, s0=0)
+    times = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        proposer.prefill(db)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:]) / n
 
 
 def _fill_gaps(rows):
