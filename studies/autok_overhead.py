@@ -6,13 +6,15 @@ prompts, greedy), and the ratios are of total tokens ÷ total seconds over all p
 * plain: no drafter;
 * fixed0: the drafter attached with K = 0 at every step (the aux-state recording and drafter-row bookkeeping
   of a K = 0 step, no policy);
-* auto-M-S: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle) and AutoK's `settle` = S (1: the
-  estimate at every step, the behaviour before settling); also the policy's own seconds per step (choose +
-  observe).
+* static-M-K: head M (eagle3 / peagle) at a static K;
+* auto-M-S[-G]: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle), AutoK's `settle` = S (1: the
+  estimate at every step, the behaviour before settling) and, if given, its margin G (default
+  peagle.autok.auto.MARGIN); also the policy's own seconds per step (choose + observe).
 
     .venv/bin/python studies/autok_overhead.py --passes 4
     .venv/bin/python studies/autok_overhead.py --passes 3 --concurrency 8 --engines plain,fixed0,auto-eagle3-16,auto-peagle-16
     .venv/bin/python studies/autok_overhead.py --model models/smollm2-135m-instruct --num-prompts 4 --passes 3
+    .venv/bin/python studies/autok_overhead.py --engines plain,auto-eagle3-16,auto-eagle3-16-0.05   # margins
 """
 from __future__ import annotations
 
@@ -40,10 +42,15 @@ def build(bench: Bench, kind: str, c: int):
         eng = bench.engine("eagle3", 1, c, 4096)
         eng.k_policy = FixedK(0)
         return eng, None
-    _, method, settle = kind.split("-")
+    if kind.startswith("static-"):
+        _, method, k = kind.split("-")
+        return bench.engine(method, int(k), c, 4096), None
+    _, method, settle, *margin = kind.split("-")
     eng = bench.engine(method, "auto", c, 4096)
     pol, spent = eng.k_policy, [0.0, 0]
     pol.settle = int(settle)
+    if margin:
+        pol.margin = float(margin[0])
     choose, observe = pol.choose, pol.observe
 
     def timed_choose(rows):

@@ -92,6 +92,19 @@ def test_the_guard_can_be_switched_off_by_the_environment(monkeypatch):
     assert auto_policy(grid(step), {}, K, guard=True).guard.enabled
 
 
+def test_the_margin_can_be_set_by_the_environment_and_bad_values_are_refused(monkeypatch):
+    from peagle.autok.auto import MARGIN
+    from peagle.errors import PeagleError
+    step = linear(2e-3)
+    assert auto_policy(grid(step), {}, K).margin == MARGIN
+    monkeypatch.setenv("PEAGLE_AUTOK_MARGIN", "0.05")
+    assert auto_policy(grid(step), {}, K).margin == 0.05
+    for bad in ("-0.1", "five", "nan"):
+        monkeypatch.setenv("PEAGLE_AUTOK_MARGIN", bad)
+        with pytest.raises(PeagleError, match="PEAGLE_AUTOK_MARGIN"):
+            auto_policy(grid(step), {}, K)
+
+
 def test_trace_of_a_real_engine_run(tiny_dirs, tmp_path, monkeypatch):
     """LLM with "auto" and $PEAGLE_AUTOK_TRACE: one step line per decode step the engine counted, with the
     measured step time the engine reported; greedy outputs unchanged."""

@@ -11,15 +11,17 @@ from __future__ import annotations
 import os
 import sys
 
+from ..errors import PeagleError
 from ..kpolicy import BatchSizeSchedule, FixedK, KPolicy
 from .acceptance import Acceptance
-from .auto import AutoK
+from .auto import MARGIN, AutoK
 from .costmodel import CostModel, cache_dir, cache_key
 from .measure import grid_batch_sizes, measure
 
 DEFAULT_K_MAX = 7            # a head that records no training depth
 CTX_LEN, STEPS = 64, 2       # measurement settings (part of the cache key)
 GUARD_ENV = "PEAGLE_AUTOK_GUARD"
+MARGIN_ENV = "PEAGLE_AUTOK_MARGIN"
 
 
 def _log(msg: str):
@@ -79,11 +81,25 @@ def guard_from_env() -> bool:
     return os.environ.get(GUARD_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+def margin_from_env() -> float:
+    """$PEAGLE_AUTOK_MARGIN: the fraction a K > 0 must beat plain decoding by (for A/B runs; default MARGIN)."""
+    v = os.environ.get(MARGIN_ENV, "").strip()
+    if not v:
+        return MARGIN
+    try:
+        m = float(v)
+    except ValueError:
+        m = -1.0
+    if not 0.0 <= m < 10.0:
+        raise PeagleError(f"{MARGIN_ENV} must be a fraction >= 0 (e.g. 0.05), got {v!r}")
+    return m
+
+
 def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, guard=None, trace=None) -> AutoK:
     """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior); guard: as
     AutoK takes it (None: on unless $PEAGLE_AUTOK_GUARD turns it off); trace: a path (None:
-    $PEAGLE_AUTOK_TRACE)."""
-    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)),
+    $PEAGLE_AUTOK_TRACE); the margin from $PEAGLE_AUTOK_MARGIN if set."""
+    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)), margin=margin_from_env(),
                  guard=guard_from_env() if guard is None else guard, trace=trace)
 
 
