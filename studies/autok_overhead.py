@@ -7,14 +7,16 @@ prompts, greedy), and the ratios are of total tokens ÷ total seconds over all p
 * fixed0: the drafter attached with K = 0 at every step (the aux-state recording and drafter-row bookkeeping
   of a K = 0 step, no policy);
 * static-M-K: head M (eagle3 / peagle) at a static K;
-* auto-M-S[-G]: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle), AutoK's `settle` = S (1: the
-  estimate at every step, the behaviour before settling) and, if given, its margin G (default
-  peagle.autok.auto.MARGIN); also the policy's own seconds per step (choose + observe).
+* auto-M-S[-G[-P]]: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle), AutoK's `settle` = S (1:
+  the estimate at every step, the behaviour before settling), if given its margin G (default
+  peagle.autok.auto.MARGIN; empty: the default) and its probe_tol P ("off": no probing; default PROBE_TOL);
+  also the policy's own seconds per step (choose + observe).
 
     .venv/bin/python studies/autok_overhead.py --passes 4
     .venv/bin/python studies/autok_overhead.py --passes 3 --concurrency 8 --engines plain,fixed0,auto-eagle3-16,auto-peagle-16
     .venv/bin/python studies/autok_overhead.py --model models/smollm2-135m-instruct --num-prompts 4 --passes 3
     .venv/bin/python studies/autok_overhead.py --engines plain,auto-eagle3-16,auto-eagle3-16-0.05   # margins
+    .venv/bin/python studies/autok_overhead.py --engines plain,auto-peagle-16,auto-peagle-16--off  # probing
 """
 from __future__ import annotations
 
@@ -45,12 +47,14 @@ def build(bench: Bench, kind: str, c: int):
     if kind.startswith("static-"):
         _, method, k = kind.split("-")
         return bench.engine(method, int(k), c, 4096), None
-    _, method, settle, *margin = kind.split("-")
+    _, method, settle, *rest = kind.split("-")
     eng = bench.engine(method, "auto", c, 4096)
     pol, spent = eng.k_policy, [0.0, 0]
     pol.settle = int(settle)
-    if margin:
-        pol.margin = float(margin[0])
+    if rest and rest[0]:
+        pol.margin = float(rest[0])
+    if len(rest) > 1:
+        pol.probe_tol = None if rest[1] == "off" else float(rest[1])
     choose, observe = pol.choose, pol.observe
 
     def timed_choose(rows):
@@ -106,14 +110,17 @@ def main(argv=None):
     same = sum(len(v) == 1 for v in outs.values())
     print(f"{os.path.basename(model)}, {a.dataset}, {a.num_prompts} prompts x {a.output_len} tokens, c={c}, "
           f"{a.passes} interleaved passes; outputs identical on every engine: {same}/{len(outs)}\n")
-    print("| engine | tokens/s | ÷ plain | mean K | policy ms/step |\n|---|---|---|---|---|")
+    print("| engine | tokens/s | ÷ plain | mean K | policy ms/step | probes (passed), trusted batch sizes |\n"
+          "|---|---|---|---|---|---|")
     base = toks[kinds[0]] / secs[kinds[0]]
     for k in kinds:
         eng, spent = engines[k]
         rate = toks[k] / secs[k]
         pol = f"{1e3 * spent[0] / max(spent[1], 1):.3f}" if spent else "-"
+        d = eng.k_policy.describe() if spent else {}
+        probes = f"{d['probes_probes']} ({d['probes_passed']}), {d['trusted_batch_sizes']}" if "probes_probes" in d else "-"
         print(f"| {k} | {rate:.1f} | {rate / base:.3f} | {eng.metrics.as_dict()['mean_num_speculative_tokens']:.3f} "
-              f"| {pol} |")
+              f"| {pol} | {probes} |")
     print(f"\nRegenerate: .venv/bin/python studies/autok_overhead.py {' '.join(argv or sys.argv[1:])}")
     return 0 if same == len(outs) else 1
 

@@ -42,6 +42,7 @@ def test_auto_is_greedy_identical_and_measures_once(target, tmp_path, capsys, pa
     with open(path) as f:
         saved = json.load(f)
     assert saved["batch_sizes"] == [1, 2, 4] and saved["k"] == [0, 1, 2, 3, 4]
+    assert saved["samples_per_cell"] == [16, 8, 4]     # small batches measured over more passes (8 // B)
     # the catch-up price is measured (a drafter prefill), well below a whole step per row
     assert 0 < saved["drafter_row_s"] < saved["seconds_per_step"][0][1]
     assert prior_row_s == saved["drafter_row_s"]   # the policy starts from the measured price

@@ -24,7 +24,17 @@ while it is behind the policy returns K = 0 without consulting the model, probin
 back-off; the most time that can lose is stated there. A fallback step costs the policy no estimate and no
 refinement (the acceptance evidence only ages; the cost model learns nothing from it, the guard's plain
 reference does). Trace (trace.py): with `trace=PATH` or $PEAGLE_AUTOK_TRACE, one JSON line per step: the K
-chosen and why, predicted vs measured step time and tokens."""
+chosen and why, predicted vs measured step time and tokens.
+
+Trust (probing up): the model can be wrong the other way too, pricing a K > 0 step above what it costs (a
+start-up measurement of 4 noisy steps per cell put SmolLM2's K = 1 step at 1.11-1.26x a plain one; in a traced
+run EAGLE-3's took 1.00x), and then the margin keeps auto plain where static K = 1 was 6-23 % faster. So when the best K > 0
+misses the margin but is within `probe_tol` of plain decoding, auto drafts with it until one guard window ends
+(a probe, given up if the estimate falls further; at most one per back-off: 64, 128, ... 2048 steps after a
+failed one). If the guard measures that window at >= 1 + `keep` times plain decoding's tokens/s, that batch
+size is trusted: K > 0 is chosen there while the model expects it within `probe_tol` of plain, and each later
+window must again pass `keep`; a window below it ends the trust (a window below 1.0 is also the guard's
+fallback). What a failed probe costs is bounded by the guard's early stop."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,6 +55,9 @@ MARGIN = 0.15
 # follows), because the estimate moves little in 16 steps and computing it each step cost ~0.5 ms, 7 % of the
 # demo target's 7.6 ms step (docs/benchmarks/auto/README.md).
 SETTLE = 16
+# Probing up (see Trust above): a K > 0 within PROBE_TOL of plain is tried for one guard window; trusted while
+# its windows beat plain decoding by KEEP (a 32-step window's tokens/s is noisy by ~2 % on this VM).
+PROBE_TOL, KEEP, PROBE_BACKOFF, PROBE_MAX_BACKOFF = 0.10, 0.02, 64, 2048
 
 
 class AutoK(KPolicy):
@@ -52,13 +65,15 @@ class AutoK(KPolicy):
 
     def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, refine: bool = True,
                  margin: float = MARGIN, horizon: int = 64, default_max_tokens: int = 256, guard=True,
-                 trace=None, settle: int = SETTLE):
+                 trace=None, settle: int = SETTLE, probe_tol: float | None = PROBE_TOL, keep: float = KEEP):
         """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen; settle: a K = 0
         choice stands this many steps while the batch's requests are unchanged (1: decide every step);
         horizon: the most steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none;
         guard: True (the default guard), False (none: its windows are still judged, for the trace, but never
         force K = 0), a dict of Guard settings, or a Guard; trace: a path or text file for the per-step trace
-        (None: $PEAGLE_AUTOK_TRACE if set)."""
+        (None: $PEAGLE_AUTOK_TRACE if set); probe_tol: how far below plain decoding the model may expect a K > 0
+        and still have it probed, and chosen where trusted (None, or the guard off: no probing); keep: the realised speedup over
+        plain decoding a trusted batch size's windows must reach."""
         if cost.k_max < k_max or acceptance.k_max < k_max:
             raise ValueError(f"the cost model and acceptance estimate must cover K up to {k_max}")
         super().__init__(k_max)
@@ -72,10 +87,19 @@ class AutoK(KPolicy):
         self.row_s = float(cost.meta.get("drafter_row_s") or 0.0)
         self.row_s_learned = False
         self.last: dict = {}
+        if probe_tol is not None and not 0 <= probe_tol < 1:
+            raise ValueError("probe_tol must be in [0, 1) or None")
+        self.probe_tol, self.keep = probe_tol, float(keep)
+        self.trusted: set = set()               # batch sizes whose realised windows beat plain by `keep`
+        self.probing = None                     # the batch size of the probe under way, if any
+        self.probe_fails, self.probe_at = 0, 0  # failed probes (less one per pass); first step the next may start
+        self.probe_stats = {"probes": 0, "passed": 0}
         if not isinstance(guard, Guard):
             opts = guard if isinstance(guard, dict) else {"enabled": guard is not False}
             guard = Guard(lambda B: float(self.cost.predict(B, measured=True)[0]), **opts)
         self.guard = guard
+        if not guard.enabled:                   # probing needs the guard: its windows judge, its early stop bounds
+            self.probe_tol = None
         self.trace = open_trace(trace, {"k_max": k_max, "guard": guard.settings(),
                                         "cost_model": shown_path(cost.meta.get("path")), "margin": margin})
 
@@ -87,10 +111,45 @@ class AutoK(KPolicy):
             secs[0] = self.guard.plain_s(len(rids))
         return tokens, secs, tokens / secs
 
-    def _best(self, rate) -> int:
-        """The K with the most tokens per second; a K > 0 must beat K = 0 by the margin."""
-        k = int(rate.argmax())
-        return 0 if k and rate[k] < rate[0] * (1 + self.margin) else k
+    def _best(self, rate, B: int | None = None, start_probe: bool = False) -> int:
+        """The K with the most tokens per second; a K > 0 must beat K = 0 by the margin, or, where batch size B
+        is trusted or probed, come within probe_tol of it (start_probe: a probe may start now)."""
+        k = 1 + int(rate[1:].argmax()) if len(rate) > 1 else 0
+        if not k or rate[k] >= rate[0] * (1 + self.margin):
+            return k if k and rate[k] >= rate[0] else 0
+        if self.probe_tol is None:
+            return 0
+        near = rate[k] >= rate[0] * (1 - self.probe_tol)
+        if near and (B in self.trusted or B == self.probing):
+            return k
+        if start_probe and self.probing is not None:     # the model gave the probe up, or the batch changed size
+            self._probe_failed()
+        if near and start_probe and self.probing is None and self.guard.stats["steps"] >= self.probe_at:
+            self.probing = B
+            self.probe_stats["probes"] += 1
+            return k
+        return 0
+
+    def _judge(self, B: int, act: dict):
+        """A guard window ended at batch size B: keep, grant or end the trust there; close a probe."""
+        if not act or "speedup" not in act or not (B in self.trusted or self.probing is not None):
+            return
+        ok = act["verdict"] == "passed" and act["speedup"] >= 1 + self.keep
+        if ok:
+            self.trusted.add(B)
+            self.probe_stats["passed"] += self.probing is not None
+            self.probe_fails = max(self.probe_fails - 1, 0)
+        else:
+            self.trusted.discard(B)
+            self._probe_failed()
+        self.probing = None
+
+    def _probe_failed(self):
+        """No probe (nor trust) for the next 64 x 2^failures steps (at most PROBE_MAX_BACKOFF)."""
+        self.probe_at = self.guard.stats["steps"] + min(PROBE_BACKOFF * 2 ** min(self.probe_fails, 40),
+                                                        PROBE_MAX_BACKOFF)
+        self.probe_fails += 1
+        self.probing = None
 
     def catch_up_rows(self, rows) -> int:
         """Padded drafter rows the next K > 0 step feeds beyond a steady step's (B x (k_max + 1))."""
@@ -111,10 +170,10 @@ class AutoK(KPolicy):
             return 0
         if not forced and self.settled and self._batch == tuple(r.request_id for r in rows):
             self.settled -= 1                   # the last K = 0 choice stands: no estimate (but for the trace)
-            k_model = self._choose(rows) if self.trace is not None else None
+            k_model = self._choose(rows, start_probe=False) if self.trace is not None else None
             self.last.update(k=0, k_model=k_model, forced=None, catch_up_rows=0, settled=True)
             return 0
-        k = self._choose(rows)
+        k = self._choose(rows, start_probe=not forced)
         self.last.update(k_model=k, forced=forced, settled=False)
         self.settled = self.settle - 1 if not (k or forced) else 0
         self._batch = tuple(r.request_id for r in rows) if self.settled else ()
@@ -123,7 +182,7 @@ class AutoK(KPolicy):
             return 0
         return k
 
-    def _choose(self, rows) -> int:
+    def _choose(self, rows, start_probe: bool = True) -> int:
         rids = [r.request_id for r in rows]
         tokens, secs, rate = self.rates(rids)
         extra = self.catch_up_rows(rows)
@@ -134,7 +193,7 @@ class AutoK(KPolicy):
             catch[0] = 0.0                                             # K = 0 feeds the drafter nothing
             secs = secs + catch
             rate = tokens / secs
-        k = self._best(rate)
+        k = self._best(rate, len(rids), start_probe)
         self.last = {"batch_size": len(rids), "k": k, "expected_tokens": tokens, "step_time_s": secs,
                      "tokens_per_s": rate, "catch_up_rows": extra, "drafter_row_s": self.row_s}
         return k
@@ -145,7 +204,7 @@ class AutoK(KPolicy):
         with K = 0 (large batches) never pays for drafter context it does not use."""
         if self.guard.holding():                # a fallback: K = 0 for the coming steps
             return False
-        return self._best(self.rates([None] * batch_size)[2]) > 0     # anonymous rows: the global estimate
+        return self._best(self.rates([None] * batch_size)[2], batch_size) > 0   # anonymous rows: the global estimate
 
     def observe(self, rows, k, accepted, step_s):
         B = len(rows)
@@ -165,6 +224,7 @@ class AutoK(KPolicy):
                 self.cost.update(B, k, step_s)
             tokens = B + (sum(accepted) if k else 0)
             act = self.guard.observe(B, k, tokens, step_s, catch_up=bool(k and extra))
+            self._judge(B, act)
         if self.trace is not None:
             self._trace(B, k, tokens, step_s, extra if k else 0, pred, act)
 
@@ -185,7 +245,7 @@ class AutoK(KPolicy):
                "pred_step_s": r6(pred_s) if pred_s is not None else None, "step_s": r6(step_s),
                "pred_tokens": r6(pred_tok) if pred_tok is not None else None, "tokens": tokens,
                "plain_step_s": r6(self.guard.plain_s(B)) if self.guard.log_scale is not None else None,
-               "alpha": r6(self.acc.global_alpha())}
+               "alpha": r6(self.acc.global_alpha()), "trusted": B in self.trusted, "probing": self.probing == B}
         if "step_time_s" in last:
             rec["per_k"] = {"step_s": r6(last["step_time_s"]), "tokens": r6(last["expected_tokens"])}
         if act:
@@ -194,7 +254,8 @@ class AutoK(KPolicy):
 
     def describe(self) -> dict:
         d = {**super().describe(), **self.acc.summary(), "cost_model_updates": self.cost.updates,
-             "cost_model": shown_path(self.cost.meta.get("path")), "guard": self.guard.describe()}
+             "cost_model": shown_path(self.cost.meta.get("path")), "guard": self.guard.describe(),
+             "trusted_batch_sizes": sorted(self.trusted), **{f"probes_{k}": v for k, v in self.probe_stats.items()}}
         for key, v in self.last.items():
             d[key] = [round(float(x), 6) for x in v] if hasattr(v, "tolist") else v
         return d

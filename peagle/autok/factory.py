@@ -19,7 +19,7 @@ from .costmodel import CostModel, cache_dir, cache_key
 from .measure import grid_batch_sizes, measure
 
 DEFAULT_K_MAX = 7            # a head that records no training depth
-CTX_LEN, STEPS = 64, 2       # measurement settings (part of the cache key)
+CTX_LEN, STEPS, SMALL_PASSES = 64, 2, 8       # measurement settings (part of the cache key)
 GUARD_ENV = "PEAGLE_AUTOK_GUARD"
 MARGIN_ENV = "PEAGLE_AUTOK_MARGIN"
 
@@ -58,7 +58,7 @@ def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int,
     """The cached cost model of this machine/model/head if it covers k_max and max_batch; else (or with
     refresh) measured now (once: tens of seconds on a CPU for a small model) and saved. make_engine: as
     peagle.autok.measure.measure takes it."""
-    settings = {"ctx_len": CTX_LEN, "steps": STEPS, "device": str(target.device)}
+    settings = {"ctx_len": CTX_LEN, "steps": STEPS, "small_passes": SMALL_PASSES, "device": str(target.device)}
     if getattr(target, "backend", "native") != "native":       # the transformers backend's steps cost more
         settings["backend"] = target.backend
     name, ident = cache_key(model_dir, head_dir, method, dtype, settings)
@@ -69,7 +69,7 @@ def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int,
         if log:
             log(f"autok: measuring step costs for {method}, K 0..{k_max} x batch sizes {bs} (once per "
                 f"machine/model/head; saved to {path})")
-        cm = measure(target, make_engine, k_max, bs, CTX_LEN, STEPS, log=log)
+        cm = measure(target, make_engine, k_max, bs, CTX_LEN, STEPS, log=log, small_passes=SMALL_PASSES)
         cm.meta["identity"] = ident
         cm.save(path)
     cm.meta["path"] = path

@@ -1,10 +1,13 @@
 """Measure t_step(B, K) on this machine: real engine decode steps with K forced, over a grid of batch sizes.
 
 For each batch size B: B requests with random prompts of `ctx_len` tokens are admitted (untimed), then decode
-steps run with K = 0..k_max forced: one pass with K ascending (each K warmed up once), one descending, `steps`
-timed steps per K per pass; a cell is the median of its steps (the two passes cancel the drift of the growing
-context); the grid is then made nondecreasing in K and B (CostModel.monotone; the raw medians are kept). Times are
-what the engine reports to its K policy (the same clock the online refinement uses).
+steps run with K = 0..k_max forced: passes with K ascending (each K warmed up once) and descending in turn,
+`steps` timed steps per K per pass; a cell is the median of its steps (the passes cancel the drift of the growing
+context). Small batches get more passes (`small_passes` // B, at least 2): their steps are short, and at c=1
+the choice turns on a few per cent (4 steps per cell put SmolLM2's K = 1 step at 1.05-1.26x a plain one in
+four measurements: docs/benchmarks/auto/README.md). The grid is then made nondecreasing in K and B
+(CostModel.monotone; the raw medians are kept). Times are what the engine reports to its K policy (the same
+clock the online refinement uses).
 Random prompts keep acceptance low, so every step carries about one new row per request, as in a
 steady state.
 
@@ -48,15 +51,20 @@ class ForcedK(KPolicy):
         self.log.append((len(rows), k, step_s))
 
 
-def steps_per_batch(k_max: int, steps: int) -> int:
-    return 4 + (k_max + 1) * (1 + 2 * steps)
+def passes_for(B: int, small_passes: int) -> int:
+    """Passes over K at batch size B: small_passes // B, even, at least 2."""
+    return max(2, small_passes // B // 2 * 2)
+
+
+def steps_per_batch(k_max: int, steps: int, passes: int = 2) -> int:
+    return 4 + (k_max + 1) * (passes // 2) * (1 + 2 * steps)
 
 
 def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 64, steps: int = 2, seed: int = 0,
-            log=None) -> CostModel:
+            log=None, small_passes: int = 8) -> CostModel:
     """make_engine(policy, max_num_seqs, max_model_len, seed) -> a fresh engine of this target and the head,
     built for K = k_max, taking K from `policy` (peagle/llm.py measuring_engines)."""
-    need = ctx_len + steps_per_batch(k_max, steps) * (k_max + 1) + 8
+    need = ctx_len + steps_per_batch(k_max, steps, passes_for(1, small_passes)) * (k_max + 1) + 8
     mlen = min(need, target.cfg.max_position_embeddings)
     policy = ForcedK(k_max)
     eng = make_engine(policy, max(batch_sizes), mlen, seed)
@@ -64,7 +72,7 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
     vocab = target.cfg.vocab_size
     ctx = max(2, min(ctx_len, mlen // 4))
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
-    rows = []
+    rows, samples = [], []           # samples: the fewest timed steps behind a cell, per batch size
     t0 = time.perf_counter()
     row_s = drafter_row_seconds(eng.proposer, min(4 * ctx, mlen // 2), g)
     for B in batch_sizes:
@@ -74,7 +82,8 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
         while eng.waiting:
             eng.step()
         cells: dict = {k: [] for k in range(k_max + 1)}
-        for order in (range(k_max + 1), range(k_max, -1, -1)):
+        orders = [range(k_max + 1), range(k_max, -1, -1)] * (passes_for(B, small_passes) // 2)
+        for order in orders:
             for k in order:
                 policy.k = k
                 if order.step > 0:
@@ -88,11 +97,13 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
         for r in list(eng.running):
             eng.abort(r.request_id)
         rows.append([statistics.median(cells[k]) if cells[k] else float("nan") for k in range(k_max + 1)])
+        samples.append(min(len(v) for v in cells.values()))
         if log:
             log(f"autok: measured B={B}: " + " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1])))
     _fill_gaps(rows)
     return CostModel(batch_sizes, rows, meta={"measured_s": round(time.perf_counter() - t0, 1), "ctx_len": ctx,
-                                              "steps_per_cell": 2 * steps, "raw_seconds_per_step": rows,
+                                              "steps_per_cell": 2 * steps, "small_passes": small_passes,
+                                              "samples_per_cell": samples, "raw_seconds_per_step": rows,
                                               "drafter_row_s": row_s}).monotone()
 
 
