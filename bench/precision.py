@@ -4,7 +4,8 @@ of the weights takes (the bound a weight-bound plain step approaches).
 
 Every configuration and block size is interleaved in each round; the minimum over --rounds is reported (the
 machine's other load only ever adds time). Layouts: "io" = x @ W[in,out] for every product; "dual" = also
-W[out,in] @ x^T for products of several rows (peagle.models.layers.Weight; the default where it measures faster).
+W[out,in] @ x^T for products of several rows; "packed" = oneDNN's packed weights for those instead
+(peagle.models.layers.Weight; the default where it measures faster).
 
     .venv/bin/python bench/precision.py --out docs/benchmarks/precision.md
 """
@@ -69,7 +70,9 @@ def main(argv=None) -> int:
     for dt in a.dtypes.split(","):
         t = Transformer.from_pretrained(a.model, getattr(torch, dt))
         if t.dual_layout:
-            configs[(dt, "dual")] = t
+            configs[(dt, "packed" if t.lm_head_t.pk is not None else "dual")] = t
+            if t.lm_head_t.pk is not None:
+                configs[(dt, "dual")] = io_twin(t, oi=True)
         configs[(dt, "io")] = io_twin(t)
     caches, gen = {}, torch.Generator().manual_seed(0)
     ctx_toks = torch.randint(20, 40000, (1, a.context), generator=gen)
@@ -112,10 +115,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def io_twin(t: Transformer) -> Transformer:
-    """The same target sharing its tensors, with every product through x @ W_io (no [out, in] copies)."""
+def io_twin(t: Transformer, oi: bool = False) -> Transformer:
+    """The same target sharing its io tensors, with every product through x @ W_io (no second copy), or with
+    oi: few-row products through W_oi @ x^T (dense [out, in] copies, not oneDNN's packed weights)."""
     def single(w):
-        return Weight(w.io.t(), False, io=w.io)
+        v = Weight(w.io.t(), False, io=w.io)
+        if oi:
+            v.oi = w.io.t().contiguous()
+        return v
     twin = copy.copy(t)
     twin.lm_head_t = single(t.lm_head_t)
     twin.layers = []

@@ -3,16 +3,25 @@ import pytest
 import torch
 from torch.profiler import profile
 
+from peagle.models import layers
 from peagle.models.layers import OI_MAX_ROWS, Weight, mm
 from peagle.models.llama import Transformer
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, OI_MAX_ROWS + 1])
-def test_dual_weight_products_are_exact_and_row_major(rows):
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 16, OI_MAX_ROWS + 1])
+def test_dual_weight_products_are_exact_and_row_major(rows, pack, monkeypatch):
+    """Every path: x @ W_io (1 row, prefill), W_oi @ x^T, oneDNN's packed weights from 8 rows (PACK off: none)."""
+    monkeypatch.setattr(layers, "PACK", pack)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 40, generator=g)
     x = torch.randn(1, rows, 40, generator=g)
-    y = mm(x, Weight(w, dual=True))
+    wt = Weight(w, dual=True)
+    assert (wt.pk is not None) == (pack and torch.backends.mkldnn.is_available()) and wt.oi is not None
+    y = mm(x, wt)
+    xt = torch.randn(1, 40, rows, generator=g).transpose(1, 2)        # a non-contiguous input (strides 1, rows)
+    assert torch.allclose(mm(xt, wt), xt @ w.t(), atol=1e-5)
+    assert torch.allclose(mm(x, wt.to(torch.float32)), x @ w.t(), atol=1e-5)   # a moved copy keeps its layouts
     assert torch.allclose(y, x @ w.t(), atol=1e-5)
     # W_oi @ x^T yields a column-major result; handed on as is, every later op (rope, the residual adds)
     # inherits its strides and SDPA falls back from its fused kernel to the unfused one

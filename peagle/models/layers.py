@@ -145,16 +145,20 @@ def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: in
 
 
 class Weight:
-    """A projection's weight in the layout(s) this CPU's BLAS runs fastest: `io` [in, out] (contiguous) always,
-    and `oi` [out, in] too where products of several rows are faster as W @ x^T. Measured on a 2-core AMD EPYC
-    (AVX2, MKL), SmolLM2's 60 [576, 3072] products: x @ W_io takes 30 ms for 1 row but 140-170 ms for 4-16 rows,
-    W_oi @ x^T 33-70 ms for 2-16 rows but 65 ms for 1 row; so each product takes the faster one by its row
-    count (up to OI_MAX_ROWS rows). `calibrate_layout` decides once per load whether the second copy pays."""
-    __slots__ = ("io", "oi")
+    """A projection's weight in the layouts this CPU runs fastest: `io` [in, out] (contiguous) always, and for
+    products of several rows `oi` [out, in] for W @ x^T, plus oneDNN's packed layout of W (`pk`, CPU float32
+    where torch has oneDNN) for PACK_MIN_ROWS rows or more. Measured on a 2-core AMD EPYC (AVX2, MKL), SmolLM2's
+    60 [576, 3072] products: x @ W_io takes 30 ms for 1 row but 140-170 ms for 4-16 rows, W_oi @ x^T 33-70 ms
+    for 2-16 rows but 65 ms for 1 row. A whole SmolLM2 forward (min of 5): 8 rows x 1 token (batched decode)
+    119 ms with `oi`, 85 ms with `pk`; 8 x 2 (a K = 1 verify at c=8) 161 -> 113 ms; 1 x 16 128 -> 110 ms; but
+    1 x 4 68 -> 78-83 ms (twice), so `pk` starts at 8 rows. So each product takes the fastest by its row count
+    (up to OI_MAX_ROWS rows). `calibrate_layout` decides once per load whether the second copies pay."""
+    __slots__ = ("io", "oi", "pk")
 
     def __init__(self, oi: torch.Tensor, dual: bool, io: torch.Tensor | None = None):
         self.io = oi.t().contiguous() if io is None else io
         self.oi = oi.contiguous() if dual else None
+        self.pk = packed(oi) if dual else None
 
     @property
     def shape(self):
@@ -168,13 +172,32 @@ class Weight:
     def device(self):
         return self.io.device
 
+    @property
+    def dual(self) -> bool:
+        return self.oi is not None or self.pk is not None
+
+    def single(self):
+        """Drop the few-row copy (it did not pay here)."""
+        self.oi = self.pk = None
+
     def to(self, *args, **kwargs) -> "Weight":
-        w = Weight.__new__(Weight)
-        w.io, w.oi = self.io.to(*args, **kwargs), None if self.oi is None else self.oi.to(*args, **kwargs)
-        return w
+        io = self.io.to(*args, **kwargs)
+        return Weight(io.t(), self.dual, io=io)
 
 
 OI_MAX_ROWS = 128      # above this (prefill), x @ W_io is as fast again and W_oi @ x^T needs a transposed copy
+PACK = True            # keep oneDNN's packed weights where available (False: W_oi @ x^T only; for A/B runs)
+PACK_MIN_ROWS = 8      # products of fewer rows take W_oi @ x^T (see Weight)
+
+
+def packed(w: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed copy of w [out, in] for x @ w^T, or None (not CPU float32, no oneDNN, or PACK off)."""
+    if not (PACK and w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()):
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), None)
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def mm(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -182,7 +205,10 @@ def mm(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     faster than F.linear for the few-row products of decode and verification (M=8 x [1376,256] 151 -> 56 us)."""
     if isinstance(w, Weight):
         rows = x.numel() // x.shape[-1]
-        if w.oi is not None and 1 < rows <= OI_MAX_ROWS:             # a few rows: W_oi @ x^T
+        if PACK_MIN_ROWS <= rows <= OI_MAX_ROWS and w.pk is not None:   # several rows: oneDNN, packed weights
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), w.pk, None, "none", [], "")
+            y = y.view(*x.shape[:-1], y.shape[-1])
+        elif 1 < rows <= OI_MAX_ROWS and w.oi is not None:           # a few rows: W_oi @ x^T
             # [out, rows] -> row-major [rows, out] (a small copy): left column-major, every later op
             # inherits the strides and SDPA drops to its unfused kernel (SmolLM2 2-token verify 103 -> 81 ms)
             y = torch.mm(w.oi, x.reshape(-1, x.shape[-1]).t()).t().contiguous().view(*x.shape[:-1], w.oi.shape[0])
@@ -194,9 +220,10 @@ def mm(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def calibrate_layout(weights: list, rows: int = 8, reps: int = 3) -> float:
-    """How much faster products of `rows` rows run as W_oi @ x^T than as x @ W_io, over a model's own weights
-    (dual Weights), streamed from memory as a forward streams them (one cache-resident matrix measures
-    another regime); min of reps. Only meaningful on the CPU in float32."""
+    """How much faster products of `rows` rows run through the few-row copies (as mm takes them) than as
+    x @ W_io, over a model's own weights (dual Weights), streamed from memory as a forward
+    streams them (one cache-resident matrix measures another regime); min of reps. Only meaningful on the CPU
+    in float32."""
     import time
     x = torch.randn(rows, weights[0].io.shape[0], dtype=weights[0].dtype, device=weights[0].device)
 
@@ -208,7 +235,7 @@ def calibrate_layout(weights: list, rows: int = 8, reps: int = 3) -> float:
             f()
             ts.append(time.perf_counter() - t)
         return min(ts)
-    return best(lambda: [x @ w.io for w in weights]) / best(lambda: [torch.mm(w.oi, x.t()) for w in weights])
+    return best(lambda: [x @ w.io for w in weights]) / best(lambda: [mm(x, w) for w in weights])
 
 
 def swiglu(x, gate_up_t, down_t, inter):

@@ -69,7 +69,7 @@ class Transformer:
         self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
         if dual and not self.dual_layout:
             for w in [self.lm_head_t] + [getattr(L, n) for L in self.layers for n in ("qkv_w", "o_w", "gate_up", "down")]:
-                w.oi = None
+                w.single()
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings + 64,
                          dtype, device)
         self.nq = cfg.num_attention_heads * cfg.head_dim
