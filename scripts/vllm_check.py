@@ -16,7 +16,8 @@ the command line (``head`` null = no speculation; ``serve`` true = load a specul
 main model, as ``vllm serve HEAD`` does, so vLLM takes the verifier, K and parallel drafting from the head's
 config).  Optional per run: ``"speculative_config"`` (a dict passed to vLLM as written, e.g. by ``peagle
 tune``, its "model" replaced by ``head`` if given), ``"max_num_seqs"``, ``"max_tokens_per_prompt"`` (one
-max_tokens per prompt) and ``"trace_steps": true`` (adds ``"steps"``: per scheduler step [batch size, K
+max_tokens per prompt), ``"warmup": true`` (one untimed 4-token request of the first prompt before the
+timed generate) and ``"trace_steps": true`` (adds ``"steps"``: per scheduler step [batch size, K
 picked for the drafts proposed at the end of the step, sorted draft counts verified in the step]).
 All runs share one process (one ``import vllm``, ~10 s, and one first-engine warm-up, ~30 s on 2 cores), so
 several targets are best checked in one matrix; each run builds its own engine in-process
@@ -170,6 +171,9 @@ def run_one(run: dict, args, prompts: list[list[int]], target: str, max_tokens: 
         per = run.get("max_tokens_per_prompt")  # staggered lengths: the batch shrinks as requests finish
         sp = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True, detokenize=False)
               for n in (per or [max_tokens] * len(prompts))]
+        if run.get("warmup"):       # one untimed request first (kernels, allocations), kept out of the metrics
+            llm.generate([{"prompt_token_ids": prompts[0]}],
+                         SamplingParams(temperature=0.0, max_tokens=4, detokenize=False), use_tqdm=False)
         before = _spec_snapshot(llm)
         t0 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
