@@ -7,16 +7,18 @@ prompts, greedy), and the ratios are of total tokens ÷ total seconds over all p
 * fixed0: the drafter attached with K = 0 at every step (the aux-state recording and drafter-row bookkeeping
   of a K = 0 step, no policy);
 * static-M-K: head M (eagle3 / peagle) at a static K;
-* auto-M-S[-G[-P]]: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle), AutoK's `settle` = S (1:
-  the estimate at every step, the behaviour before settling), if given its margin G (default
-  peagle.autok.auto.MARGIN; empty: the default) and its probe_tol P ("off": no probing; default PROBE_TOL);
+* auto-M-S[-G[-P[-E]]]: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle), AutoK's `settle` = S
+  (1: the estimate at every step, the behaviour before settling), if given its margin G (default
+  peagle.autok.auto.MARGIN), probe_tol P ("off": no probing, the default; 0.1: PROBE_TOL) and keep E
+  (default KEEP);
+  an empty field keeps the default;
   also the policy's own seconds per step (choose + observe).
 
     .venv/bin/python studies/autok_overhead.py --passes 4
     .venv/bin/python studies/autok_overhead.py --passes 3 --concurrency 8 --engines plain,fixed0,auto-eagle3-16,auto-peagle-16
     .venv/bin/python studies/autok_overhead.py --model models/smollm2-135m-instruct --num-prompts 4 --passes 3
     .venv/bin/python studies/autok_overhead.py --engines plain,auto-eagle3-16,auto-eagle3-16-0.05   # margins
-    .venv/bin/python studies/autok_overhead.py --engines plain,auto-peagle-16,auto-peagle-16--off  # probing
+    .venv/bin/python studies/autok_overhead.py --engines plain,auto-peagle-16,auto-peagle-16--0.1  # probing
 """
 from __future__ import annotations
 
@@ -53,8 +55,10 @@ def build(bench: Bench, kind: str, c: int):
     pol.settle = int(settle)
     if rest and rest[0]:
         pol.margin = float(rest[0])
-    if len(rest) > 1:
+    if len(rest) > 1 and rest[1]:
         pol.probe_tol = None if rest[1] == "off" else float(rest[1])
+    if len(rest) > 2:
+        pol.keep = float(rest[2])
     choose, observe = pol.choose, pol.observe
 
     def timed_choose(rows):

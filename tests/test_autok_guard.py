@@ -11,7 +11,7 @@ import pytest
 from autok_sim import geometric, run
 
 from peagle.autok.acceptance import Acceptance
-from peagle.autok.auto import AutoK
+from peagle.autok.auto import PROBE_TOL, AutoK
 from peagle.autok.costmodel import CostModel
 from peagle.autok.guard import FALLBACK, REFRESH, Guard, bound
 from peagle.kpolicy import FixedK
@@ -256,15 +256,15 @@ def test_a_model_that_over_prices_drafting_is_corrected_by_a_probe():
     1.02; acceptance 0.3, so K = 1 realises ~1.27x plain and the model expects ~1.0x, under the margin. A probe
     (the best K > 0 within probe_tol of plain) drafts one guard window, beats plain by more than `keep`, and
     the batch size is trusted: auto ends >= 1.15x plain and within 10 % of the best static K. Negative control:
-    without probing (probe_tol=None) auto decodes plainly (< 1.05x)."""
+    without probing (probe_tol=None, the default) auto decodes plainly (< 1.05x)."""
     truth, believed = linear(0.1e-3), grid(linear(1.5e-3))
     best_k, best = best_static(truth, 0.3)
     assert best_k > 0 and best > 1.25
-    pol = policy(believed.copy(), prior=0.3)
+    pol = policy(believed.copy(), prior=0.3, probe_tol=PROBE_TOL)
     res = run(pol, 3000, truth, geometric(0.3), noise=0.1, catch_row_s=CATCH_ROW_S)
     assert pol.probe_stats["passed"] >= 1 and 1 in pol.trusted
     assert res["vs_plain"] >= 1.15 and res["vs_plain"] >= 0.9 * best
-    plain_only = run(policy(believed.copy(), prior=0.3, probe_tol=None), 3000, truth, geometric(0.3), noise=0.1,
+    plain_only = run(policy(believed.copy(), prior=0.3), 3000, truth, geometric(0.3), noise=0.1,
                      catch_row_s=CATCH_ROW_S)
     assert plain_only["vs_plain"] < 1.05
 
@@ -276,7 +276,7 @@ def test_probing_a_k_that_truly_loses_costs_under_1_percent():
     over 3,000 steps auto stays within 1 % of plain. Control: always drafting K = 1 is > 5 % below plain."""
     truth = linear(1.5e-3)
     assert best_static(truth, 0.2)[0] == 0
-    pol = policy(grid(truth), prior=0.2)
+    pol = policy(grid(truth), prior=0.2, probe_tol=PROBE_TOL)
     res = run(pol, 3000, truth, geometric(0.2), noise=0.1, catch_row_s=CATCH_ROW_S)
     assert pol.probe_stats["probes"] >= 2 and pol.probe_stats["passed"] == 0 and not pol.trusted
     assert res["vs_plain"] >= 0.99

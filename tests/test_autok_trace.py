@@ -105,6 +105,22 @@ def test_the_margin_can_be_set_by_the_environment_and_bad_values_are_refused(mon
             auto_policy(grid(step), {}, K)
 
 
+def test_probing_is_off_by_default_and_set_by_the_environment(monkeypatch):
+    from peagle.autok.auto import PROBE_TOL
+    from peagle.errors import PeagleError
+    step = linear(2e-3)
+    assert auto_policy(grid(step), {}, K).probe_tol is None
+    for v, want in (("on", PROBE_TOL), ("0.2", 0.2), ("off", None)):
+        monkeypatch.setenv("PEAGLE_AUTOK_PROBE", v)
+        assert auto_policy(grid(step), {}, K).probe_tol == want
+    monkeypatch.setenv("PEAGLE_AUTOK_PROBE", "on")
+    assert auto_policy(grid(step), {}, K, guard=False).probe_tol is None      # probing needs the guard
+    for bad in ("1.5", "-0.1", "sometimes"):
+        monkeypatch.setenv("PEAGLE_AUTOK_PROBE", bad)
+        with pytest.raises(PeagleError, match="PEAGLE_AUTOK_PROBE"):
+            auto_policy(grid(step), {}, K)
+
+
 def test_trace_of_a_real_engine_run(tiny_dirs, tmp_path, monkeypatch):
     """LLM with "auto" and $PEAGLE_AUTOK_TRACE: one step line per decode step the engine counted, with the
     measured step time the engine reported; greedy outputs unchanged."""

@@ -56,7 +56,10 @@ MARGIN = 0.15
 # demo target's 7.6 ms step (docs/benchmarks/auto/README.md).
 SETTLE = 16
 # Probing up (see Trust above): a K > 0 within PROBE_TOL of plain is tried for one guard window; trusted while
-# its windows beat plain decoding by KEEP (a 32-step window's tokens/s is noisy by ~2 % on this VM).
+# its windows beat plain decoding by KEEP (a 32-step window's tokens/s is noisy by ~2 % on this VM). Off by
+# default (AutoK(probe_tol=PROBE_TOL) or $PEAGLE_AUTOK_PROBE=on): measured, it gained nothing on average on
+# SmolLM2 at c=1 and cost 1-9 % on the demo target, where windows passed that static K = 1 lost (the drafter's
+# prefill at admission and its catch-up stay outside the guard's windows; docs/benchmarks/auto/README.md).
 PROBE_TOL, KEEP, PROBE_BACKOFF, PROBE_MAX_BACKOFF = 0.10, 0.02, 64, 2048
 
 
@@ -65,14 +68,15 @@ class AutoK(KPolicy):
 
     def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, refine: bool = True,
                  margin: float = MARGIN, horizon: int = 64, default_max_tokens: int = 256, guard=True,
-                 trace=None, settle: int = SETTLE, probe_tol: float | None = PROBE_TOL, keep: float = KEEP):
+                 trace=None, settle: int = SETTLE, probe_tol: float | None = None, keep: float = KEEP):
         """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen; settle: a K = 0
         choice stands this many steps while the batch's requests are unchanged (1: decide every step);
         horizon: the most steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none;
         guard: True (the default guard), False (none: its windows are still judged, for the trace, but never
         force K = 0), a dict of Guard settings, or a Guard; trace: a path or text file for the per-step trace
         (None: $PEAGLE_AUTOK_TRACE if set); probe_tol: how far below plain decoding the model may expect a K > 0
-        and still have it probed, and chosen where trusted (None, or the guard off: no probing); keep: the realised speedup over
+        and still have it probed, and chosen where trusted (None, the default, or the guard off: no probing;
+        PROBE_TOL: the measured setting); keep: the realised speedup over
         plain decoding a trusted batch size's windows must reach."""
         if cost.k_max < k_max or acceptance.k_max < k_max:
             raise ValueError(f"the cost model and acceptance estimate must cover K up to {k_max}")

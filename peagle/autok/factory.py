@@ -14,7 +14,7 @@ import sys
 from ..errors import PeagleError
 from ..kpolicy import BatchSizeSchedule, FixedK, KPolicy
 from .acceptance import Acceptance
-from .auto import MARGIN, AutoK
+from .auto import MARGIN, PROBE_TOL, AutoK
 from .costmodel import CostModel, cache_dir, cache_key
 from .measure import grid_batch_sizes, measure
 
@@ -22,6 +22,7 @@ DEFAULT_K_MAX = 7            # a head that records no training depth
 CTX_LEN, STEPS, SMALL_PASSES = 64, 2, 8       # measurement settings (part of the cache key)
 GUARD_ENV = "PEAGLE_AUTOK_GUARD"
 MARGIN_ENV = "PEAGLE_AUTOK_MARGIN"
+PROBE_ENV = "PEAGLE_AUTOK_PROBE"
 
 
 def _log(msg: str):
@@ -95,12 +96,29 @@ def margin_from_env() -> float:
     return m
 
 
+def probe_from_env() -> float | None:
+    """$PEAGLE_AUTOK_PROBE: probing up (AutoK's probe_tol), off by default; "on" = PROBE_TOL, or a fraction in
+    (0, 1); "off" / "0" / unset: none (for A/B runs: docs/benchmarks/auto/README.md)."""
+    v = os.environ.get(PROBE_ENV, "").strip().lower()
+    if v in ("", "0", "off", "false", "no"):
+        return None
+    if v in ("1", "on", "true", "yes"):
+        return PROBE_TOL
+    try:
+        t = float(v)
+    except ValueError:
+        t = -1.0
+    if not 0.0 < t < 1.0:
+        raise PeagleError(f"{PROBE_ENV} must be on, off or a fraction in (0, 1) (e.g. 0.1), got {v!r}")
+    return t
+
+
 def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, guard=None, trace=None) -> AutoK:
     """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior); guard: as
     AutoK takes it (None: on unless $PEAGLE_AUTOK_GUARD turns it off); trace: a path (None:
-    $PEAGLE_AUTOK_TRACE); the margin from $PEAGLE_AUTOK_MARGIN if set."""
+    $PEAGLE_AUTOK_TRACE); the margin from $PEAGLE_AUTOK_MARGIN and probing from $PEAGLE_AUTOK_PROBE if set."""
     return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)), margin=margin_from_env(),
-                 guard=guard_from_env() if guard is None else guard, trace=trace)
+                 guard=guard_from_env() if guard is None else guard, trace=trace, probe_tol=probe_from_env())
 
 
 def make_policy(spec, target, head, make_engine, k_max: int, max_num_seqs: int, model_dir: str, dtype,
