@@ -26,15 +26,15 @@ refinement (the acceptance evidence only ages; the cost model learns nothing fro
 reference does). Trace (trace.py): with `trace=PATH` or $PEAGLE_AUTOK_TRACE, one JSON line per step: the K
 chosen and why, predicted vs measured step time and tokens.
 
-Trust (probing up; off by default, see PROBE_TOL): the model can be wrong the other way too, pricing a K > 0
-step above what it costs (a start-up measurement of 4 noisy steps per cell put SmolLM2's K = 1 step at
-1.11-1.26x a plain one; in a traced run EAGLE-3's took 1.00x), and then the margin keeps auto plain where static
-K = 1 was 6-23 % faster. So when the best K > 0 misses the margin but is within `probe_tol` of plain decoding, auto drafts with it until one guard window ends
-(a probe, given up if the estimate falls further; at most one per back-off: 64, 128, ... 2048 steps after a
-failed one). If the guard measures that window at >= 1 + `keep` times plain decoding's tokens/s, that batch
-size is trusted: K > 0 is chosen there while the model expects it within `probe_tol` of plain, and each later
-window must again pass `keep`; a window below it ends the trust (a window below 1.0 is also the guard's
-fallback). What a failed probe costs is bounded by the guard's early stop."""
+Trust (probing up; off by default, see PROBE_TOL): the model can be wrong the other way too, pricing a K > 0 step
+above what it costs (a start-up measurement of 4 noisy steps per cell put SmolLM2's K = 1 step at 1.11-1.26x a
+plain one; in a traced run EAGLE-3's took 1.00x), and then the margin keeps auto plain where static K = 1 was 6-23
+% faster. So when the best K > 0 misses the margin but is within `probe_tol` of plain decoding, auto drafts with it
+until one guard window ends (a probe, given up if the estimate falls further; at most one per back-off: 64, 128,
+... 2048 steps after a failed one). If the guard measures that window at >= 1 + `keep` times plain decoding's
+tokens/s, that batch size is trusted: K > 0 is chosen there while the model expects it within `probe_tol` of plain,
+and each later window must again pass `keep`; a window below it ends the trust (a window below 1.0 is also the
+guard's fallback). What a failed probe costs is bounded by the guard's early stop."""
 from __future__ import annotations
 
 import numpy as np
