@@ -143,10 +143,10 @@ class AutoK(KPolicy):
             self.trusted.add(B)
             self.probe_stats["passed"] += self.probing is not None
             self.probe_fails = max(self.probe_fails - 1, 0)
+            self.probing = None
         else:
             self.trusted.discard(B)
             self._probe_failed()
-        self.probing = None
 
     def _probe_failed(self):
         """No probe (nor trust) for the next 64 x 2^failures steps (at most PROBE_MAX_BACKOFF)."""

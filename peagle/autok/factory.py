@@ -77,40 +77,43 @@ def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int,
     return cm
 
 
+OFF = ("0", "off", "false", "no")
+
+
+def _env_fraction(name: str, lo: float, hi: float, default, accepted: str):
+    """$name as a float in [lo, hi) (unset: default); anything else is a one-line PeagleError."""
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return default
+    try:
+        x = float(v)
+    except ValueError:
+        x = float("nan")
+    if not lo <= x < hi:
+        raise PeagleError(f"{name} must be {accepted}, got {v!r}")
+    return x
+
+
 def guard_from_env() -> bool:
     """$PEAGLE_AUTOK_GUARD: "0" / "off" / "false" / "no" runs auto without its loss guard (for A/B runs)."""
-    return os.environ.get(GUARD_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return os.environ.get(GUARD_ENV, "1").strip().lower() not in OFF
 
 
 def margin_from_env() -> float:
     """$PEAGLE_AUTOK_MARGIN: the fraction a K > 0 must beat plain decoding by (for A/B runs; default MARGIN)."""
-    v = os.environ.get(MARGIN_ENV, "").strip()
-    if not v:
-        return MARGIN
-    try:
-        m = float(v)
-    except ValueError:
-        m = -1.0
-    if not 0.0 <= m < 10.0:
-        raise PeagleError(f"{MARGIN_ENV} must be a fraction >= 0 (e.g. 0.05), got {v!r}")
-    return m
+    return _env_fraction(MARGIN_ENV, 0.0, 10.0, MARGIN, "a fraction >= 0 (e.g. 0.05)")
 
 
 def probe_from_env() -> float | None:
     """$PEAGLE_AUTOK_PROBE: probing up (AutoK's probe_tol), off by default; "on" = PROBE_TOL, or a fraction in
     (0, 1); "off" / "0" / unset: none (for A/B runs: docs/benchmarks/auto/README.md)."""
     v = os.environ.get(PROBE_ENV, "").strip().lower()
-    if v in ("", "0", "off", "false", "no"):
+    if v in OFF:
         return None
     if v in ("1", "on", "true", "yes"):
         return PROBE_TOL
-    try:
-        t = float(v)
-    except ValueError:
-        t = -1.0
-    if not 0.0 < t < 1.0:
-        raise PeagleError(f"{PROBE_ENV} must be on, off or a fraction in (0, 1) (e.g. 0.1), got {v!r}")
-    return t
+    t = _env_fraction(PROBE_ENV, 0.0, 1.0, None, "on, off or a fraction in (0, 1) (e.g. 0.1)")
+    return t or None
 
 
 def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, guard=None, trace=None) -> AutoK:
