@@ -1,6 +1,6 @@
-"""Target step cost by precision and weight layout: one plain decode step (1 token) vs verifying K+1 tokens, on
-a cache already holding --context positions, plus this machine's memory-read bandwidth and the time one read
-of the weights takes (the bound a weight-bound plain step approaches).
+"""Target step cost by precision and weight layout: one plain decode step (1 token) vs verifying K+1 tokens, for
+--batch requests at once, on a cache already holding --context positions, plus this machine's memory-read
+bandwidth and the time one read of the weights takes (the bound a weight-bound plain step approaches).
 
 Every configuration and block size is interleaved in each round; the minimum over --rounds is reported (the
 machine's other load only ever adds time). Layouts: "io" = x @ W[in,out] for every product; "dual" = also
@@ -58,6 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=TARGET_DIR)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--blocks", default="1,2,4,6,8")
+    ap.add_argument("--batch", type=int, default=1, help="requests per forward (each a block of T tokens)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0)
@@ -75,17 +76,18 @@ def main(argv=None) -> int:
                 configs[(dt, "dual")] = io_twin(t, oi=True)
         configs[(dt, "io")] = io_twin(t)
     caches, gen = {}, torch.Generator().manual_seed(0)
-    ctx_toks = torch.randint(20, 40000, (1, a.context), generator=gen)
+    B = a.batch
+    ctx_toks = torch.randint(20, 40000, (B, a.context), generator=gen)
     for key, t in configs.items():
-        c = t.new_cache(1, a.context + max(blocks) + 8)
-        t.forward(ctx_toks, c, 0, torch.zeros(1, dtype=torch.long))
+        c = t.new_cache(B, a.context + max(blocks) + 8)
+        t.forward(ctx_toks, c, 0, torch.zeros(B, dtype=torch.long))
         caches[key] = c
-    start = torch.tensor([a.context])
+    start = torch.full((B,), a.context)
     times = {(key, T): [] for key in configs for T in blocks}
     for _ in range(a.rounds):
         for key, t in configs.items():
             for T in blocks:
-                toks = torch.randint(20, 40000, (1, T), generator=gen)
+                toks = torch.randint(20, 40000, (B, T), generator=gen)
                 times[(key, T)].append(_timed(lambda: t.forward(toks, caches[key], 0, start,
                                                                 span=a.context + T, s0=a.context)))
     bw = bandwidth_gbs()
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
     best_plain = min(min(times[(key, 1)]) for key in configs)
     lines = [f"# Target step cost by precision and layout ({os.path.basename(a.model.rstrip('/'))})", "",
              f"CPU: {cpu_flags()}; torch {torch.__version__}, {torch.get_num_threads()} threads; context "
-             f"{a.context}; min of {a.rounds} interleaved rounds.", "",
+             f"{a.context}; {B} request(s) per forward, each a block of T tokens; min of {a.rounds} interleaved rounds.", "",
              f"Memory read bandwidth (torch sum over 512 MB): **{bw:.1f} GB/s**.", ""]
     for dt, nb in sorted(weight_bytes.items()):
         lines.append(f"- {dt}: weights {nb / 1e6:.0f} MB, one read {nb / bw / 1e6:.1f} ms")
