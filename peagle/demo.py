@@ -60,7 +60,7 @@ def main() -> int:
     base = LLM(model)
     heads = [(n, h, p) for n, h, p in (("P-EAGLE", DEFAULT_PEAGLE_HEAD, True), ("EAGLE-3", DEFAULT_EAGLE3_HEAD, False))
              if os.path.isfile(os.path.join(h, "config.json"))]
-    spec = {n: LLM(model, speculative_config=speculative_config(h, K[n], p)) for n, h, p in heads}
+    spec = {n: base.with_speculative_config(speculative_config(h, K[n], p)) for n, h, p in heads}   # one target
     for title, question in PROMPTS:
         ids = base.apply_chat_template([{"role": "user", "content": question}])
         print(f"\n=== {title} ===\nUser: {question}")

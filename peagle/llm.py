@@ -8,6 +8,7 @@ the engine sizes the target's (peagle.engine.cache_len), and get the K policy th
 (peagle/autok/factory.py) plugged into the engine here, not inside it."""
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field, replace
 
@@ -133,6 +134,17 @@ class LLM:
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    def with_speculative_config(self, speculative_config) -> LLM:
+        """Another LLM on this one's loaded target and tokenizer (read once, held once) with its own engine for
+        `speculative_config` (None: plain decoding); e.g. plain vs EAGLE-3 vs P-EAGLE side by side."""
+        spec = parse_spec_config(speculative_config)
+        e = self.engine
+        other = copy.copy(self)
+        other.engine = make_engine(e.target, self.tokenizer, spec, e.max_num_seqs, e.max_model_len, e.seed,
+                                   e.compiled, model_dir=self.model)
+        other.spec, other._next = spec, 0
+        return other
 
     def _encode(self, p):
         if isinstance(p, dict):

@@ -1,0 +1,44 @@
+"""peagle/llm.py: LLM.with_speculative_config builds a second engine on the same loaded target -- the target is
+not loaded again, the first LLM is unchanged, and the new one drafts and decodes exactly as an LLM built from
+scratch with that config (same tokens, same drafts and acceptances), which is plain decoding's output."""
+import os
+
+import pytest
+
+from peagle import LLM, SamplingParams
+from peagle.errors import PeagleError
+from peagle.llm import DEMO_PEAGLE_HEAD, DEMO_TARGET
+
+pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(DEMO_PEAGLE_HEAD, "config.json")),
+                                reason="shipped heads not built")
+CFG = {"method": "eagle3", "model": DEMO_PEAGLE_HEAD, "num_speculative_tokens": 3, "parallel_drafting": True}
+
+
+def _run(llm, prompts):
+    llm.reset_metrics()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=24))
+    m = llm.get_metrics()
+    return [o.outputs[0].token_ids for o in outs], (m["num_drafts"], m["num_accepted_tokens"])
+
+
+def test_shares_the_target_and_decodes_like_a_fresh_llm():
+    base = LLM(DEMO_TARGET)
+    prompts = [base.apply_chat_template([{"role": "user", "content": q}])
+               for q in ("Write a haiku about rivers.", "What is a tuple?")]
+    shared = base.with_speculative_config(CFG)
+    assert shared.engine.target is base.engine.target
+    assert shared.engine.proposer is not None and base.engine.proposer is None     # the first LLM is unchanged
+    plain, _ = _run(base, prompts)
+    got, counts = _run(shared, prompts)
+    fresh, fresh_counts = _run(LLM(DEMO_TARGET, speculative_config=CFG), prompts)
+    assert counts[0] > 0                                   # it drafted: a plain engine would fail here
+    assert got == fresh == plain
+    assert counts == fresh_counts
+    back, _ = _run(shared.with_speculative_config(None), prompts)
+    assert back == plain
+
+
+def test_a_bad_config_is_refused():
+    base = LLM(DEMO_TARGET)
+    with pytest.raises(PeagleError):
+        base.with_speculative_config({"method": "eagle3", "num_speculative_tokens": 3})   # no head
