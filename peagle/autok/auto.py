@@ -14,9 +14,9 @@ admitted meanwhile, wait as drafter rows), and the first step with K > 0 feeds t
 B x max(rows) -- a one-off cost the cost model (measured in steady state) does not hold. For K > 0 that cost,
 (padded rows beyond a steady step's k_max + 1) x seconds per drafter row, is added to t_step amortised over the
 steps it pays for: the batch's remaining tokens per row (max_tokens minus generated) divided by the tokens per
-row that K yields, capped at `horizon`. Seconds per drafter row start from the cost model (a K = 1 step's extra
-time per row) and are learned from catch-up steps (their time beyond the steady prediction); those steps do not
-refine the cost model.
+row that K yields, capped at `horizon`. Seconds per drafter row start from the cost model's timed drafter prefill
+and are learned from catch-up steps, pooled by rows (their time beyond the steady prediction ÷ their rows, the
+measured price weighing as PRIOR_ROWS rows); those steps do not refine the cost model.
 
 Guard (guard.py): the model above can be wrong (a cost model measured at another context length, a prior that
 flatters the head), so what speculation delivers is checked against plain decoding measured on this engine, and
@@ -61,6 +61,12 @@ SETTLE = 16
 # SmolLM2 at c=1 and cost 1-9 % on the demo target, where windows passed that static K = 1 lost (the drafter's
 # prefill at admission and its catch-up stay outside the guard's windows; docs/benchmarks/auto/README.md).
 PROBE_TOL, KEEP, PROBE_BACKOFF, PROBE_MAX_BACKOFF = 0.10, 0.02, 64, 2048
+# Seconds per catch-up row are pooled: (sum of catch-up steps' time beyond steady state) / (their rows), with the
+# measured price counting as PRIOR_ROWS rows and old evidence halved past ROW_MEMORY rows. A catch-up of a few
+# rows carries the whole step's noise: in a traced SmolLM2 run one 8-row catch-up 15 ms over its prediction
+# (a plain step is ~45 ms) set the price to 1.9 ms per row, 7x the measured 0.28, and the prompts' catch-ups then
+# priced K = 1 out for the rest of the run (docs/benchmarks/auto/README.md).
+PRIOR_ROWS, ROW_MEMORY = 256, 4096
 
 
 class AutoK(KPolicy):
@@ -89,7 +95,8 @@ class AutoK(KPolicy):
         self.horizon, self.default_max_tokens = horizon, default_max_tokens
         # seconds per drafter row of a catch-up: measured with the cost model (a drafter prefill), then learned
         self.row_s = float(cost.meta.get("drafter_row_s") or 0.0)
-        self.row_s_learned = False
+        prior_rows = PRIOR_ROWS if self.row_s > 0 else 0             # no measured price: evidence only
+        self._row_sums = [self.row_s * prior_rows, prior_rows]      # [seconds beyond steady state, rows]
         self.last: dict = {}
         if probe_tol is not None and not 0 <= probe_tol < 1:
             raise ValueError("probe_tol must be in [0, 1) or None")
@@ -221,9 +228,7 @@ class AutoK(KPolicy):
             self.acc.observe([r.request_id for r in rows], k, accepted)
             extra = self.last.get("catch_up_rows", 0) if self.last.get("batch_size") == B else 0
             if k and extra:   # a catch-up step: learn seconds per drafter row from its time beyond steady state
-                sample = max(0.0, step_s - float(self.cost.predict(B)[k])) / extra
-                self.row_s = sample if not self.row_s_learned else 0.5 * self.row_s + 0.5 * sample
-                self.row_s_learned = True
+                self._learn_row_s(max(0.0, step_s - float(self.cost.predict(B)[k])), extra)
             elif self.refine:
                 self.cost.update(B, k, step_s)
             tokens = B + (sum(accepted) if k else 0)
@@ -231,6 +236,14 @@ class AutoK(KPolicy):
             self._judge(B, act)
         if self.trace is not None:
             self._trace(B, k, tokens, step_s, extra if k else 0, pred, act)
+
+    def _learn_row_s(self, excess_s: float, rows: int):
+        """Pool a catch-up step's time beyond steady state into seconds per drafter row (see PRIOR_ROWS)."""
+        sums = self._row_sums
+        sums[0], sums[1] = sums[0] + excess_s, sums[1] + rows
+        if sums[1] > ROW_MEMORY:
+            sums[0], sums[1] = sums[0] / 2, sums[1] / 2
+        self.row_s = sums[0] / sums[1]
 
     def _predicted(self, B: int, k: int) -> tuple:
         """(seconds, tokens) the model expected of this step, from what choose() left in `last`."""
