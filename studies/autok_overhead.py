@@ -7,6 +7,7 @@ prompts, greedy), and the ratios are of total tokens ÷ total seconds over all p
 * fixed0: the drafter attached with K = 0 at every step (the aux-state recording and drafter-row bookkeeping
   of a K = 0 step, no policy);
 * static-M-K: head M (eagle3 / peagle) at a static K;
+* maxk-M-K: auto's engine for head M (proposer and caches built for the head's largest K) held at K;
 * auto-M-S[-G[-P[-E]]]: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle), AutoK's `settle` = S
   (1: the estimate at every step, the behaviour before settling), if given its margin G (default
   peagle.autok.auto.MARGIN), probe_tol P ("off": no probing, the default; 0.1: PROBE_TOL) and keep E
@@ -45,6 +46,11 @@ def build(bench: Bench, kind: str, c: int):
     if kind == "fixed0":
         eng = bench.engine("eagle3", 1, c, 4096)
         eng.k_policy = FixedK(0)
+        return eng, None
+    if kind.startswith("maxk-"):              # auto's engine (built for the head's largest K), FixedK(K)
+        _, method, k = kind.split("-")
+        eng = bench.engine(method, "auto", c, 4096)
+        eng.k_policy = FixedK(int(k))
         return eng, None
     if kind.startswith("static-"):
         _, method, k = kind.split("-")
