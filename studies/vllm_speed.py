@@ -46,10 +46,11 @@ def runs_for(ks: list, heads: dict) -> list:
 def peagle_pass(model: str, heads: dict, runs: list, prompts: list, max_tokens: int, c: int) -> dict:
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     out = {}
+    base = LLM(model, max_num_seqs=c, max_model_len=512)            # the target, loaded once per pass
     for name, m, k in runs:
         spec = None if m is None else {"method": "eagle3", "model": heads[m], "num_speculative_tokens": k,
                                        "parallel_drafting": METHODS[m]}
-        llm = LLM(model, speculative_config=spec, max_num_seqs=c, max_model_len=512)
+        llm = base.with_speculative_config(spec)                      # a fresh engine per run
         llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0.0, max_tokens=4))   # warm-up
         before = llm.get_metrics() if spec else None
         t = time.perf_counter()
