@@ -1,7 +1,7 @@
 """Optional torch.compile of the step's forward passes (`--compile`, `LLM(..., compile=True)`).
 
 Off by default: measured on this 2-core CPU it loses (plain decoding 0.66x eager in steady state after 39 s of
-compilation, docs/benchmarks/compile.md, `bench/compile_speed.py`), and it has not been measured on a GPU. When on,
+compilation, docs/benchmarks/compile.md, `lab/measure/compile_speed.py`), and it has not been measured on a GPU. When on,
 the target's forward and the drafter's cached forward are compiled with dynamic shapes (batch, block and
 attention span vary every step), and the engine drops its host-side fast paths (one-slice writes and
 maskless single-token attention, keyed on Python ints that would otherwise force recompilation) and rounds

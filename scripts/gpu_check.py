@@ -25,10 +25,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from lab.demo_target.model import target_or_random
 from peagle import SamplingParams
 from peagle.bench.runner import Bench
 from peagle.data.benchmarks import load_dataset
-from peagle.demo_target.model import target_or_random
 from peagle.heads.init import head_or_random, random_head
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from peagle.models.llama import Transformer

@@ -95,7 +95,7 @@ def test_tokenizer_roundtrip_and_special_ids(tmp_path):
     pytest.importorskip("tokenizers")
     from transformers import AutoTokenizer
 
-    from peagle.demo_target.tokenizer import CHAT_TEMPLATE, save_tokenizer, train_bpe
+    from lab.demo_target.tokenizer import CHAT_TEMPLATE, save_tokenizer, train_bpe
 
     texts = ["def add(a, b):\n    return a + b\n", "Hello, how are you today? I am fine.",
              S.render_chatml([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])] * 50

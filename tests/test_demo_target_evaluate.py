@@ -1,6 +1,6 @@
-"""The demo target's evaluator (peagle/demo_target/evaluate_target.py): HumanEval body truncation and the repetition rate."""
+"""The demo target's evaluator (lab/demo_target/evaluate_target.py): HumanEval body truncation and the repetition rate."""
 
-from peagle.demo_target.evaluate_target import body_parses, repetition_rate, truncate_body
+from lab.demo_target.evaluate_target import body_parses, repetition_rate, truncate_body
 
 PROMPT = 'def add(a, b):\n    """Return a + b."""'
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from peagle.demo_target import train
+from lab.demo_target import train
 
 DEMO = Path(__file__).resolve().parents[1] / "models" / "demo-target"
 
@@ -72,7 +72,7 @@ def test_init_refuses_a_different_shape(data_dir, tmp_path):
 
 def test_evaluate_target_runs_on_a_trained_model(data_dir, tmp_path):
     """The goals' evaluator (held-out loss vs unigram, HumanEval parse/repetition) on a tiny trained model."""
-    from peagle.demo_target import evaluate_target
+    from lab.demo_target import evaluate_target
 
     out, _ = run(data_dir, tmp_path, "m", "--max-steps", "2")
     evaluate_target.main([str(out), "--data-dir", str(data_dir), "--eval-rows", "2", "--limit", "2",

@@ -15,6 +15,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.skipif(not (os.path.isdir(DEMO_TARGET) and os.path.isdir(DEMO_PEAGLE_HEAD)),
                     reason="needs the demo target and its P-EAGLE head")
 def test_demo_128_streaming_chat_clients():
-    sys.path.insert(0, os.path.join(REPO, "bench"))
+    sys.path.insert(0, os.path.join(REPO, "lab", "measure"))
     import load_test
     assert load_test.main(["--launch", "demo", "--chat", "--clients", "128", "--max-tokens", "64"]) == 0

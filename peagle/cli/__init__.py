@@ -3,8 +3,8 @@
 imported only when used.  A module holds the command's argument parsing and dispatch only; what the command
 does lives with its concept (peagle/server/, peagle/bench/, peagle/train/, peagle/heads/, ...).
 
-A module exposes add_parser(subparsers), which registers a parser with set_defaults(func=handler); a command in
-PASSTHROUGH owns its whole argument parsing instead (its module's main(argv) gets everything after the name)."""
+A module exposes add_parser(subparsers), which registers a parser with set_defaults(func=handler).  The demo
+target's trainer and evaluator are lab code, not subcommands: ``python -m lab.demo_target.train`` / ``.evaluate_target``."""
 from __future__ import annotations
 
 import argparse
@@ -28,9 +28,6 @@ COMMANDS = {
     "convert-gguf": "convert a Llama-family GGUF file into a Hugging Face directory",
 }
 
-# commands whose module owns its whole argument parsing: main(argv) gets everything after the command name
-PASSTHROUGH = ("train-target", "eval-target")
-
 
 def module_name(command: str) -> str:
     """The module of a subcommand: its name with '-' -> '_' (a Python keyword gets a trailing '_')."""
@@ -41,8 +38,6 @@ def module_name(command: str) -> str:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="peagle", description="Lossless speculative decoding with EAGLE-3 and P-EAGLE.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    for name in PASSTHROUGH:
-        sub.add_parser(name, help=f"see `peagle {name} --help`")
     for name, help_ in COMMANDS.items():
         if only is not None and name != only:
             sub.add_parser(name, help=help_)
@@ -56,13 +51,6 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     cmd = next((a for a in argv if not a.startswith("-")), None)
-    if cmd in PASSTHROUGH:
-        rest = argv[argv.index(cmd) + 1:]
-        try:
-            return int(importlib.import_module(module_name(cmd)).main(rest) or 0)
-        except PeagleError as e:
-            print(f"peagle: error: {e}", file=sys.stderr)
-            return 1
     ap = build_parser(cmd if cmd in COMMANDS else None)
     args = ap.parse_args(argv)
     if not getattr(args, "func", None):

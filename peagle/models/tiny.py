@@ -1,5 +1,5 @@
 """Tiny random-initialised HF models of each supported family (and a tiny tokenizer), saved to disk: the
-tests' real peer for parity, and what `bench/load_test.py --tiny` serves. Random weights: gibberish text."""
+tests' real peer for parity, and what `lab/measure/load_test.py --tiny` serves. Random weights: gibberish text."""
 from __future__ import annotations
 
 import os

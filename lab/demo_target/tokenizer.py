@@ -13,8 +13,8 @@ import random
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..data.corpus import read_jsonl_texts
-from ..data.sources import SPECIAL_TOKENS
+from peagle.data.corpus import read_jsonl_texts
+from peagle.data.sources import SPECIAL_TOKENS
 
 EOS_ID, PAD_ID, IM_START_ID, IM_END_ID, MASK_ID, BOS_ID = range(6)
 

@@ -7,13 +7,13 @@
    forward per step and t_draft, t_verify P-EAGLE's drafter and verification forwards per step; achieved =
    P-EAGLE tok/s / plain tok/s (prefill included). Goal: achieved >= 0.85 x ideal.
 3. Plain decoding vs transformers `generate` on the same weights, greedy, EOS ignored, batch 1 and batch 8
-   (bench/plain_decode.py's measurement). Goal: >= 2x.
+   (lab/measure/plain_decode.py's measurement). Goal: >= 2x.
 Runs are interleaved over --repeats and the median is reported; the demo target and shipped heads are used
 when present, else random ones of their shape (acceptance then meaningless: parts 1-2 still hold).
 
-    .venv/bin/python bench/step_goals.py                                  # CPU, all cores
-    .venv/bin/python bench/step_goals.py --device cuda --json out.json    # GPU (bfloat16)
-    .venv/bin/python bench/step_goals.py --prompts 1 --max-tokens 8 --repeats 1 --skip-hf   # smoke run
+    .venv/bin/python lab/measure/step_goals.py                                  # CPU, all cores
+    .venv/bin/python lab/measure/step_goals.py --device cuda --json out.json    # GPU (bfloat16)
+    .venv/bin/python lab/measure/step_goals.py --prompts 1 --max-tokens 8 --repeats 1 --skip-hf   # smoke run
 """
 from __future__ import annotations
 
@@ -26,15 +26,15 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import plain_decode
 
+from lab.demo_target.model import target_or_random
 from peagle import LLM, SamplingParams
 from peagle.bench.runner import Bench
 from peagle.data.benchmarks import load_dataset
-from peagle.demo_target.model import target_or_random
 from peagle.heads.init import head_or_random
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from peagle.paths import portable_path, portable_settings

@@ -1,6 +1,6 @@
 """Evaluate the demo target model (the figures its model card quotes).
 
-    python -m peagle.demo_target.evaluate_target models/demo-target
+    python -m lab.demo_target.evaluate_target models/demo-target
 
 * held-out code and chat loss (nats/token) vs a unigram baseline (the training
   unigram distribution's cross-entropy on the same tokens);
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..train.common import resolve_device, tune_malloc
+from peagle.train.common import resolve_device, tune_malloc
+
 from .tokenizer import EOS_ID, IM_END_ID, PAD_ID
 from .tokens import SOURCES, eval_loss, heldout_rows, load_tokens, tokenize_corpus, unigram_loss
 
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    ap = argparse.ArgumentParser(prog="python -m peagle.demo_target.evaluate_target", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lab.demo_target.evaluate_target", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", nargs="?", default="models/demo-target")
     ap.add_argument("--data-dir", default="data/target")
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
     mdir = Path(args.model_dir)
     tok = AutoTokenizer.from_pretrained(str(mdir))
     model = AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).to(device).eval()
-    res: dict = {"model_dir": str(mdir), "command": "python -m peagle.demo_target.evaluate_target "
+    res: dict = {"model_dir": str(mdir), "command": "python -m lab.demo_target.evaluate_target "
                  + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))}
 
     # ---- held-out loss vs unigram

@@ -5,8 +5,8 @@ decode / verify / draft shapes of a run) is timed and reported apart; then the m
 --repeats times over the same prompts, medians reported with the ratio, and the greedy tokens compared
 (compiled outputs must equal eager ones).
 
-    .venv/bin/python bench/compile_speed.py --threads 2 --repeats 3 --prompts 4
-    .venv/bin/python bench/compile_speed.py --method peagle     # with the shipped P-EAGLE head, K = 7
+    .venv/bin/python lab/measure/compile_speed.py --threads 2 --repeats 3 --prompts 4
+    .venv/bin/python lab/measure/compile_speed.py --method peagle     # with the shipped P-EAGLE head, K = 7
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from peagle import LLM, SamplingParams
 from peagle.bench.runner import Bench
@@ -72,7 +72,7 @@ def main(argv=None):
     print(f"| eager | {warm['eager']:.1f} | {e:.1f} | 1.00x |")
     print(f"| compile | {warm['compile']:.1f} | {c:.1f} | {c / e:.2f}x |")
     print(f"greedy tokens identical: {outs['eager'] == outs['compile']}")
-    print("command: python bench/compile_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv))
+    print("command: python lab/measure/compile_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

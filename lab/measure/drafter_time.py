@@ -6,8 +6,8 @@ tokens + the new token) to add, like a step after accepting new-1 drafts. Method
 interleaved and the median of --repeats is reported; the target's verification pass over K+1 tokens is
 timed the same way for scale. Uses the shipped heads when present, else random heads of the same shape.
 
-    .venv/bin/python bench/drafter_time.py                       # demo target + shipped heads, batch 1
-    .venv/bin/python bench/drafter_time.py --batch 8 --json out.json
+    .venv/bin/python lab/measure/drafter_time.py                       # demo target + shipped heads, batch 1
+    .venv/bin/python lab/measure/drafter_time.py --batch 8 --json out.json
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from peagle.demo_target.model import target_or_random
-from peagle.demo_target.tokenizer import MASK_ID
+from lab.demo_target.model import target_or_random
+from lab.demo_target.tokenizer import MASK_ID
 from peagle.drafters.base import DraftBatch
 from peagle.drafters.eagle3 import Eagle3Proposer
 from peagle.drafters.peagle import PEagleProposer

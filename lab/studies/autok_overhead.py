@@ -15,11 +15,11 @@ prompts, greedy), and the ratios are of total tokens ÷ total seconds over all p
   an empty field keeps the default;
   also the policy's own seconds per step (choose + observe).
 
-    .venv/bin/python studies/autok_overhead.py --passes 4
-    .venv/bin/python studies/autok_overhead.py --passes 3 --concurrency 8 --engines plain,fixed0,auto-eagle3-16,auto-peagle-16
-    .venv/bin/python studies/autok_overhead.py --model models/smollm2-135m-instruct --num-prompts 4 --passes 3
-    .venv/bin/python studies/autok_overhead.py --engines plain,auto-eagle3-16,auto-eagle3-16-0.05   # margins
-    .venv/bin/python studies/autok_overhead.py --engines plain,auto-peagle-16,auto-peagle-16--0.1  # probing
+    .venv/bin/python lab/studies/autok_overhead.py --passes 4
+    .venv/bin/python lab/studies/autok_overhead.py --passes 3 --concurrency 8 --engines plain,fixed0,auto-eagle3-16,auto-peagle-16
+    .venv/bin/python lab/studies/autok_overhead.py --model models/smollm2-135m-instruct --num-prompts 4 --passes 3
+    .venv/bin/python lab/studies/autok_overhead.py --engines plain,auto-eagle3-16,auto-eagle3-16-0.05   # margins
+    .venv/bin/python lab/studies/autok_overhead.py --engines plain,auto-peagle-16,auto-peagle-16--0.1  # probing
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch
 
@@ -131,7 +131,7 @@ def main(argv=None):
         probes = f"{d['probes_probes']} ({d['probes_passed']}), {d['trusted_batch_sizes']}" if "probes_probes" in d else "-"
         print(f"| {k} | {rate:.1f} | {rate / base:.3f} | {eng.metrics.as_dict()['mean_num_speculative_tokens']:.3f} "
               f"| {pol} | {probes} |")
-    print(f"\nRegenerate: .venv/bin/python studies/autok_overhead.py {' '.join(argv or sys.argv[1:])}")
+    print(f"\nRegenerate: .venv/bin/python lab/studies/autok_overhead.py {' '.join(argv or sys.argv[1:])}")
     return 0 if same == len(outs) else 1
 
 

@@ -8,10 +8,10 @@ of --repeats is reported. Printed per cell: output tokens/s, speedup over plain 
 temperature, mean acceptance length (AL) and per-position acceptance rates. At T=0 both modes are the same
 greedy path (sample mode only applies to rows with temperature > 0), so T=0 has one row per head.
 
-    .venv/bin/python bench/sampling.py                                  # default target (SmolLM2) + its heads
-    .venv/bin/python bench/sampling.py --model models/demo-target \\
+    .venv/bin/python lab/measure/sampling.py                                  # default target (SmolLM2) + its heads
+    .venv/bin/python lab/measure/sampling.py --model models/demo-target \\
         --eagle3-head models/demo-target-eagle3 --peagle-head models/demo-target-peagle
-    .venv/bin/python bench/sampling.py --temperatures 0,0.7,1.0 --concurrency 1,16 --json out.json
+    .venv/bin/python lab/measure/sampling.py --temperatures 0,0.7,1.0 --concurrency 1,16 --json out.json
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from peagle.bench.runner import Bench
 from peagle.data.benchmarks import load_dataset
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     cs = [int(x) for x in a.concurrency.split(",")]
     methods = [m for m in a.methods.split(",") if m]
     bench = Bench(a.model, {"eagle3": a.eagle3_head, "peagle": a.peagle_head}, seed=a.seed, max_batch=max(cs))
-    command = "bench/sampling.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "lab/measure/sampling.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"# {command}\n# target {portable_path(a.model)}, K={a.k}, {a.output_len} tokens per prompt (EOS ignored), "
           f"top_p {a.top_p}, top_k {a.top_k}, median of {a.repeats}, torch threads {torch.get_num_threads()}")
     results = []

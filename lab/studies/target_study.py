@@ -1,13 +1,13 @@
 """The demo-target recipe study (issue 12): held-out loss per CPU-minute for several shapes.
 
-    python studies/target_study.py RUN_DIR [RUN_DIR ...] --data-dir data/target --speed speed.json \
+    python lab/studies/target_study.py RUN_DIR [RUN_DIR ...] --data-dir data/target --speed speed.json \
         --out docs/target-study
 
-Each RUN_DIR is a ``python -m peagle.demo_target.train --run-dir RUN_DIR --log-json RUN_DIR/log.jsonl`` run.
+Each RUN_DIR is a ``python -m lab.demo_target.train --run-dir RUN_DIR --log-json RUN_DIR/log.jsonl`` run.
 For every run it evaluates the last checkpoint's held-out code and chat loss (``--eval-rows`` rows of 512
 tokens per source) and reads the training-loss curve from ``log.jsonl``.  Runs that shared the machine
 with other jobs have meaningless wall times, so CPU-minutes are computed as tokens ÷ the shape's
-tokens/s from ``--speed`` (the JSON written by ``studies/target_train_speed.py --json``, measured side by
+tokens/s from ``--speed`` (the JSON written by ``lab/studies/target_train_speed.py --json``, measured side by
 side on a quiet machine).  Writes ``study.md`` (table) and ``loss_vs_tokens.png`` /
 ``loss_vs_cpu_minutes.png`` under ``--out``.
 """
@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def shape_name(cfg: dict) -> str:
@@ -29,7 +32,7 @@ def shape_name(cfg: dict) -> str:
 def evaluate(run_dir: Path, data_dir: Path, rows: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from peagle.demo_target.tokens import SOURCES, eval_loss, heldout_rows, load_tokens
+    from lab.demo_target.tokens import SOURCES, eval_loss, heldout_rows, load_tokens
 
     st = torch.load(run_dir / "ckpt.pt", map_location="cpu", weights_only=False)
     cfg = LlamaConfig(**{k: v for k, v in st["config"].items() if k not in ("architectures", "model_type")})
@@ -49,7 +52,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--data-dir", default="data/target")
-    ap.add_argument("--speed", required=True, help="JSON {shape: tokens/s} from studies/target_train_speed.py --json")
+    ap.add_argument("--speed", required=True, help="JSON {shape: tokens/s} from lab/studies/target_train_speed.py --json")
     ap.add_argument("--eval-rows", type=int, default=64)
     ap.add_argument("--out", default="build/target-study")
     a = ap.parse_args(argv)
@@ -82,7 +85,7 @@ def main(argv=None):
         plt.tight_layout()
         plt.savefig(out / fname, dpi=110)
         plt.close()
-    cmd = "python studies/target_study.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python lab/studies/target_study.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"`{cmd}`", "", "| run | shape | params (M) | lr | steps | tokens (M) | tok/s (2 thr) | CPU-min | "
              "held-out code loss | held-out chat loss |", "|---|---|---|---|---|---|---|---|---|---|"]
     for e in res:

@@ -6,7 +6,7 @@ prompt, accept the agreeing prefix m, next anchor m + 1 tokens later) must repro
 acceptance on the same greedy outputs; a gap would mean the inference proposer drafts something other than what
 the training forward computes.
 
-    python studies/drafter_walk.py --target models/demo-target --head models/demo-target-peagle \\
+    python lab/studies/drafter_walk.py --target models/demo-target --head models/demo-target-peagle \\
         --dataset humaneval --prompts 20 --k 7
 
 Prints: per-depth accuracy over all anchors of the generated text, the chain (cumulative) acceptance over all
@@ -94,7 +94,7 @@ def main(argv=None):
           f"(length {1 + float(walk_pos.sum()) / walk_steps:.3f})")
     print(f"engine:                                 {fmt(m['acceptance_rate_per_pos'])}  "
           f"(length {m['mean_acceptance_length']:.3f}; greedy identical: {got == outs})")
-    print("command: python studies/drafter_walk.py " + shlex.join(sys.argv[1:] if argv is None else argv))
+    print("command: python lab/studies/drafter_walk.py " + shlex.join(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

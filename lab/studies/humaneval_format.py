@@ -8,7 +8,7 @@ For the first --num-prompts HumanEval problems, greedy --max-tokens continuation
 Reports the parse rate, the share of answers that contain a `return`/code at all, and the repetition rate
 (fraction of generated tokens that extend an 8-gram already in the output; lower is better).
 
-    .venv/bin/python studies/humaneval_format.py --num-prompts 40
+    .venv/bin/python lab/studies/humaneval_format.py --num-prompts 40
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from lab.demo_target.evaluate_target import repetition_rate
 from peagle import LLM, SamplingParams
 from peagle.data.benchmarks import encode_prompt, load_humaneval
-from peagle.demo_target.evaluate_target import repetition_rate
 from peagle.llm import DEFAULT_MODEL
 
 STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]

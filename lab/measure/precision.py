@@ -7,7 +7,7 @@ machine's other load only ever adds time). Layouts: "io" = x @ W[in,out] for eve
 W[out,in] @ x^T for products of several rows; "packed" = oneDNN's packed weights for those instead
 (peagle.models.layers.Weight; the default where it measures faster).
 
-    .venv/bin/python bench/precision.py --out docs/benchmarks/precision.md
+    .venv/bin/python lab/measure/precision.py --out docs/benchmarks/precision.md
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from peagle.default_target import TARGET_DIR
 from peagle.models.layers import Weight
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         ratio = f"{ms[8] / ms[1]:.2f}x" if 8 in ms else "-"
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{ms[T]:.1f}" for T in blocks) +
                      f" | {ratio} | {min(times[(key, 1)]) / best_plain:.2f}x |")
-    lines += ["", "Regenerate: `.venv/bin/python bench/precision.py " +
+    lines += ["", "Regenerate: `.venv/bin/python lab/measure/precision.py " +
               " ".join(x if not os.path.isabs(x) else portable_path(x) for x in (argv or sys.argv[1:])) + "`"]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -9,10 +9,10 @@ another) and batch 8 (one batch of 8 prompts of mixed lengths; transformers pads
 are interleaved (peagle, HF, peagle, HF, ...) and the median of --repeats is reported, with the ratio side
 by side and whether the greedy tokens agree.
 
-    .venv/bin/python bench/plain_decode.py                   # the demo target (a random one of its shape if absent)
-    .venv/bin/python bench/plain_decode.py --model DIR --repeats 5 --json out.json
-    .venv/bin/python bench/plain_decode.py --device cuda      # both sides on the GPU (bfloat16 unless --dtype)
-    .venv/bin/python bench/plain_decode.py --model DIR --target-backend transformers
+    .venv/bin/python lab/measure/plain_decode.py                   # the demo target (a random one of its shape if absent)
+    .venv/bin/python lab/measure/plain_decode.py --model DIR --repeats 5 --json out.json
+    .venv/bin/python lab/measure/plain_decode.py --device cuda      # both sides on the GPU (bfloat16 unless --dtype)
+    .venv/bin/python lab/measure/plain_decode.py --model DIR --target-backend transformers
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from lab.demo_target.model import target_or_random
 from peagle import LLM, SamplingParams
 from peagle.data.benchmarks import load_dataset
-from peagle.demo_target.model import target_or_random
 from peagle.llm import DEFAULT_MODEL
 from peagle.models.loader import add_backend_argument
 

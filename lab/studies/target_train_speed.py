@@ -1,6 +1,6 @@
 """Target-training throughput, side by side in one process (issue 12).
 
-    python studies/target_train_speed.py --threads 2 --repeats 3 --steps 6
+    python lab/studies/target_train_speed.py --threads 2 --repeats 3 --steps 6
 
 Compares the trainer as it was (``HF LlamaForCausalLM``, per-parameter AdamW)
 with the current one (AdamW ``foreach``) on the v1 demo shape (12x256), in interleaved blocks of ``--steps`` optimizer
@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 SHAPES = {  # name: (layers, hidden, intermediate, heads, kv_heads)
     "v1-12x256": (12, 256, 688, 4, 2),
@@ -32,7 +35,7 @@ SHAPES = {  # name: (layers, hidden, intermediate, heads, kv_heads)
 def make(shape, vocab=8192):
     from transformers import LlamaForCausalLM
 
-    from peagle.demo_target.model import demo_config
+    from lab.demo_target.model import demo_config
 
     L, H, I, nh, kv = SHAPES[shape]
     torch.manual_seed(0)
@@ -64,7 +67,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="comma list of extra shapes: " + ",".join(SHAPES))
     ap.add_argument("--data-dir", default="data/target", help="token memmaps of the target corpus (optional)")
     ap.add_argument("--json", default=None, help="write {LAYERSxHIDDEN: tokens/s} of the current trainer here "
-                                                 "(studies/target_study.py's CPU-time axis)")
+                                                 "(lab/studies/target_study.py's CPU-time axis)")
     a = ap.parse_args(argv)
     from peagle.train.common import tune_malloc
 
@@ -72,7 +75,7 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     from pathlib import Path
 
-    from peagle.demo_target.tokens import SOURCES, get_rows, load_tokens, row_order
+    from lab.demo_target.tokens import SOURCES, get_rows, load_tokens, row_order
 
     bins = [Path(a.data_dir) / "tokens" / f"{s}.train.bin" for s in SOURCES]
     if all(b.exists() for b in bins):
@@ -97,7 +100,7 @@ def main(argv=None):
             res[name].append(block(*state[name], x, a.steps))
             print(f"repeat {r}: {name}: {res[name][-1]:,.0f} tok/s", file=sys.stderr, flush=True)
     base = statistics.median(res[next(iter(runs))])
-    cmd = "python studies/target_train_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python lab/studies/target_train_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"`{cmd}` — batch {a.batch_size}x{a.seq_len}, {a.threads} threads, medians of {a.repeats} interleaved "
           f"blocks of {a.steps - 1} timed steps, {rows}\n")
     print("| trainer | params (M) | tokens/s | ratio vs before |\n|---|---|---|---|")

@@ -8,7 +8,7 @@ the same time: peagle's runs go before and after vLLM's (two passes), so the VM'
 the two peagle figures, and the ratio takes their mean. Tokens must be identical (greedy); acceptance counts
 per draft position are printed for both.
 
-    .venv/bin/python studies/vllm_speed.py --ks 1,3 --concurrency 1 --num-prompts 4
+    .venv/bin/python lab/studies/vllm_speed.py --ks 1,3 --concurrency 1 --num-prompts 4
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 import torch
@@ -134,7 +134,7 @@ def main(argv=None):
         ratio = (x["tokens_per_s"] + y["tokens_per_s"]) / 2 / v["tokens_per_s"]
         print(f"| {name} | {x['tokens_per_s']:.1f}, {y['tokens_per_s']:.1f} | {v['tokens_per_s']:.1f} | "
               f"{ratio:.2f}× | {'yes' if same else 'NO'} | {acc} |")
-    print(f"\nRegenerate: .venv/bin/python studies/vllm_speed.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"\nRegenerate: .venv/bin/python lab/studies/vllm_speed.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     return 0 if ok else 1
 
 

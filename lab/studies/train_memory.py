@@ -1,6 +1,6 @@
 """Peak RSS of one P-EAGLE training step (K=8 depths, COD r=0.7 / r_min=0.2), flat vs partitioned.
 
-    .venv/bin/python studies/train_memory.py [--lengths 2048,4096,8192,16384] [--budget-gib 10]
+    .venv/bin/python lab/studies/train_memory.py [--lengths 2048,4096,8192,16384] [--budget-gib 10]
 
 Each configuration runs in its own subprocess (so peaks do not mix) on synthetic data: one document of
 N tokens (90 % assistant tokens), random target features, a small drafter (hidden 128, 1 layer, 2 heads,
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H, LAYERS, HEADS, VD, V, K = 128, 1, 2, 2048, 8192, 8
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.corpus import read_jsonl_texts
+from peagle.data.corpus import read_jsonl_texts
+
 from .tokenizer import EOS_ID
 
 SOURCES = ("code", "chat")

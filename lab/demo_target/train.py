@@ -1,10 +1,10 @@
 """Train the embedded demo target model (a small ``LlamaForCausalLM``).
 
-    python -m peagle.demo_target.train --out models/demo-target --time-budget-min 60
+    python -m lab.demo_target.train --out models/demo-target --time-budget-min 60
 
 Steps (each cached under ``--data-dir``): build the corpus
 (:mod:`peagle.data.corpus`), train the tokenizer
-(:mod:`peagle.demo_target.tokenizer`), tokenize to uint16 memmaps, then train on
+(:mod:`lab.demo_target.tokenizer`), tokenize to uint16 memmaps, then train on
 packed 512-token rows (documents separated by token 0), half code and half
 chat.  Checkpoints (model + optimizer + schedule + RNG + data position) are
 written atomically to ``--run-dir`` every ``--ckpt-min`` minutes; ``--resume``
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.corpus import build_corpus
-from ..models.files import load_tensors, read_config
-from ..train.common import (
+from peagle.data.corpus import build_corpus
+from peagle.models.files import load_tensors, read_config
+from peagle.train.common import (
     CheckpointClock,
     cosine_progress,
     load_checkpoint,
@@ -40,6 +40,7 @@ from ..train.common import (
     set_rng_state,
     tune_malloc,
 )
+
 from .model import demo_config
 from .threads import ThreadTuner
 from .tokenizer import build_tokenizer, generation_config_dict
@@ -62,7 +63,7 @@ def load_init(model, path: str) -> None:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="peagle train-target", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lab.demo_target.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="models/demo-target", help="HF model directory to write")
     ap.add_argument("--data-dir", default="data/target", help="cache: corpus, tokenizer, token memmaps")
@@ -342,7 +343,7 @@ def write_model_dir(out: Path, model, tok, stats: dict) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     tune_malloc()
-    cmd = "python -m peagle.demo_target.train " + " ".join(
+    cmd = "python -m lab.demo_target.train " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     threads = ThreadTuner(args.threads)
     device = resolve_device(args.device)

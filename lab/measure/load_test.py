@@ -2,12 +2,12 @@
 against plain decoding (peagle's LLM without speculation, run here on the same model directory).
 
     # against a running server (its model directory is read from /v1/models "root"):
-    python bench/load_test.py --url http://127.0.0.1:8000
+    python lab/measure/load_test.py --url http://127.0.0.1:8000
     # start `peagle serve` in a subprocess first (and stop it afterwards):
-    python bench/load_test.py --launch models/demo-target --speculative-config '{"method": "eagle3", ...}'
-    python bench/load_test.py --launch demo                    # the demo target with its P-EAGLE head
+    python lab/measure/load_test.py --launch models/demo-target --speculative-config '{"method": "eagle3", ...}'
+    python lab/measure/load_test.py --launch demo                    # the demo target with its P-EAGLE head
     # a tiny random model + tokenizer + random P-EAGLE head (built under --tiny-dir), served with speculation:
-    python bench/load_test.py --tiny
+    python lab/measure/load_test.py --tiny
 
 Passes (exit 0) when: zero errors, every output identical to plain decoding (token ids and text), and no cache
 rows / requests left in the engine afterwards (GET /debug/engine). Prints p50/p99 end-to-end latency and time
@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 from peagle.bench.summary import percentile

@@ -1,7 +1,7 @@
 """The drafter training-recipe study (issue 13): per-depth training accuracy vs training minutes for each run,
 and the end-to-end acceptance of the resulting heads.
 
-    python studies/training_study.py --run e3=runs/heads/e3 --run "e3 stage 2=runs/heads/e3b@20" \\
+    python lab/studies/training_study.py --run e3=runs/heads/e3 --run "e3 stage 2=runs/heads/e3b@20" \\
         --eval eval.json --out docs/training-study
 
 ``--run NAME=DIR[@MINUTES]``: a ``peagle train`` output directory (its ``train_log.jsonl``); ``@MINUTES`` shifts
@@ -70,7 +70,7 @@ def table(runs: dict[str, list[dict]], acc_by_ds: dict, speed_by_ds: dict) -> st
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python studies/training_study.py", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python lab/studies/training_study.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="append", required=True, help="NAME=DIR[@MINUTES]")
     ap.add_argument("--eval", action="append", default=[], help="evaluate_heads --out JSON")
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, out / "acc_vs_minutes.png")
-    cmd = "python studies/training_study.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None
+    cmd = "python lab/studies/training_study.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None
                                                                                  else sys.argv[1:]))
     (out / "table.md").write_text(f"`{cmd}`\n\n{table(runs, acc_by_ds, speed_by_ds)}\n")
     print((out / "table.md").read_text())
