@@ -33,13 +33,16 @@ from .kpolicy import FixedK, KPolicy
 from .rowstate import RowState
 from .sampling import SamplingParams, make_generator
 from .spec_metrics import SpecMetrics
+from .tree import TreeSpec
+from .tree_step import tree_step
 from .verify import SampledRows, verify_greedy, verify_sampled
 
 
-def cache_len(max_model_len: int, k: int) -> int:
+def cache_len(max_model_len: int, k: int, tree: TreeSpec | None = None) -> int:
     """Cache positions per row, for the target's cache and the drafter's (peagle/llm.py make_engine): the context limit
-    plus a margin of 3k + 8 for the rows a decode step with up to k drafts writes past the accepted length."""
-    return max_model_len + 3 * k + 8
+    plus a margin of 3k + 8 for the rows a decode step with up to k drafts writes past the accepted length (a
+    tree's: its widest block, TreeSpec.width)."""
+    return max_model_len + 3 * (k if tree is None else tree.width(k)) + 8
 
 
 @dataclass
@@ -76,15 +79,18 @@ class StepOutput:
 class Engine:
     def __init__(self, target, tokenizer=None, proposer: Proposer | None = None, k: int = 0,
                  max_num_seqs: int = 128, max_model_len: int | None = None, seed: int = 0,
-                 prefill_token_budget: int = 8192, k_policy: KPolicy | None = None, compile: bool = False):
+                 prefill_token_budget: int = 8192, k_policy: KPolicy | None = None, compile: bool = False,
+                 tree: TreeSpec | None = None):
+        """tree: token trees (peagle/tree.py, peagle/tree_step.py) instead of chains for greedy batches."""
         self.target, self.tok, self.proposer = target, tokenizer, proposer
         self.device = torch.device(target.device)
         self.k = k if proposer is not None else 0          # the largest K a step may use
+        self.tree = tree if proposer is not None and self.k else None
         self.k_policy = k_policy if k_policy is not None and proposer is not None else FixedK(self.k)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = min(max_model_len or target.cfg.max_position_embeddings,
                                  target.cfg.max_position_embeddings)
-        self.cache = target.new_cache(1, cache_len(self.max_model_len, self.k))
+        self.cache = target.new_cache(1, cache_len(self.max_model_len, self.k, self.tree))
         self.state = RowState(self.device)
         if proposer is not None:
             self.aux_ids = proposer.head.aux_ids
@@ -263,18 +269,22 @@ class Engine:
                                 start - dn, dn, 0, rows, **self._shape(max(a - b for a, b in zip(m, n)) + T,
                                                                        m[0] - n[0] if B == 1 else None),
                                 sampled=sampled)
-                drafts = self.proposer.propose(db, K).to(self.device)
-                q = db.q                                     # [S,K,V]: the sampled rows' drafts ~ q (or None)
-                t1 = time.perf_counter()
-                self.metrics.draft_time_s += t1 - t0
-                t0 = t1
-                block = torch.cat([st.last[:B, None], drafts], 1)
+            if K and self.tree is not None and sampled is None:      # a greedy batch: one tree per row
+                K, acc, toks, aux = tree_step(self, db, K, start, m)
             else:
-                block = st.last[:B, None]
-                drafts = block[:, :0]
-            logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids,
-                                              **self._shape(max(m) + K + 1, m[0] if B == 1 else None))
-            acc, toks = self._verify(logits, drafts, sampled, q)
+                if K:
+                    drafts = self.proposer.propose(db, K).to(self.device)
+                    q = db.q                                 # [S,K,V]: the sampled rows' drafts ~ q (or None)
+                    t1 = time.perf_counter()
+                    self.metrics.draft_time_s += t1 - t0
+                    t0 = t1
+                    block = torch.cat([st.last[:B, None], drafts], 1)
+                else:
+                    block = st.last[:B, None]
+                    drafts = block[:, :0]
+                logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids,
+                                                  **self._shape(max(m) + K + 1, m[0] if B == 1 else None))
+                acc, toks = self._verify(logits, drafts, sampled, q)
             host = self._advance(B, K, acc, toks, aux)
         except Exception as e:
             raise DecodeError(f"decode step failed: {type(e).__name__}: {e}", [r.request_id for r in rows]) from e

@@ -83,13 +83,14 @@ def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, m
         return Engine(target, tok, None, 0, max_num_seqs, mlen, seed, compile=compile)
     head = head if head is not None else load_head(spec, target)
     k = k_max_for(spec, head.cfg)
+    tree = spec.tree(k)
     cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
-    proposer = cls(head, k, cache_len(mlen, k), draft_sampling=spec.draft_sampling,
+    proposer = cls(head, k, cache_len(mlen, k, tree), draft_sampling=spec.draft_sampling,
                    dual=getattr(target, "dual_layout", False))
     if k_policy is None:
         k_policy = make_policy(spec, target, head, measuring_engines(target, head, spec, k), k, max_num_seqs,
                                model_dir, target.dtype)
-    return Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=k_policy, compile=compile)
+    return Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=k_policy, compile=compile, tree=tree)
 
 
 def measuring_engines(target, head: DrafterHead, spec: SpecConfig, k: int):

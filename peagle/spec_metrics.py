@@ -17,6 +17,8 @@ class SpecMetrics:
         # host wall time of each phase (on CUDA the device runs ahead; the step's one copy waits for it in
         # the verify phase): admitting requests (target + drafter prefill), drafting, verifying
         self.prefill_time_s = self.draft_time_s = self.verify_time_s = 0.0
+        # token trees (peagle/tree.py): draft nodes verified (a device tensor, read by as_dict only) and rows
+        self.tree_nodes, self.tree_rows = 0, 0
 
     def add_draft(self, accepted: int, k: int):
         self.num_drafts += 1
@@ -24,6 +26,11 @@ class SpecMetrics:
         self.num_accepted_tokens += accepted
         for i in range(accepted):
             self.num_accepted_tokens_per_pos[i] += 1
+
+    def add_tree(self, nodes, rows: int):
+        """A tree step: `nodes` draft nodes verified over `rows` rows (nodes may be a device scalar)."""
+        self.tree_nodes = self.tree_nodes + nodes
+        self.tree_rows += rows
 
     def add_step(self, k: int):
         self.num_steps_per_k[k] += 1
@@ -42,4 +49,12 @@ class SpecMetrics:
             "num_steps_per_k": list(self.num_steps_per_k),
             "mean_num_speculative_tokens": sum(k * n for k, n in enumerate(self.num_steps_per_k))
             / max(sum(self.num_steps_per_k), 1),
-        } | (self.extra() if self.extra is not None else {})
+        } | self._tree_dict() | (self.extra() if self.extra is not None else {})
+
+    def _tree_dict(self) -> dict:
+        """Token trees: nodes verified and tokens accepted per row and step (absent without tree steps)."""
+        if not self.tree_rows:
+            return {}
+        n = int(self.tree_nodes)
+        return {"num_tree_rows": self.tree_rows, "num_tree_nodes": n, "mean_tree_nodes_per_step": n / self.tree_rows,
+                "mean_accepted_per_step": self.num_accepted_tokens / max(self.num_drafts, 1)}

@@ -82,6 +82,26 @@ def table_for(llm):
     return logits[:, -1].argmax(-1)
 
 
+def wrong_verifier(logits, drafts, rows, q=None):
+    """A deliberately wrong verifier: on rejection it resamples from p (not p - q); rows: verify.SampledRows."""
+    probs = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)
+    acc, toks = [], []
+    for b, gen in enumerate(rows.gens):
+        out = []
+        for i in range(drafts.shape[1]):
+            d = int(drafts[b, i])
+            if torch.rand((), generator=gen, dtype=torch.float64) <= probs[b, i, d]:
+                out.append(d)
+                continue
+            out.append(int(sample_from(probs[b, i:i + 1], gen)[0]))
+            break
+        else:
+            out.append(int(sample_from(probs[b, -1:], gen)[0]))
+        acc.append(len(out) - 1)
+        toks.append(out + [0] * (drafts.shape[1] + 1 - len(out)))
+    return torch.tensor(acc), torch.tensor(toks)
+
+
 def test_plain_sampling_matches_exact_distribution(small):
     llm = LLM(small, seed=0, max_num_seqs=128)
     joint, _ = exact_joint(llm)
@@ -112,24 +132,7 @@ def test_speculative_sampling_matches_exact_distribution_and_wrong_verifier_fail
     assert 0.1 < m["draft_acceptance_rate"] < 0.95          # both accept and reject paths are exercised
     assert p > 1e-3, (stat, df, m)
 
-    def wrong(logits, drafts, rows, q=None):   # on rejection, resample from p (not p - q); rows: verify.SampledRows
-        probs = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)
-        acc, toks = [], []
-        for b, gen in enumerate(rows.gens):
-            out = []
-            for i in range(drafts.shape[1]):
-                d = int(drafts[b, i])
-                if torch.rand((), generator=gen, dtype=torch.float64) <= probs[b, i, d]:
-                    out.append(d)
-                    continue
-                out.append(int(sample_from(probs[b, i:i + 1], gen)[0]))
-                break
-            else:
-                out.append(int(sample_from(probs[b, -1:], gen)[0]))
-            acc.append(len(out) - 1)
-            toks.append(out + [0] * (drafts.shape[1] + 1 - len(out)))
-        return torch.tensor(acc), torch.tensor(toks)
-    monkeypatch.setattr(engine_mod, "verify_sampled", wrong)
+    monkeypatch.setattr(engine_mod, "verify_sampled", wrong_verifier)
     p_bad, stat, df = chi2_pvalue(sample_counts(spec_llm(small, table, seed=2)), joint)
     assert p_bad < 1e-6, (stat, df)
 

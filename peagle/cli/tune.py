@@ -61,6 +61,9 @@ def run(a) -> int:
     fixed = dict(spec.as_dict(), num_speculative_tokens=k_max)
     fixed.pop("max_num_speculative_tokens", None)
     fixed.pop("num_speculative_tokens_per_batch_size", None)
+    fixed.pop("auto_k", None)
+    for key in ("eagle_topk", "num_draft_tokens"):    # tune writes vLLM's chain schedule: it measures chains
+        fixed.pop(key, None)
     llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=fixed, max_num_seqs=min(a.num_prompts, 16))
     eng = llm.engine
     prompts = [encode_prompt(llm.tokenizer, eng.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.num_prompts)]
@@ -80,7 +83,9 @@ def run(a) -> int:
     sched = ranges(ks)
     out = dict(spec.as_dict(), num_speculative_tokens=k_top, num_speculative_tokens_per_batch_size=sched)
     out.pop("max_num_speculative_tokens", None)
-    out.pop("draft_sampling", None)                  # peagle's key: the config is for vLLM
+    out.pop("auto_k", None)                          # auto K's knobs: peagle's
+    for key in ("draft_sampling", "eagle_topk", "num_draft_tokens"):
+        out.pop(key, None)                           # peagle's keys: the config is for vLLM
     print(f"peagle tune: {spec.name} head {spec.model}, K 0..{k_max}; acceptance on {len(prompts)} {a.dataset} "
           f"prompts: E[tokens/step | K] = {[round(float(x), 2) for x in e]}", file=sys.stderr)
     for s, t, k in sched:

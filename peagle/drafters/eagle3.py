@@ -37,3 +37,9 @@ class Eagle3Proposer(Proposer):
             p = p + 1
         batch.q = None if qs[0] is None else torch.cat(qs, 1)            # [S,K,V]
         return torch.cat(drafts, 1)                                      # [B,K]
+
+    @torch.no_grad()
+    def propose_tree(self, batch: DraftBatch, k: int, topk: int, nodes: int):
+        """EAGLE-2's dynamic tree: one drafter pass per level over its topk best nodes (peagle/drafters/tree.py)."""
+        from .tree import expand_tree
+        return expand_tree(self, batch, k, topk, nodes)

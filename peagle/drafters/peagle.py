@@ -27,7 +27,18 @@ class PEagleProposer(Proposer):
 
     @torch.no_grad()
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
-        h, K = self.head, k or self.k
+        drafts, batch.q = self.pick(self.slots(batch, k or self.k), batch.sampled)   # [B,K], [S,K,V] | None
+        return drafts
+
+    @torch.no_grad()
+    def propose_tree(self, batch: DraftBatch, k: int, topk: int, nodes: int):
+        """The tree of the `nodes` most probable paths through the one pass's K slots (peagle/drafters/tree.py)."""
+        from .tree import slots_tree
+        return slots_tree(self.head, self.head.draft_logits(self.slots(batch, k)), topk, nodes)
+
+    def slots(self, batch: DraftBatch, K: int) -> torch.Tensor:
+        """The one drafter pass: the normed outputs of the new-token row and the K-1 mask rows, [B,K,H]."""
+        h = self.head
         B, T = batch.ids.shape
         dev = batch.ids.device
         W = T + K - 1
@@ -43,6 +54,4 @@ class PEagleProposer(Proposer):
         normed, _ = h(ids, hid, None, cache=self.cache, b0=batch.b0, start=batch.start,
                       span=None if batch.span is None else batch.span + K - 1, s0=batch.s0)
         idx = nr - 1 + torch.arange(K, device=dev)[None]                        # new-token row + K-1 mask rows
-        sel = normed[torch.arange(B, device=dev)[:, None], idx]                # [B,K,H]
-        drafts, batch.q = self.pick(sel, batch.sampled)                          # [B,K], [S,K,V] | None
-        return drafts
+        return normed[torch.arange(B, device=dev)[:, None], idx]                # [B,K,H]

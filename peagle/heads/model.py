@@ -159,13 +159,17 @@ class DrafterHead(nn.Module):
         return self
 
     @torch.no_grad()
-    def _forward_cached(self, ids, hidden, cache, b0, start, span=None, s0=None):
+    def _forward_cached(self, ids, hidden, cache, b0, start, span=None, s0=None, tree=None):
+        """tree: a peagle.tree.TreeAttn (positions and a tree mask over the block's slots; EAGLE-2 expansion)."""
         if getattr(self, "_fused", None) is None:
             self.prepare_inference()
         c = self.config
         eps, nh, nkv = c.rms_norm_eps, c.num_attention_heads, c.num_key_value_heads
         hd, inter = c.head_dim, c.intermediate_size
-        ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1], b0, span, s0, cache.max_len)
+        rope = self._rope(hidden.device, hidden.dtype)
+        ctx = BlockCtx(rope, start, ids.shape[1], b0, span, s0, cache.max_len)
+        if tree is not None:
+            tree.apply(ctx, rope)
         emb = F.embedding(ids, self.embed_tokens.weight)
         x = hidden
         for i, (L, (qkv_w, o_w, gu_w, d_w)) in enumerate(zip(self.layers, self._fused)):

@@ -166,10 +166,11 @@ class HFTarget:
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         return KVCache(self.cfg.num_hidden_layers, None, None, max_len, rows, self.dtype, self.device)
 
-    def masks(self, start: torch.Tensor, T: int, S: int):
+    def masks(self, start: torch.Tensor, T: int, S: int, tree=None):
+        """One mask per attention type (tree: a peagle.tree.TreeAttn's mask instead of the causal one)."""
         out = {}
         for t, w in self.windows.items():
-            m = causal_block_mask(start, T, S, w)
+            m = causal_block_mask(start, T, S, w) if tree is None else tree.mask(S, w)
             if self.additive:
                 m = torch.zeros(m.shape, dtype=self.dtype, device=m.device).masked_fill_(~m, torch.finfo(self.dtype).min)
             out[t] = m
@@ -178,8 +179,9 @@ class HFTarget:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, b0: int, start: torch.Tensor,
                 aux_ids: tuple = (), logits_at: torch.Tensor | None = None, span: int | None = None,
-                s0: int | None = None):
-        """tokens [B,T] for cache rows b0..b0+B-1, each row's block starting at position start[b]; span, s0:
+                s0: int | None = None, tree=None):
+        """tokens [B,T] for cache rows b0..b0+B-1, each row's block starting at position start[b] (tree: a
+        peagle.tree.TreeAttn: node positions and the tree mask, the block in slots start..start+T-1); span, s0:
         host-side facts as for the native target (layers.BlockCtx: keys [0, span) are read; s0 = the common
         start, or None).  Returns (logits [B,T,V] or [B,V] at logits_at per row, aux [B,T,len(aux_ids)*H] or
         None).  Does not change cache.lens: the caller sets lengths after deciding what to keep."""
@@ -196,7 +198,8 @@ class HFTarget:
         self._tap = dict.fromkeys(sorted(set(aux_ids)))
         self._logits_at = None if logits_at is None else logits_at.to(dev)
         try:
-            out = self.model(input_ids=tokens, attention_mask=self.masks(start, T, span), position_ids=pos,
+            out = self.model(input_ids=tokens, attention_mask=self.masks(start, T, span, tree),
+                             position_ids=pos if tree is None else tree.pos,
                              use_cache=True, **{self._cache_kw: _RowWrites(cache, b0, pos_w, span, s0)})
             taps = self._tap
         finally:

@@ -87,8 +87,9 @@ class Transformer:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, b0: int, start: torch.Tensor,
                 aux_ids: tuple = (), logits_at: torch.Tensor | None = None, span: int | None = None,
-                s0: int | None = None):
-        """tokens [B,T] for cache rows b0..b0+B-1, each row's block starting at position start[b].
+                s0: int | None = None, tree=None):
+        """tokens [B,T] for cache rows b0..b0+B-1, each row's block starting at position start[b] (tree: a
+        peagle.tree.TreeAttn -- node positions and the tree mask; the block still fills slots start..start+T-1).
         span, s0: host-side facts about the positions (see layers.BlockCtx); the engine always passes span,
         so a forward never reads a device value back (without span, start is read once on the host).
         Returns (logits [B,T,V] or [B,V] at logits_at per row, aux [B,T,len(aux_ids)*H] or None).
@@ -98,6 +99,8 @@ class Transformer:
         dev = self.device
         tokens, start = tokens.to(dev), start.to(dev)
         ctx = BlockCtx(self.rope, start, T, b0, span, s0, cache.max_len, c.sliding_window)
+        if tree is not None:
+            tree.apply(ctx, self.rope, c.sliding_window)
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         x = F.embedding(tokens, self.embed)
         aux = []

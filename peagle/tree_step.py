@@ -1,0 +1,28 @@
+"""The engine's tree decode step (peagle/tree.py): draft a tree per row, verify all its nodes in one target
+forward with the tree mask, accept the longest root path that follows the target's argmax, move that path's
+KV entries to contiguous cache slots, and hand the engine's `_advance` what a chain step of depth K hands it:
+accepted counts, the emitted tokens [B,K+1] and the target's aux states at the path [B,K+1,A] (the drafter's
+next context). Greedy batches only: a batch with a sampled row runs the chain step (its rows verify their
+top chain, exactly as without trees; see the engine)."""
+from __future__ import annotations
+
+import torch
+
+from .tree import accept_greedy, compact_kv
+
+
+def tree_step(engine, db, K: int, start: torch.Tensor, m: list):
+    """-> (K, accepted [B], tokens [B,K+1], aux [B,K+1,A] | None); K: the step's depth (<= the tree's nodes)."""
+    spec, B = engine.tree, len(m)
+    K = min(K, spec.nodes)
+    tree = engine.proposer.propose_tree(db, K, spec.topk, spec.nodes)
+    tree.tokens[:, 0] = engine.state.last[:B]
+    T = tree.size
+    logits, aux = engine.target.forward(tree.tokens, engine.cache, 0, start, engine.aux_ids, tree=tree.attn(start, K),
+                                        **engine._shape(max(m) + T, m[0] if B == 1 else None))
+    acc, path, toks = accept_greedy(tree, logits, K)
+    compact_kv(engine.cache, 0, start, path)
+    if aux is not None:
+        aux = aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
+    engine.metrics.add_tree(tree.valid[:, 1:].sum(), B)
+    return K, acc, toks, aux
