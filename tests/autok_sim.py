@@ -16,6 +16,7 @@ import random
 
 import torch
 
+from peagle.autok.config import AutoKConfig, GuardConfig
 from peagle.sampling import SamplingParams
 
 
@@ -77,3 +78,10 @@ def run(policy, steps: int, cost, accept, batch: int = 1, max_tokens: int = 256,
     first = next((i for i in range(len(ks) - 15) if not any(ks[i:i + 16])), None)
     return {"k": ks, "seconds": secs, "tokens": toks, "plain_s": plain_s, "vs_plain": plain_s / secs,
             "first_zero_run": first}
+
+
+def autok_config(guard=True, **kw) -> AutoKConfig:
+    """AutoKConfig in the tests' short form: guard True / False (GuardConfig(enabled=...)) or a dict of
+    GuardConfig fields; the rest are AutoKConfig's fields."""
+    g = GuardConfig(enabled=guard) if isinstance(guard, bool) else GuardConfig(**guard)
+    return AutoKConfig(guard=g, **kw)

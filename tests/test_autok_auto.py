@@ -2,6 +2,7 @@
 acceptance (no timing: the cost model is fixed, refinement off). The model alone: the loss guard is off here
 (guard=False; tests/test_autok_guard.py tests it)."""
 import torch
+from autok_sim import autok_config
 
 from peagle.autok.acceptance import Acceptance
 from peagle.autok.auto import PRIOR_ROWS, AutoK
@@ -46,7 +47,7 @@ def brute_force(policy, rows):
 
 
 def test_chooses_the_k_with_most_tokens_per_second():
-    pol = AutoK(6, cost(), Acceptance(6), refine=False, guard=False)
+    pol = AutoK(6, cost(), Acceptance(6), autok_config(refine=False, guard=False))
     one, many = [Row("a")], [Row(f"r{i}") for i in range(64)]
     feed(pol, many, 0.8, 50, k=6)
     k1, k64 = pol.choose(one), pol.choose(many)
@@ -58,8 +59,8 @@ def test_chooses_the_k_with_most_tokens_per_second():
 
 def test_k0_when_drafts_are_rejected_and_tries_again_once_evidence_ages():
     # a small margin: this is about how fast old evidence ages, not about the default margin's caution
-    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6, half_life_rows=256), refine=False, guard=False,
-                margin=0.02)
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6, half_life_rows=256),
+                autok_config(refine=False, guard=False, margin=0.02))
     rows = [Row(f"r{i}") for i in range(64)]
     assert pol.drafts_next(64) and pol.choose(rows) > 0   # the prior says drafting pays
     feed(pol, rows, 0.0, 20, k=2)                      # nothing is accepted
@@ -76,7 +77,7 @@ def test_k0_when_drafts_are_rejected_and_tries_again_once_evidence_ages():
 
 
 def test_per_request_acceptance_counts():
-    pol = AutoK(6, cost(), Acceptance(6, half_life_rows=1e9), refine=False, guard=False)
+    pol = AutoK(6, cost(), Acceptance(6, half_life_rows=1e9), autok_config(refine=False, guard=False))
     rows = [Row("good"), Row("bad")]
     g = torch.Generator().manual_seed(0)
     for _ in range(100):
@@ -101,7 +102,7 @@ def test_a_drafter_catch_up_is_paid_only_when_the_remaining_tokens_repay_it():
     """After K = 0 steps the drafter is behind; the first K > 0 step feeds every skipped row (a padded block of
     B x max rows), a one-off cost amortised over the tokens the batch still generates: a long backlog with few
     tokens left stays at K = 0, the same backlog with many tokens left (or a short one) drafts."""
-    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=False, guard=False, settle=1)
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), autok_config(refine=False, guard=False, settle=1))
     pol.row_s = 1e-3
     steady = pol.choose([Behind(f"r{i}", 1, 8) for i in range(4)])
     assert steady > 0 and pol.last["catch_up_rows"] == 0
@@ -116,7 +117,8 @@ def test_a_k0_choice_stands_for_settle_steps_of_the_same_batch():
     rarely changes it: a K = 0 choice stands `settle` steps while the batch's requests are unchanged, then is
     made again; a changed batch is decided at once. settle=1 (the negative control) estimates every step."""
     def run(settle, batches, alpha=0.02):
-        pol = AutoK(6, cost(), Acceptance(6, prior=[alpha] * 6), refine=False, guard=False, settle=settle)
+        pol = AutoK(6, cost(), Acceptance(6, prior=[alpha] * 6),
+                    autok_config(refine=False, guard=False, settle=settle))
         n, rates = [0], pol.rates
 
         def counted(rids):
@@ -140,7 +142,7 @@ def test_a_k0_choice_stands_for_settle_steps_of_the_same_batch():
 def test_catch_up_cost_is_learned_from_catch_up_steps_and_kept_out_of_the_cost_model():
     measured = cost()
     measured.meta["drafter_row_s"] = 2e-4                  # measure.py's drafter prefill per row
-    pol = AutoK(6, measured, Acceptance(6, prior=[0.8] * 6), refine=True, guard=False)
+    pol = AutoK(6, measured, Acceptance(6, prior=[0.8] * 6), autok_config(refine=True, guard=False))
     prior = pol.row_s
     assert prior == 2e-4                                   # the measured price is the prior
     rows = [Behind(f"r{i}", 50, 2000) for i in range(4)]
@@ -164,7 +166,7 @@ def test_a_small_noisy_catch_up_barely_moves_the_row_price_and_large_ones_domina
     steady stream of large catch-ups at a truly higher price takes the estimate there."""
     measured = cost()
     measured.meta["drafter_row_s"] = 2.8e-4
-    pol = AutoK(6, measured, Acceptance(6, prior=[0.8] * 6), refine=True, guard=False)
+    pol = AutoK(6, measured, Acceptance(6, prior=[0.8] * 6), autok_config(refine=True, guard=False))
     assert pol.row_s == 2.8e-4
     few = [Behind("r0", 7 + 8, 2000)]                        # 8 rows beyond a steady step's k_max + 1
     k = pol.choose(few)
@@ -182,10 +184,10 @@ def test_a_small_noisy_catch_up_barely_moves_the_row_price_and_large_ones_domina
 def test_admission_prefills_the_drafter_only_for_a_batch_that_will_draft():
     """drafts_next(B): the engine skips the drafter prefill of new prompts when a batch of B rows is expected
     to decode with K = 0 (here: drafts rejected, so no batch size drafts; with good drafts B = 1 does)."""
-    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), refine=False, guard=False)
+    pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), autok_config(refine=False, guard=False))
     assert pol.drafts_next(1)
     expensive = CostModel([1, 64], [[10e-3 + 30e-3 * k for k in range(7)], [40e-3 + 120e-3 * k for k in range(7)]])
-    pol2 = AutoK(6, expensive, Acceptance(6, prior=[0.3] * 6), refine=False, guard=False)
+    pol2 = AutoK(6, expensive, Acceptance(6, prior=[0.3] * 6), autok_config(refine=False, guard=False))
     assert not pol2.drafts_next(64) and not pol2.drafts_next(1)
     feed(pol, [Row(f"r{i}") for i in range(64)], 0.02, 40, k=6)          # drafts are rejected
     assert not pol.drafts_next(64)

@@ -8,10 +8,11 @@ import itertools
 import re
 
 import pytest
-from autok_sim import geometric, run
+from autok_sim import autok_config, geometric, run
 
 from peagle.autok.acceptance import Acceptance
-from peagle.autok.auto import PROBE_TOL, AutoK
+from peagle.autok.auto import AutoK
+from peagle.autok.config import PROBE_TOL
 from peagle.autok.costmodel import CostModel
 from peagle.autok.guard import FALLBACK, REFRESH, Guard, bound
 from peagle.kpolicy import FixedK
@@ -32,7 +33,7 @@ def linear(per_k, per_row=0.0):
 
 
 def policy(cost, guard=True, prior=0.8, **kw):
-    return AutoK(K, cost, Acceptance(K, prior=[prior] * K), guard=guard, **kw)
+    return AutoK(K, cost, Acceptance(K, prior=[prior] * K), autok_config(guard=guard, **kw))
 
 
 def expected_tokens(alpha, k):
@@ -198,7 +199,7 @@ def test_a_slow_drafter_converges_to_plain_within_the_stated_steps_and_stays_wit
     def pol(guard=True):
         return AutoK(K, grid(step), Acceptance(K, prior=[0.8] * K, prior_weight=1e9 if trusting else 4.0,
                                               request_weight=1e9 if trusting else 16.0),
-                     guard=guard, margin=0.02)   # a policy that wants to draft: the guard has to stop it
+                     autok_config(guard=guard, margin=0.02))   # a policy that wants to draft: the guard has to stop it
     exact = run(pol(), 300, step, geometric(0.0), noise=0.0)
     assert any(exact["k"]) and exact["first_zero_run"] is not None and exact["first_zero_run"] <= stated
     noisy = run(pol(), 3000, step, geometric(0.0), noise=0.1, catch_row_s=CATCH_ROW_S)
@@ -303,8 +304,8 @@ def test_greedy_identical_while_the_guard_switches_k_to_zero_and_back(tiny_dirs,
     e = llm.engine
     old = e.k_policy
     sure = Acceptance(old.k_max, prior=[0.95] * old.k_max, prior_weight=1e9)   # the model always drafts
-    e.k_policy = pol = AutoK(old.k_max, old.cost, sure, guard={"min_speedup": 100.0, "window": 2, "backoff": 1,
-                                                               "max_backoff": 4})
+    e.k_policy = pol = AutoK(old.k_max, old.cost, sure, autok_config(
+        guard={"min_speedup": 100.0, "window": 2, "backoff": 1, "max_backoff": 4}))
     feed = DrafterFeed(e)
     reqs = []
     add = e.add_request

@@ -1,4 +1,4 @@
-"""The per-step trace of "auto" (peagle/autok/trace.py): switched on by AutoK(trace=...) or
+"""The per-step trace of "auto" (peagle/autok/trace.py): switched on by AutoKConfig(trace=...) or
 $PEAGLE_AUTOK_TRACE, one JSON line per decode step with the K chosen and why, predicted vs measured step time
 and tokens; it never changes a decision; summarize() condenses it. Scripted engine (tests/autok_sim.py), no
 wall clock, except the last test (the real engine through LLM)."""
@@ -6,7 +6,7 @@ import io
 import json
 
 import pytest
-from autok_sim import geometric, run
+from autok_sim import autok_config, geometric, run
 from test_autok_guard import K, fooled, grid, linear
 
 from peagle.autok import trace as tr
@@ -18,7 +18,7 @@ from peagle.autok.factory import auto_policy
 def traced(steps=300, noise=0.1, guard=True, **kw):
     truth, believed, drafter = fooled()            # the model drafts, the guard falls back: every kind of step
     buf = io.StringIO()
-    pol = AutoK(K, believed, Acceptance(K, prior=[0.8] * K), guard=guard, trace=buf)
+    pol = AutoK(K, believed, Acceptance(K, prior=[0.8] * K), autok_config(guard=guard, trace=buf))
     res = run(pol, steps, truth, drafter, noise=noise, **kw)
     return res, [json.loads(ln) for ln in buf.getvalue().splitlines()], pol
 
@@ -60,8 +60,8 @@ def test_summary_explains_the_run():
 
 
 def test_tracing_never_changes_a_decision():
-    a = run(AutoK(K, fooled()[1], Acceptance(K, prior=[0.8] * K), trace=False), 400, fooled()[0], fooled()[2],
-            noise=0.1)
+    a = run(AutoK(K, fooled()[1], Acceptance(K, prior=[0.8] * K), autok_config(trace=False)), 400, fooled()[0],
+            fooled()[2], noise=0.1)
     b, _, _ = traced(steps=400)
     assert a["k"] == b["k"] and a["seconds"] == b["seconds"]
 
@@ -84,21 +84,26 @@ def test_switched_on_by_the_environment_and_read_back(tmp_path, monkeypatch, cap
     assert auto_policy(grid(step), {}, K).trace is None
 
 
-def test_the_guard_can_be_switched_off_by_the_environment(monkeypatch):
+def test_the_guard_is_set_by_the_config_and_overridden_by_the_environment(monkeypatch):
     step = linear(2e-3)
     assert auto_policy(grid(step), {}, K).guard.enabled
+    assert not auto_policy(grid(step), {}, K, autok_config(guard=False)).guard.enabled
     monkeypatch.setenv("PEAGLE_AUTOK_GUARD", "0")
     assert not auto_policy(grid(step), {}, K).guard.enabled
-    assert auto_policy(grid(step), {}, K, guard=True).guard.enabled
+    assert not auto_policy(grid(step), {}, K, autok_config(guard=True)).guard.enabled    # the A/B override wins
+    monkeypatch.setenv("PEAGLE_AUTOK_GUARD", "1")
+    assert auto_policy(grid(step), {}, K, autok_config(guard=False)).guard.enabled
 
 
 def test_the_margin_can_be_set_by_the_environment_and_bad_values_are_refused(monkeypatch):
-    from peagle.autok.auto import MARGIN
+    from peagle.autok.config import MARGIN
     from peagle.errors import PeagleError
     step = linear(2e-3)
     assert auto_policy(grid(step), {}, K).margin == MARGIN
+    assert auto_policy(grid(step), {}, K, autok_config(margin=0.3)).margin == 0.3
     monkeypatch.setenv("PEAGLE_AUTOK_MARGIN", "0.05")
     assert auto_policy(grid(step), {}, K).margin == 0.05
+    assert auto_policy(grid(step), {}, K, autok_config(margin=0.3)).margin == 0.05
     for bad in ("-0.1", "five", "nan"):
         monkeypatch.setenv("PEAGLE_AUTOK_MARGIN", bad)
         with pytest.raises(PeagleError, match="PEAGLE_AUTOK_MARGIN"):
@@ -106,15 +111,16 @@ def test_the_margin_can_be_set_by_the_environment_and_bad_values_are_refused(mon
 
 
 def test_probing_is_off_by_default_and_set_by_the_environment(monkeypatch):
-    from peagle.autok.auto import PROBE_TOL
+    from peagle.autok.config import PROBE_TOL
     from peagle.errors import PeagleError
     step = linear(2e-3)
     assert auto_policy(grid(step), {}, K).probe_tol is None
+    assert auto_policy(grid(step), {}, K, autok_config(probe_tol=0.05)).probe_tol == 0.05
     for v, want in (("on", PROBE_TOL), ("0.2", 0.2), ("off", None)):
         monkeypatch.setenv("PEAGLE_AUTOK_PROBE", v)
         assert auto_policy(grid(step), {}, K).probe_tol == want
     monkeypatch.setenv("PEAGLE_AUTOK_PROBE", "on")
-    assert auto_policy(grid(step), {}, K, guard=False).probe_tol is None      # probing needs the guard
+    assert auto_policy(grid(step), {}, K, autok_config(guard=False)).probe_tol is None   # probing needs the guard
     for bad in ("1.5", "-0.1", "sometimes"):
         monkeypatch.setenv("PEAGLE_AUTOK_PROBE", bad)
         with pytest.raises(PeagleError, match="PEAGLE_AUTOK_PROBE"):

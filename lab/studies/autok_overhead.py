@@ -10,7 +10,7 @@ prompts, greedy), and the ratios are of total tokens ÷ total seconds over all p
 * maxk-M-K: auto's engine for head M (proposer and caches built for the head's largest K) held at K;
 * auto-M-S[-G[-P[-E]]]: `"num_speculative_tokens": "auto"` with head M (eagle3 / peagle), AutoK's `settle` = S
   (1: the estimate at every step, the behaviour before settling), if given its margin G (default
-  peagle.autok.auto.MARGIN), probe_tol P ("off": no probing, the default; 0.1: PROBE_TOL) and keep E
+  peagle.autok.config.MARGIN), probe_tol P ("off": no probing, the default; 0.1: PROBE_TOL) and keep E
   (default KEEP);
   an empty field keeps the default;
   also the policy's own seconds per step (choose + observe).

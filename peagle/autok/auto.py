@@ -4,10 +4,9 @@ second for the batch: argmax_K  sum_rows E[accepted + 1 | K] / t_step(B, K).
 E comes from the live acceptance (acceptance.py), t_step from the measured cost model (costmodel.py); after
 each step both learn from what happened (acceptance counts, the step's wall time). t_step(B, 0), plain
 decoding, is the guard's measurement of K = 0 steps once there is one: the cost model's machine-wide scale also
-follows K > 0 steps, so its own K = 0 estimate drifts with what drafting costs (a simulated trace: plain
-predicted 1.4x too slow after drafting steps that cost more than measured, which kept a losing K chosen). K = 0
-wins when no K > 0 is expected to beat plain decoding by `margin`, so speculation is expected never to cost.
-Deterministic given its inputs: the choice depends only on earlier steps.
+follows K > 0 steps, so its own K = 0 estimate drifts with what drafting costs. K = 0 wins when no K > 0 is
+expected to beat plain decoding by `margin`, so speculation is expected never to cost. Deterministic given its
+inputs: the choice depends only on earlier steps.
 
 Catch-up: after steps with K = 0 the drafter is behind (each row's skipped tokens, and the prompts of requests
 admitted meanwhile, wait as drafter rows), and the first step with K > 0 feeds them all in one padded block of
@@ -15,7 +14,7 @@ B x max(rows) -- a one-off cost the cost model (measured in steady state) does n
 (padded rows beyond a steady step's k_max + 1) x seconds per drafter row, is added to t_step amortised over the
 steps it pays for: the batch's remaining tokens per row (max_tokens minus generated) divided by the tokens per
 row that K yields, capped at `horizon`. Seconds per drafter row start from the cost model's timed drafter prefill
-and are learned from catch-up steps, pooled by rows (their time beyond the steady prediction ÷ their rows, the
+and are learned from catch-up steps, pooled by rows (their time beyond the steady prediction / their rows, the
 measured price weighing as PRIOR_ROWS rows); those steps do not refine the cost model.
 
 Guard (guard.py): the model above can be wrong (a cost model measured at another context length, a prior that
@@ -23,96 +22,65 @@ flatters the head), so what speculation delivers is checked against plain decodi
 while it is behind the policy returns K = 0 without consulting the model, probing again after an exponential
 back-off; the most time that can lose is stated there. A fallback step costs the policy no estimate and no
 refinement (the acceptance evidence only ages; the cost model learns nothing from it, the guard's plain
-reference does). Trace (trace.py): with `trace=PATH` or $PEAGLE_AUTOK_TRACE, one JSON line per step: the K
-chosen and why, predicted vs measured step time and tokens.
+reference does). Trace (trace.py): one JSON line per step, the K chosen and why, predicted vs measured step time
+and tokens.
 
-Trust (probing up; off by default, see PROBE_TOL): the model can be wrong the other way too, pricing a K > 0 step
-above what it costs (a start-up measurement of 4 noisy steps per cell put SmolLM2's K = 1 step at 1.11-1.26x a
-plain one; in a traced run EAGLE-3's took 1.00x), and then the margin keeps auto plain where static K = 1 was 6-23
-% faster. So when the best K > 0 misses the margin but is within `probe_tol` of plain decoding, auto drafts with it
-until one guard window ends (a probe, given up if the estimate falls further; at most one per back-off: 64, 128,
-... 2048 steps after a failed one). If the guard measures that window at >= 1 + `keep` times plain decoding's
-tokens/s, that batch size is trusted: K > 0 is chosen there while the model expects it within `probe_tol` of plain,
-and each later window must again pass `keep`; a window below it ends the trust (a window below 1.0 is also the
-guard's fallback). What a failed probe costs is bounded by the guard's early stop."""
+Trust (probing up; off by default): the model can also price a K > 0 step above what it costs, and then the
+margin keeps auto plain where drafting would pay. So when the best K > 0 misses the margin but is within
+`probe_tol` of plain decoding, auto drafts with it until one guard window ends (a probe, given up if the estimate
+falls further; at most one per back-off: 64, 128, ... 2048 steps after a failed one). If the guard measures that
+window at >= 1 + `keep` times plain decoding's tokens/s, that batch size is trusted: K > 0 is chosen there while
+the model expects it within `probe_tol` of plain, and each later window must again pass `keep`; a window below it
+ends the trust (a window below 1.0 is also the guard's fallback). What a failed probe costs is bounded by the
+guard's early stop.
+
+The knobs: AutoKConfig (config.py). Why the defaults are what they are: docs/benchmarks/auto/README.md."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..kpolicy import KPolicy
 from .acceptance import Acceptance
+from .config import AutoKConfig
 from .costmodel import CostModel, shown_path
 from .guard import FALLBACK, Guard
 from .trace import open_trace, r6
 
-# A K > 0 must be expected to beat plain decoding by this fraction. The c=1 traces on the demo target
-# (docs/benchmarks/auto/README.md) show the model's K > 0 choices realise 0.80-0.95x the tokens/s they were
-# expected to (step time 1.01-1.23x the prediction, tokens 0.85-0.99x: acceptance is estimated from the
-# counts that made K > 0 look good), so a 2 % margin chose steps that lost to plain decoding.
-MARGIN = 0.15
-# A K = 0 choice stands this many steps while the batch (its requests) is unchanged: the steps in between skip
-# the estimate and learn only what a fallback step does (the evidence ages, the guard's plain reference
-# follows), because the estimate moves little in 16 steps and computing it each step cost ~0.5 ms, 7 % of the
-# demo target's 7.6 ms step (docs/benchmarks/auto/README.md).
-SETTLE = 16
-# Probing up (see Trust above): a K > 0 within PROBE_TOL of plain is tried for one guard window; trusted while
-# its windows beat plain decoding by KEEP (a 32-step window's tokens/s is noisy by ~2 % on this VM). Off by
-# default (AutoK(probe_tol=PROBE_TOL) or $PEAGLE_AUTOK_PROBE=on): measured, it gained nothing on average on
-# SmolLM2 at c=1 and cost 1-9 % on the demo target, where windows passed that static K = 1 lost (the drafter's
-# prefill at admission and its catch-up stay outside the guard's windows; docs/benchmarks/auto/README.md).
-PROBE_TOL, KEEP, PROBE_BACKOFF, PROBE_MAX_BACKOFF = 0.10, 0.02, 64, 2048
+# After a failed probe, no probe (nor trust) for PROBE_BACKOFF x 2^failures steps, at most PROBE_MAX_BACKOFF.
+PROBE_BACKOFF, PROBE_MAX_BACKOFF = 64, 2048
 # Seconds per catch-up row are pooled: (sum of catch-up steps' time beyond steady state) / (their rows), with the
-# measured price counting as PRIOR_ROWS rows and old evidence halved past ROW_MEMORY rows. A catch-up of a few
-# rows carries the whole step's noise: in a traced SmolLM2 run one 8-row catch-up 15 ms over its prediction
-# (a plain step is ~45 ms) set the price to 1.9 ms per row, 7x the measured 0.28, and the prompts' catch-ups then
-# priced K = 1 out for the rest of the run (docs/benchmarks/auto/README.md).
+# measured price counting as PRIOR_ROWS rows (a catch-up of a few rows carries the whole step's noise) and old
+# evidence halved past ROW_MEMORY rows.
 PRIOR_ROWS, ROW_MEMORY = 256, 4096
 
 
 class AutoK(KPolicy):
     mode = "auto"
 
-    def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, refine: bool = True,
-                 margin: float = MARGIN, horizon: int = 64, default_max_tokens: int = 256, guard=True,
-                 trace=None, settle: int = SETTLE, probe_tol: float | None = None, keep: float = KEEP):
-        """margin: a K > 0 must beat plain decoding (K = 0) by this fraction to be chosen; settle: a K = 0
-        choice stands this many steps while the batch's requests are unchanged (1: decide every step);
-        horizon: the most steps a catch-up is amortised over; default_max_tokens: a request's budget when it sets none;
-        guard: True (the default guard), False (none: its windows are still judged, for the trace, but never
-        force K = 0), a dict of Guard settings, or a Guard; trace: a path or text file for the per-step trace
-        (None: $PEAGLE_AUTOK_TRACE if set); probe_tol: how far below plain decoding the model may expect a K > 0
-        and still have it probed, and chosen where trusted (None, the default, or the guard off: no probing;
-        PROBE_TOL: the measured setting); keep: the realised speedup over
-        plain decoding a trusted batch size's windows must reach."""
+    def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, config: AutoKConfig | None = None):
+        """config: the knobs (AutoKConfig's defaults if None); the environment is not read here (the factory
+        applies its A/B overrides: AutoKConfig.with_env)."""
         if cost.k_max < k_max or acceptance.k_max < k_max:
             raise ValueError(f"the cost model and acceptance estimate must cover K up to {k_max}")
         super().__init__(k_max)
-        if settle < 1:
-            raise ValueError("settle must be >= 1")
-        self.cost, self.acc, self.refine, self.margin = cost, acceptance, refine, margin
-        self.settle, self.settled = int(settle), 0      # settled: steps the last K = 0 choice still stands
+        cfg = self.config = config or AutoKConfig()
+        self.cost, self.acc, self.refine, self.margin = cost, acceptance, cfg.refine, cfg.margin
+        self.settle, self.settled = int(cfg.settle), 0   # settled: steps the last K = 0 choice still stands
         self._batch = ()                                  # the request ids that choice was made for
-        self.horizon, self.default_max_tokens = horizon, default_max_tokens
+        self.horizon, self.default_max_tokens = cfg.horizon, cfg.default_max_tokens
         # seconds per drafter row of a catch-up: measured with the cost model (a drafter prefill), then learned
         self.row_s = float(cost.meta.get("drafter_row_s") or 0.0)
         prior_rows = PRIOR_ROWS if self.row_s > 0 else 0             # no measured price: evidence only
         self._row_sums = [self.row_s * prior_rows, prior_rows]      # [seconds beyond steady state, rows]
         self.last: dict = {}
-        if probe_tol is not None and not 0 <= probe_tol < 1:
-            raise ValueError("probe_tol must be in [0, 1) or None")
-        self.probe_tol, self.keep = probe_tol, float(keep)
+        self.probe_tol, self.keep = cfg.probing, float(cfg.keep)   # probing needs the guard
         self.trusted: set = set()               # batch sizes whose realised windows beat plain by `keep`
         self.probing = None                     # the batch size of the probe under way, if any
         self.probe_fails, self.probe_at = 0, 0  # failed probes (less one per pass); first step the next may start
         self.probe_stats = {"probes": 0, "passed": 0}
-        if not isinstance(guard, Guard):
-            opts = guard if isinstance(guard, dict) else {"enabled": guard is not False}
-            guard = Guard(lambda B: float(self.cost.predict(B, measured=True)[0]), **opts)
-        self.guard = guard
-        if not guard.enabled:                   # probing needs the guard: its windows judge, its early stop bounds
-            self.probe_tol = None
-        self.trace = open_trace(trace, {"k_max": k_max, "guard": guard.settings(),
-                                        "cost_model": shown_path(cost.meta.get("path")), "margin": margin})
+        self.guard = Guard(lambda B: float(self.cost.predict(B, measured=True)[0]), cfg.guard)
+        self.trace = open_trace(cfg.trace, {"k_max": k_max, "guard": self.guard.settings(),
+                                            "cost_model": shown_path(cost.meta.get("path")), "margin": cfg.margin})
 
     def rates(self, rids) -> tuple:
         """(expected tokens [k_max+1], seconds per step [k_max+1], tokens per second [k_max+1]) for a batch."""

@@ -4,25 +4,22 @@
 - `"num_speculative_tokens": K` -> FixedK(K)
 - `"num_speculative_tokens": K` + `"num_speculative_tokens_per_batch_size"` -> BatchSizeSchedule (vLLM's)
 - `"num_speculative_tokens": "auto"` -> AutoK, K in 0..`max_num_speculative_tokens` (default: the depth the head
-  was trained for), with its loss guard (off with $PEAGLE_AUTOK_GUARD=0) and, with $PEAGLE_AUTOK_TRACE=PATH, its
-  per-step trace"""
+  was trained for), its knobs from the speculative config's "auto_k" (AutoKConfig), the environment's A/B
+  overrides applied ($PEAGLE_AUTOK_GUARD, _MARGIN, _PROBE, _TRACE: AutoKConfig.with_env)"""
 from __future__ import annotations
 
 import os
 import sys
 
-from ..errors import PeagleError
 from ..kpolicy import BatchSizeSchedule, FixedK, KPolicy
 from .acceptance import Acceptance
-from .auto import MARGIN, PROBE_TOL, AutoK
+from .auto import AutoK
+from .config import AutoKConfig
 from .costmodel import CostModel, cache_dir, cache_key
 from .measure import grid_batch_sizes, measure
 
 DEFAULT_K_MAX = 7            # a head that records no training depth
 CTX_LEN, STEPS, SMALL_PASSES = 64, 2, 8       # measurement settings (part of the cache key)
-GUARD_ENV = "PEAGLE_AUTOK_GUARD"
-MARGIN_ENV = "PEAGLE_AUTOK_MARGIN"
-PROBE_ENV = "PEAGLE_AUTOK_PROBE"
 
 
 def _log(msg: str):
@@ -77,58 +74,19 @@ def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int,
     return cm
 
 
-OFF = ("0", "off", "false", "no")
-
-
-def _env_fraction(name: str, lo: float, hi: float, default, accepted: str):
-    """$name as a float in [lo, hi) (unset: default); anything else is a one-line PeagleError."""
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return default
-    try:
-        x = float(v)
-    except ValueError:
-        x = float("nan")
-    if not lo <= x < hi:
-        raise PeagleError(f"{name} must be {accepted}, got {v!r}")
-    return x
-
-
-def guard_from_env() -> bool:
-    """$PEAGLE_AUTOK_GUARD: "0" / "off" / "false" / "no" runs auto without its loss guard (for A/B runs)."""
-    return os.environ.get(GUARD_ENV, "1").strip().lower() not in OFF
-
-
-def margin_from_env() -> float:
-    """$PEAGLE_AUTOK_MARGIN: the fraction a K > 0 must beat plain decoding by (for A/B runs; default MARGIN)."""
-    return _env_fraction(MARGIN_ENV, 0.0, 10.0, MARGIN, "a fraction >= 0 (e.g. 0.05)")
-
-
-def probe_from_env() -> float | None:
-    """$PEAGLE_AUTOK_PROBE: probing up (AutoK's probe_tol), off by default; "on" = PROBE_TOL, or a fraction in
-    (0, 1); "off" / "0" / unset: none (for A/B runs: docs/benchmarks/auto/README.md)."""
-    v = os.environ.get(PROBE_ENV, "").strip().lower()
-    if v in OFF:
-        return None
-    if v in ("1", "on", "true", "yes"):
-        return PROBE_TOL
-    t = _env_fraction(PROBE_ENV, 0.0, 1.0, None, "on, off or a fraction in (0, 1) (e.g. 0.1)")
-    return t or None
-
-
-def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, guard=None, trace=None) -> AutoK:
-    """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior); guard: as
-    AutoK takes it (None: on unless $PEAGLE_AUTOK_GUARD turns it off); trace: a path (None:
-    $PEAGLE_AUTOK_TRACE); the margin from $PEAGLE_AUTOK_MARGIN and probing from $PEAGLE_AUTOK_PROBE if set."""
-    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)), margin=margin_from_env(),
-                 guard=guard_from_env() if guard is None else guard, trace=trace, probe_tol=probe_from_env())
+def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, config: AutoKConfig | None = None) -> AutoK:
+    """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior) with config
+    (the defaults if None) and the environment's A/B overrides on top."""
+    cfg = (config or AutoKConfig()).with_env()
+    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)), cfg)
 
 
 def make_policy(spec, target, head, make_engine, k_max: int, max_num_seqs: int, model_dir: str, dtype,
                 log=_log) -> KPolicy:
     if spec.auto:
+        cfg = AutoKConfig.from_dict(spec.auto_k)       # checked before the cost model is measured
         cm = cost_model_for(target, make_engine, spec.name, k_max, max_num_seqs, model_dir, spec.model, dtype, log)
-        return auto_policy(cm, head.cfg, k_max)
+        return auto_policy(cm, head.cfg, k_max, cfg)
     if spec.num_speculative_tokens_per_batch_size is not None:
         return BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size, k_max)
     return FixedK(k_max)

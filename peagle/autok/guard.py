@@ -35,23 +35,23 @@ AutoK's own acceptance estimate often stops drafting sooner. With the defaults (
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+
+from .config import GuardConfig
 
 FALLBACK, REFRESH = "fallback", "plain_refresh"
 
 
 class Guard:
-    def __init__(self, plain_shape, window: int = 32, budget: float = 4.0, min_speedup: float = 1.0,
-                 backoff: int = 64, max_backoff: int = 2048, refresh: int = 256, rate: float = 0.25,
-                 min_steps: int = 3, z: float = 1.0, enabled: bool = True):
+    def __init__(self, plain_shape, config: GuardConfig | None = None, **settings):
         """plain_shape(B): seconds per K = 0 step at batch size B as measured (the cost model's K = 0 column);
-        rate: weight of a new K = 0 step in the plain reference's exponential average (in log space)."""
-        if min(window, backoff, refresh) < 1 or min_steps < 2 or max_backoff < backoff or budget <= 0:
-            raise ValueError("guard: window, backoff, refresh >= 1, min_steps >= 2, budget > 0, "
-                             "max_backoff >= backoff")
-        self._shape_fn, self._shapes, self.enabled = plain_shape, {}, enabled
-        self.window, self.budget, self.min_speedup = int(window), float(budget), float(min_speedup)
-        self.backoff, self.max_backoff, self.refresh, self.rate = int(backoff), int(max_backoff), int(refresh), rate
-        self.min_steps, self.z = int(min_steps), float(z)
+        config: the settings (GuardConfig's defaults if None), any of them overridden by keyword."""
+        cfg = replace(config or GuardConfig(), **settings)
+        self._shape_fn, self._shapes, self.enabled = plain_shape, {}, cfg.enabled
+        self.window, self.budget, self.min_speedup = int(cfg.window), float(cfg.budget), float(cfg.min_speedup)
+        self.backoff, self.max_backoff, self.refresh, self.rate = int(cfg.backoff), int(cfg.max_backoff), \
+            int(cfg.refresh), cfg.rate
+        self.min_steps, self.z = int(cfg.min_steps), float(cfg.z)
         self.log_scale: float | None = None      # log(measured K = 0 seconds / plain_shape), None before any
         self.since_plain = 0                     # decode steps since the last K = 0 step
         self.hold = 0                            # forced K = 0 steps left

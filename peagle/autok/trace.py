@@ -1,7 +1,8 @@
 """Per-step trace of "auto": why each K was chosen and how the step turned out, as JSON lines.
 
-Switched on by AutoK(trace=PATH or an open text file) or, for every AutoK a process builds (LLM, serve, bench),
-by the environment variable PEAGLE_AUTOK_TRACE=PATH. Lines are appended (several runs may share a file: each
+Switched on by AutoKConfig(trace=PATH or an open text file) -- the speculative config's "auto_k": {"trace":
+PATH} -- or, for every AutoK a process builds (LLM, serve, bench), by the environment variable
+PEAGLE_AUTOK_TRACE=PATH (AutoKConfig.with_env). Lines are appended (several runs may share a file: each
 record carries its run id); the first line of a run is {"event": "start", ...} (K max, cost model, guard
 settings), then one {"event": "step", ...} per decode step:
 
@@ -49,9 +50,7 @@ class Trace:
 
 
 def open_trace(dest, header: dict) -> Trace | None:
-    """dest: None -> $PEAGLE_AUTOK_TRACE (unset or empty: no trace); False -> none; a path or text file."""
-    if dest is None:
-        dest = os.environ.get(ENV) or None
+    """dest: a path or an open text file; None, False or "": no trace."""
     if dest is None or dest is False or dest == "":
         return None
     return Trace(dest, header)

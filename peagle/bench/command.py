@@ -41,6 +41,8 @@ def canonical_command(a) -> str:
     parts += ["--output-len", str(a.output_len), "--temperature", str(a.temperature)]
     if getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING) != DEFAULT_DRAFT_SAMPLING:
         parts += ["--draft-sampling", a.draft_sampling]
+    if getattr(a, "auto_k", None) is not None and a.auto_k.as_dict():
+        parts += ["--auto-k", json.dumps(a.auto_k.as_dict(), separators=(",", ":"))]
     if a.ignore_eos:
         parts.append("--ignore-eos")
     if not a.fill_concurrency:

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from ..autok.config import AutoKConfig
 from ..autok.factory import auto_policy, cost_model_for, k_max_for
 from ..data.benchmarks import encode_prompt
 from ..device import resolve, synchronize
@@ -58,8 +59,9 @@ class Bench:
 
     def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
                  remeasure: bool = False, device: str = "auto", compile: bool = False, target_backend: str = "auto",
-                 draft_sampling: str = DEFAULT_DRAFT_SAMPLING):
+                 draft_sampling: str = DEFAULT_DRAFT_SAMPLING, auto_k: AutoKConfig | None = None):
         self.draft_sampling = draft_sampling      # the speculative config's "draft_sampling" for every run
+        self.auto_k = auto_k                      # its "auto_k" for the runs with K "auto"
         self.device, self.dtype = resolve(device, dtype)
         self.compile = compile
         self.model, self.heads_dirs, self.seed = model, heads, seed
@@ -104,7 +106,7 @@ class Bench:
             self.costs[method] = cost_model_for(self.target, measuring_engines(self.target, head, spec, k), method, k,
                                                 self.max_batch, self.model, self.heads_dirs[method], self.dtype,
                                                 refresh=self.remeasure)
-        return auto_policy(self.costs[method], head.cfg, k)
+        return auto_policy(self.costs[method], head.cfg, k, self.auto_k)
 
     def engine(self, method: str, k, c: int, max_model_len: int):
         """k: an int, or "auto" (K per step, up to the head's trained depth)."""

@@ -70,7 +70,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     heads = {"eagle3": a.eagle3_head, "peagle": a.peagle_head}
     bench = Bench(a.model, heads, a.dtype, a.seed, max(a.concurrency), getattr(a, "remeasure", False), a.device,
                   getattr(a, "compile", False), getattr(a, "target_backend", "auto"),
-                  getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING))
+                  getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None))
     methods = list(a.methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")               # the identity check and the speedups need it

@@ -3,10 +3,13 @@ flags; the run: peagle/bench/command.py)."""
 from __future__ import annotations
 
 import argparse
+import json
 
+from ..autok.config import AutoKConfig
 from ..bench.command import QUICK, run
 from ..compile import add_argument
 from ..device import add_arguments
+from ..errors import PeagleError
 from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from ..models.loader import add_backend_argument
 from ..spec_config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING
@@ -25,6 +28,17 @@ def _strs(s):
     return [x.strip() for x in str(s).split(",") if x.strip()]
 
 
+def _auto_k(s: str) -> AutoKConfig:
+    try:
+        d = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    try:
+        return AutoKConfig.from_dict(d)
+    except PeagleError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_parser(sub):
     p = sub.add_parser("bench", help="benchmark baseline vs EAGLE-3 vs P-EAGLE (offline through the engine, or "
                                      "online through the server)",
@@ -38,6 +52,9 @@ def add_parser(sub):
     p.add_argument("--methods", type=_strs, default=["baseline", "eagle3", "peagle"])
     p.add_argument("--ks", "--num-speculative-tokens", type=_ks, default=None, dest="ks",
                    help='K values; "auto" = K chosen per step up to the head\'s trained depth (default 1,3,5,7,auto)')
+    p.add_argument("--auto-k", type=_auto_k, default=None, metavar="JSON",
+                   help='auto K\'s settings for the "auto" runs, as the speculative config\'s "auto_k" takes them, '
+                        'e.g. \'{"margin": 0.05, "guard": false}\' (offline runs)')
     p.add_argument("--remeasure", action="store_true",
                    help='measure the step-cost model of K "auto" now instead of using the cached one')
     p.add_argument("--concurrency", type=_ints, default=None, help="default 1,2,4,8,16,32,64,128")
