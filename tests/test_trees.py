@@ -384,3 +384,27 @@ def test_tree_engine_sampling_matches_exact_distribution_and_wrong_verifier_fail
     monkeypatch.setattr(engine_mod, "verify_sampled", sl.wrong_verifier)
     p_bad, stat, df = sl.chi2_pvalue(sl.sample_counts(make(2)), joint)
     assert p_bad < 1e-6, (stat, df)
+
+
+def test_bench_tree_runs_and_report():
+    """`peagle bench --trees`: tree runs per integer K beside the chains, their specs, and the report's table."""
+    from peagle.bench.runner import split_method
+    from peagle.bench.sweep import configs
+    from peagle.bench.trees_report import render
+    from peagle.cli.bench import _trees
+    assert _trees("4x8, 8x16") == ["4x8", "8x16"]
+    cfgs = configs(["baseline", "peagle"], [3, "auto"], ["4x8"])
+    assert cfgs == [("baseline", 0), ("peagle", 3), ("peagle", "auto"), ("peagle+tree4x8", 3)]
+    assert split_method("eagle3+tree8x16") == ("eagle3", (8, 16)) and split_method("peagle") == ("peagle", None)
+
+    def run(label, k, tok_s, al, nodes=None):
+        m = {"mean_acceptance_length": al, "acceptance_rate_per_pos": [0.5, 0.25, 0.1],
+             "mean_num_speculative_tokens": k}
+        if nodes:
+            m["mean_tree_nodes_per_step"] = nodes
+        return {"dataset": "mtbench", "concurrency": 1, "method": label, "k": k, "output_tok_s": tok_s,
+                "metrics": m, "identity": {"ok": True}}
+    res = {"meta": {"command": "peagle bench --trees 4x8"},
+           "runs": [run("baseline", 0, 10.0, 1.0), run("peagle", 3, 12.0, 1.8), run("peagle+tree4x8", 3, 15.0, 2.4, 8)]}
+    text = render(res)
+    assert "| peagle | 3 | 4x8 | 2.40 | 8.0 | 15.0 | 1.25 | 1.50 | 0.50 0.25 0.10 | yes |" in text

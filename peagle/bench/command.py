@@ -39,6 +39,8 @@ def canonical_command(a) -> str:
     if a.mode != "offline":
         parts += ["--mode", a.mode]
     parts += ["--output-len", str(a.output_len), "--temperature", str(a.temperature)]
+    if getattr(a, "trees", None):
+        parts += ["--trees", ",".join(a.trees)]
     if getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING) != DEFAULT_DRAFT_SAMPLING:
         parts += ["--draft-sampling", a.draft_sampling]
     if getattr(a, "auto_k", None) is not None and a.auto_k.as_dict():
@@ -107,5 +109,8 @@ def run(a) -> int:
     t0 = time.time()
     res = run_sweep(a, on_dataset=lambda r: write_all(dict(r, partial=True), a.out))
     paths = write_all(res, a.out, a.notes)
+    if getattr(a, "trees", None):
+        from .trees_report import write_trees_report
+        paths.append(write_trees_report(res, os.path.join(a.out, "trees.md")))
     print(f"bench: done in {time.time() - t0:.0f}s -> " + ", ".join(paths))
     return 0

@@ -31,6 +31,16 @@ def stats_ms(xs) -> dict:
     return {"mean": statistics.fmean(xs), "median": statistics.median(xs), "p99": percentile(xs, 99)}
 
 
+def split_method(label: str):
+    """A run's method label -> (drafter method, tree (eagle_topk, num_draft_tokens) or None): "peagle" is a
+    chain, "peagle+tree4x8" the same head with token trees of eagle_topk 4 and 8 nodes (`--trees`)."""
+    if "+tree" not in label:
+        return label, None
+    m, t = label.split("+tree", 1)
+    topk, nodes = t.split("x")
+    return m, (int(topk), int(nodes))
+
+
 def out_hash(ids) -> str:
     return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
@@ -80,6 +90,7 @@ class Bench:
 
     # ---------------------------------------------------------------- engines
     def head(self, method: str):
+        method = split_method(method)[0]
         if method not in self._heads:
             d = self.heads_dirs.get(method)
             if not d:
@@ -93,8 +104,10 @@ class Bench:
         """The speculative config of a run: None for the baseline."""
         if method == "baseline":
             return None
+        method, tree = split_method(method)
         return SpecConfig("eagle3", self.heads_dirs.get(method), k, parallel_drafting=(method == "peagle"),
-                          draft_sampling=self.draft_sampling)
+                          draft_sampling=self.draft_sampling, eagle_topk=tree[0] if tree else 1,
+                          num_draft_tokens=tree[1] if tree else None)
 
     def auto_policy(self, method: str):
         """A fresh AutoK: the cost model comes from the cache (or is measured once per run and method, for batch
@@ -104,7 +117,7 @@ class Bench:
         k = k_max_for(spec, head.cfg)
         if method not in self.costs:
             self.costs[method] = cost_model_for(self.target, measuring_engines(self.target, head, spec, k), method, k,
-                                                self.max_batch, self.model, self.heads_dirs[method], self.dtype,
+                                                self.max_batch, self.model, spec.model, self.dtype,
                                                 refresh=self.remeasure)
         return auto_policy(self.costs[method], head.cfg, k, self.auto_k)
 
@@ -131,6 +144,8 @@ class Bench:
         if prop is not None:
             prop.propose = _Timed(prop.propose, sync=sync)
             prop.prefill = _Timed(prop.prefill, sync=sync)
+            if hasattr(prop, "propose_tree"):                # tree steps (--trees) draft here
+                prop.propose_tree = _Timed(prop.propose_tree, sync=sync)
         try:
             pending = list(enumerate(prompts_ids))
             reqs, steps = [], 0
@@ -145,13 +160,15 @@ class Bench:
         finally:
             del self.target.forward                # back to the class method
         m = eng.metrics.as_dict()
+        drafts = [] if prop is None else [f for f in (prop.propose, getattr(prop, "propose_tree", None))
+                                          if isinstance(f, _Timed)]
         n_out = [len(r.output_ids) for r in reqs]
         total = sum(n_out)
         timing = {"n_steps": steps, "target_prefill_s": tgt_fwd.t.get("prefill", 0.0),
                   "target_decode_s": tgt_fwd.t.get("decode", 0.0), "target_decode_calls": tgt_fwd.n.get("decode", 0),
                   "drafter_prefill_s": prop.prefill.t.get("call", 0.0) if prop else 0.0,
-                  "drafter_propose_s": prop.propose.t.get("call", 0.0) if prop else 0.0,
-                  "drafter_propose_calls": prop.propose.n.get("call", 0) if prop else 0}
+                  "drafter_propose_s": sum(f.t.get("call", 0.0) for f in drafts),
+                  "drafter_propose_calls": sum(f.n.get("call", 0) for f in drafts)}
         nd = max(timing["target_decode_calls"], 1)
         timing["verify_ms_per_step"] = 1000 * timing["target_decode_s"] / nd
         timing["draft_ms_per_step"] = 1000 * timing["drafter_propose_s"] / max(timing["drafter_propose_calls"], 1)
@@ -164,7 +181,9 @@ class Bench:
                     if len(r.output_ids) > 1 else None,
                     "e2e_s": r.finish_time - r.arrival, "hash": out_hash(r.output_ids)}
                    for i, r in enumerate(reqs)]
+        tree = split_method(method)[1]
         return {"method": method, "k": k, "k_max": eng.k, "mean_k": m["mean_num_speculative_tokens"],
+                "tree": None if tree is None else {"eagle_topk": tree[0], "num_draft_tokens": tree[1]},
                 "concurrency": c, "n_requests": len(reqs), "output_tokens": total,
                 "wall_s": wall, "output_tok_s": total / wall, "req_s": len(reqs) / wall,
                 "ttft_ms": stats_ms([r["ttft_s"] for r in per_req]),

@@ -55,11 +55,14 @@ def versions() -> dict:
             "peagle_commit": commit, "peagle_dirty": dirty}
 
 
-def configs(methods, ks):
+def configs(methods, ks, trees=()):
+    """(method label, K) of every run; trees ("4x8": eagle_topk x num_draft_tokens) add "peagle+tree4x8" runs
+    (K = the trees' depth bound) for every drafter method and integer K."""
     out = [("baseline", 0)] if "baseline" in methods else []
     for m in ("eagle3", "peagle"):
         if m in methods:
             out += [(m, k) for k in ks]
+            out += [(f"{m}+tree{t}", k) for t in trees for k in ks if k != "auto"]
     return out
 
 
@@ -74,7 +77,10 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     methods = list(a.methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")               # the identity check and the speedups need it
-    cfgs = configs(methods, a.ks)
+    trees = getattr(a, "trees", None) or []
+    if trees and a.mode != "offline":
+        raise PeagleError("--trees runs offline only (peagle serve takes trees through its speculative config)")
+    cfgs = configs(methods, a.ks, trees)
     params = SamplingParams(temperature=a.temperature, max_tokens=a.output_len, ignore_eos=a.ignore_eos,
                             seed=None)
     greedy = a.temperature == 0

@@ -28,6 +28,20 @@ def _strs(s):
     return [x.strip() for x in str(s).split(",") if x.strip()]
 
 
+def _trees(s):
+    """Token trees: "4x8,8x16" = eagle_topk x num_draft_tokens (nodes <= 64)."""
+    out = []
+    for x in _strs(s):
+        try:
+            topk, nodes = (int(v) for v in x.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a tree is TOPKxNODES (e.g. 4x8), got {x!r}") from None
+        if not (1 <= topk <= 64 and 1 <= nodes <= 64):
+            raise argparse.ArgumentTypeError(f"tree {x!r}: eagle_topk and num_draft_tokens must be in 1..64")
+        out.append(f"{topk}x{nodes}")
+    return out
+
+
 def _auto_k(s: str) -> AutoKConfig:
     try:
         d = json.loads(s)
@@ -52,6 +66,10 @@ def add_parser(sub):
     p.add_argument("--methods", type=_strs, default=["baseline", "eagle3", "peagle"])
     p.add_argument("--ks", "--num-speculative-tokens", type=_ks, default=None, dest="ks",
                    help='K values; "auto" = K chosen per step up to the head\'s trained depth (default 1,3,5,7,auto)')
+    p.add_argument("--trees", type=_trees, default=None, metavar="TOPKxNODES,...",
+                   help='token trees besides the chains: e.g. 4x8,8x16 (eagle_topk x num_draft_tokens) adds a '
+                        '"peagle+tree4x8" / "eagle3+tree4x8" run per integer K (the depth bound); offline runs, '
+                        'report in OUT/trees.md (peagle/bench/trees_report.py)')
     p.add_argument("--auto-k", type=_auto_k, default=None, metavar="JSON",
                    help='auto K\'s settings for the "auto" runs, as the speculative config\'s "auto_k" takes them, '
                         'e.g. \'{"margin": 0.05, "guard": false}\' (offline runs)')
