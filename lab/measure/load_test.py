@@ -5,7 +5,7 @@ against plain decoding (peagle's LLM without speculation, run here on the same m
     python lab/measure/load_test.py --url http://127.0.0.1:8000
     # start `peagle serve` in a subprocess first (and stop it afterwards):
     python lab/measure/load_test.py --launch models/demo-target --speculative-config '{"method": "eagle3", ...}'
-    python lab/measure/load_test.py --launch demo                    # the demo target with its P-EAGLE head
+    python lab/measure/load_test.py --launch demo                    # the default target with its P-EAGLE head
     # a tiny random model + tokenizer + random P-EAGLE head (built under --tiny-dir), served with speculation:
     python lab/measure/load_test.py --tiny
 

@@ -1,4 +1,4 @@
-"""Speculation under sampling: argmax drafts vs drafts sampled from the drafter's q (README, Sampling).
+"""Speculation under sampling: argmax drafts vs drafts sampled from the drafter's q (docs/sampling.md).
 
 For each temperature, concurrency and method the runs are interleaved: plain decoding, then each head with
 `"draft_sampling": "argmax"` (vLLM's one-hot drafts, accepted with probability p(draft)) and `"sample"`

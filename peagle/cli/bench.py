@@ -84,7 +84,7 @@ def add_parser(sub):
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--draft-sampling", choices=list(DRAFT_SAMPLING), default=DEFAULT_DRAFT_SAMPLING,
                    help="the speculative config's draft_sampling: argmax drafts (vLLM's) or drafts sampled from the "
-                   "drafter's distribution at temperature > 0 (see README, Sampling)")
+                   "drafter's distribution at temperature > 0 (see docs/sampling.md)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
     p.add_argument("--fill-concurrency", action=argparse.BooleanOptionalAction, default=True,
                    help="at concurrency c > prompts, repeat prompts so c requests are in flight (default on)")

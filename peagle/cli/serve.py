@@ -13,9 +13,9 @@ from ..server.start import DEMO_K, ENV_SPEC, run
 def add_parser(sub):
     p = sub.add_parser("serve", help="OpenAI-compatible server (vLLM's --speculative-config)",
                        description="Serve a model over an OpenAI-compatible HTTP API with continuous batching and "
-                                   "optional speculative decoding. With no MODEL: the embedded demo target with its "
-                                   f"P-EAGLE head (K={DEMO_K}, parallel drafting).")
-    p.add_argument("model", nargs="?", default=None, help="HF model directory (default: the embedded demo target)")
+                                   "optional speculative decoding. With no MODEL: the default target "
+                                   f"(SmolLM2-135M-Instruct) with its P-EAGLE head (K={DEMO_K}, parallel drafting).")
+    p.add_argument("model", nargs="?", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--model", dest="model_opt", default=None, help=argparse.SUPPRESS)
     p.add_argument("--speculative-config", default=None,
                    help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
