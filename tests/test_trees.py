@@ -408,3 +408,14 @@ def test_bench_tree_runs_and_report():
            "runs": [run("baseline", 0, 10.0, 1.0), run("peagle", 3, 12.0, 1.8), run("peagle+tree4x8", 3, 15.0, 2.4, 8)]}
     text = render(res)
     assert "| peagle | 3 | 4x8 | 2.40 | 8.0 | 15.0 | 1.25 | 1.50 | 0.50 0.25 0.10 | yes |" in text
+
+
+def test_cost_model_prices_a_step_by_its_verified_positions():
+    from peagle.autok.costmodel import CostModel
+    cm = CostModel([1, 8], [[1.0, 1.2, 1.3, 1.5], [2.0, 2.6, 3.0, 3.6]])
+    assert cm.price(1, 3) == pytest.approx(1.3)                     # a chain of K = 2: 3 positions
+    assert cm.price(1, 9) == pytest.approx(1.5 + 0.2 * 5)           # a tree of 8 nodes: past k_max, linear
+    assert cm.price(8, 1) == pytest.approx(2.0)
+    # at B = 1 a tree of 8 nodes accepting 3.2 tokens beats a K = 3 chain at 1.8; at B = 8 it does not
+    assert cm.tree_or_chain(1, (1.8, 4), (3.2, 9)) == "tree"
+    assert cm.tree_or_chain(8, (1.8, 4), (3.2, 9)) == "chain"

@@ -65,7 +65,8 @@ def _files_id(d: str) -> dict:
 
 
 # the code a step runs: a change there (a faster kernel path) makes measured step times stale
-STEP_CODE = ("models", "heads", "drafters", "engine.py", "verify.py", "cache.py", "rowstate.py", "sampling.py")
+STEP_CODE = ("models", "heads", "drafters", "engine.py", "verify.py", "cache.py", "rowstate.py", "sampling.py",
+             "tree.py", "tree_step.py")
 
 
 def _code_id() -> str:
@@ -128,6 +129,24 @@ class CostModel:
         if B > self.bs[-1]:
             out = np.maximum(out, t[-1])
         return out if measured else self.scale * out
+
+    def price(self, B: int, positions: int) -> float:
+        """Seconds per step at batch size B verifying `positions` positions per row: a chain of K drafts verifies
+        K + 1, a token tree (peagle/tree.py) its nodes + 1. The K axis is read as positions - 1, past k_max
+        linearly from its last step (never cheaper than k_max's)."""
+        t = self.predict(B)
+        k = max(int(positions) - 1, 0)
+        if k <= self.k_max:
+            return float(t[k])
+        slope = float(t[-1] - t[-2]) if self.k_max >= 1 else 0.0
+        return float(t[-1]) + max(slope, 0.0) * (k - self.k_max)
+
+    def tree_or_chain(self, B: int, chain: tuple, tree: tuple) -> str:
+        """"tree" or "chain", whichever yields more tokens per second at batch size B; chain / tree: (expected
+        tokens per step, positions verified per step), e.g. from the metrics' mean_acceptance_length and
+        mean_tree_nodes_per_step + 1 of runs of each."""
+        rate = {n: e / self.price(B, pos) for n, (e, pos) in (("chain", chain), ("tree", tree))}
+        return "tree" if rate["tree"] > rate["chain"] else "chain"
 
     def update(self, B: int, k: int, seconds: float):
         if seconds <= 0 or not 0 <= k <= self.k_max:
