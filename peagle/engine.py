@@ -270,7 +270,8 @@ class Engine:
                                                                        m[0] - n[0] if B == 1 else None),
                                 sampled=sampled)
             if K and self.tree is not None and sampled is None:      # a greedy batch: one tree per row
-                K, acc, toks, aux = tree_step(self, db, K, start, m)
+                K, acc, toks, aux, dt = tree_step(self, db, K, start, m)
+                t0 += dt                                     # verify_time_s: the step without its drafting
             else:
                 if K:
                     drafts = self.proposer.propose(db, K).to(self.device)

@@ -51,7 +51,7 @@ class Tree:
     parents: torch.Tensor
     depth: torch.Tensor
     valid: torch.Tensor
-    chain: torch.Tensor | None = None    # [B,K] the drafts of the chain verified for sampled rows (see engine)
+    score: torch.Tensor | None = None    # [B,T] the drafter's cumulative log path probability (root 0)
 
     @property
     def size(self) -> int:
@@ -132,29 +132,21 @@ def select_nodes(tokens, parents, depth, score, nodes: int, max_depth: int) -> T
     out_par = torch.zeros(B, T + 1, dtype=torch.long, device=dev)
     out_valid = torch.zeros(B, T + 1, dtype=torch.bool, device=dev)
     out_dep = torch.ones(B, T + 1, dtype=torch.long, device=dev)
+    out_sc = torch.full((B, T + 1), float("-inf"), dtype=score.dtype, device=dev)
     pnew = torch.where(parents < 0, 0, newi.gather(1, par))
     out_tok.scatter_(1, tgt, tokens)
     out_par.scatter_(1, tgt, pnew)
     out_valid.scatter_(1, tgt, keep)
     out_dep.scatter_(1, tgt, torch.where(keep, depth, 1))
+    out_sc.scatter_(1, tgt, score)
     out_tok, out_par, out_valid, out_dep = out_tok[:, :T], out_par[:, :T], out_valid[:, :T], out_dep[:, :T]
     out_valid[:, 0] = True
     out_dep[:, 0] = 0
     out_par = torch.where(out_valid, out_par, 0)
     out_dep = torch.where(out_valid, out_dep, 1).masked_fill_(torch.arange(T, device=dev)[None] == 0, 0)
-    return Tree(out_tok, out_par, out_dep, out_valid)
-
-
-def chain_tree(drafts: torch.Tensor, T: int) -> Tree:
-    """drafts [B,K] -> the chain root -> d1 -> .. -> dK as a Tree of width T (>= K + 1)."""
-    B, K = drafts.shape
-    dev = drafts.device
-    tok = torch.zeros(B, T, dtype=torch.long, device=dev)
-    tok[:, 1:K + 1] = drafts
-    ar = torch.arange(T, device=dev)[None].expand(B, T)
-    valid = ar <= K
-    par = torch.where(valid, (ar - 1).clamp(min=0), 0)
-    return Tree(tok, par, torch.where(valid, ar, 1).masked_fill(ar == 0, 0), valid, chain=drafts)
+    out_sc = torch.where(out_valid, out_sc[:, :T], float("-inf"))
+    out_sc[:, 0] = 0.0
+    return Tree(out_tok, out_par, out_dep, out_valid, out_sc)
 
 
 def accept_greedy(tree: Tree, logits: torch.Tensor, K: int):

@@ -6,16 +6,22 @@ next context). Greedy batches only: a batch with a sampled row runs the chain st
 top chain, exactly as without trees; see the engine)."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .tree import accept_greedy, compact_kv
 
 
 def tree_step(engine, db, K: int, start: torch.Tensor, m: list):
-    """-> (K, accepted [B], tokens [B,K+1], aux [B,K+1,A] | None); K: the step's depth (<= the tree's nodes)."""
+    """-> (K, accepted [B], tokens [B,K+1], aux [B,K+1,A] | None, drafting seconds); K: the step's depth (<= the
+    tree's nodes)."""
     spec, B = engine.tree, len(m)
     K = min(K, spec.nodes)
+    t0 = time.perf_counter()
     tree = engine.proposer.propose_tree(db, K, spec.topk, spec.nodes)
+    t1 = time.perf_counter()
+    engine.metrics.draft_time_s += t1 - t0
     tree.tokens[:, 0] = engine.state.last[:B]
     T = tree.size
     logits, aux = engine.target.forward(tree.tokens, engine.cache, 0, start, engine.aux_ids, tree=tree.attn(start, K),
@@ -25,4 +31,4 @@ def tree_step(engine, db, K: int, start: torch.Tensor, m: list):
     if aux is not None:
         aux = aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
     engine.metrics.add_tree(tree.valid[:, 1:].sum(), B)
-    return K, acc, toks, aux
+    return K, acc, toks, aux, t1 - t0

@@ -419,3 +419,65 @@ def test_cost_model_prices_a_step_by_its_verified_positions():
     # at B = 1 a tree of 8 nodes accepting 3.2 tokens beats a K = 3 chain at 1.8; at B = 8 it does not
     assert cm.tree_or_chain(1, (1.8, 4), (3.2, 9)) == "tree"
     assert cm.tree_or_chain(8, (1.8, 4), (3.2, 9)) == "chain"
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_eagle3_expansion_scores_equal_sequential_drafting_along_each_path(target, tmp_path, monkeypatch, broken):
+    """EAGLE-2's level passes (tree mask over the drafter's cache, positions by depth, the parent's pre-norm
+    output as hidden) give every node the log path probability a sequential EAGLE-3 chain along its path gives,
+    for two rows with different contexts in one batch; and every node is among its parent's topk children.
+    Negative control (broken): the drafter's level passes without the tree mask and depth positions fail."""
+    import copy
+
+    from peagle.drafters.base import DraftBatch
+    from peagle.drafters.eagle3 import Eagle3Proposer
+    from peagle.drafters.tree import expand_tree
+    from peagle.heads.model import DrafterHead
+    t = load_target(target, torch.float32, "native")
+    d = save_random_head(target, str(tmp_path / "e"), layers=1, parallel=False, draft_vocab=256)
+    head = DrafterHead.from_pretrained(d, t.cfg, parallel=False, target_embed=t.embed)
+    K, topk, nodes = 4, 3, 14
+    prop = Eagle3Proposer(head, K, 128, rows=2)
+    g = torch.Generator().manual_seed(4)
+    A = 3 * t.cfg.hidden_size
+    lens = [6, 3]
+    ids = torch.randint(5, 500, (2, 6), generator=g)
+    aux = torch.randn(2, 6, A, generator=g)
+    prop.prefill(DraftBatch(ids, aux, torch.zeros(2, dtype=torch.long), torch.tensor(lens)))
+    snap = copy.deepcopy(prop.cache)
+    new_ids, new_aux = torch.randint(5, 500, (2, 2), generator=g), torch.randn(2, 2, A, generator=g)
+    n_real = torch.tensor([2, 1])
+    batch = DraftBatch(new_ids, new_aux, torch.tensor(lens), n_real)
+    if broken:
+        monkeypatch.setattr(tree_mod.TreeAttn, "apply", lambda self, ctx, rope, window=None: ctx)
+    tree = expand_tree(prop, batch, K, topk, nodes)
+    if broken:
+        with pytest.raises(AssertionError):
+            check_expansion(head, snap, tree, new_ids, new_aux, n_real, lens, topk)
+    else:
+        check_expansion(head, snap, tree, new_ids, new_aux, n_real, lens, topk)
+
+
+@torch.no_grad()
+def check_expansion(head, snap, tree, new_ids, new_aux, n_real, lens, topk):
+    import copy
+    for b in range(2):
+        for j in range(1, tree.size):
+            if not tree.valid[b, j]:
+                continue
+            path = tree.tokens[b, path_of(tree, b, j)].tolist()
+            cache = copy.deepcopy(snap)
+            n = int(n_real[b])
+            normed, pre = head(new_ids[b:b + 1, :n], head.combine(new_aux[b:b + 1, :n]), None, cache=cache, b0=b,
+                               start=torch.tensor([lens[b]]))
+            normed, gh = normed[:, -1:], pre[:, -1:]
+            p, score = lens[b] + n, 0.0
+            for i, tok in enumerate(path):
+                lp = torch.log_softmax(head.draft_logits(normed[0, 0]).float(), -1)
+                best = lp.topk(topk).indices
+                top = head.to_target(best).tolist()
+                assert tok in top, (b, j, i)
+                score += float(lp[best[top.index(tok)]])
+                if i + 1 < len(path):
+                    normed, gh = head(torch.tensor([[tok]]), gh, None, cache=cache, b0=b, start=torch.tensor([p + i]))
+            assert score == pytest.approx(float(tree.score[b, j]), abs=1e-4), (b, j)
