@@ -36,8 +36,10 @@ def imported(name: str, path: Path) -> set[str]:
                 mod = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.add(mod)
-            out.update(f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES)
+            subs = {f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES}
+            out.update(subs)
+            if len(subs) < len(node.names):       # names from the module itself (`from .. import sub` is the sub)
+                out.add(mod)
     return out
 
 
