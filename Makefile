@@ -24,7 +24,16 @@ $(TARGET_STAMP): $(VENV_STAMP) peagle/default_target.py
 	$(PY) -m peagle.default_target
 	@touch $(TARGET_STAMP)
 
-setup: $(VENV_STAMP) $(TARGET_STAMP)
+# The C++ kernels of csrc/ (quantized linears, fused small ops: peagle/models/quant_ext.py), compiled by torch's
+# extension builder into build/peagle_quant (~1.5 min on 2 cores; nothing downloaded). A failed build is a
+# warning: peagle then runs its torch fallback (same results, slower).
+EXT_STAMP := build/peagle_quant/.make-stamp
+
+$(EXT_STAMP): $(VENV_STAMP) $(wildcard csrc/*) peagle/models/quant_ext.py
+	$(PY) -m peagle.models.quant_ext
+	@mkdir -p $(dir $@) && touch $@
+
+setup: $(VENV_STAMP) $(TARGET_STAMP) $(EXT_STAMP)
 
 demo: setup
 	$(PY) -m peagle.demo

@@ -57,6 +57,12 @@ class RequestOutput:
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
+    if path.endswith(".gguf") and os.path.isfile(path):       # a GGUF file's own tokenizer (transformers reads it)
+        d, name = os.path.split(os.path.abspath(path))
+        try:
+            return AutoTokenizer.from_pretrained(d, gguf_file=name)
+        except Exception:  # noqa: BLE001 - a file without tokenizer metadata still runs on token ids
+            return None
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - a model dir without tokenizer files still runs on token ids
@@ -106,13 +112,16 @@ def measuring_engines(target, head: DrafterHead, spec: SpecConfig, k: int):
 
 
 def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None,
-                 device="auto", compile=False, target_backend="auto"):
+                 device="auto", compile=False, target_backend="auto", quantization="none"):
     """Target (from the directory `model`), tokenizer and engine on one device and dtype (peagle.device.resolve),
     the engine built by make_engine (compile: peagle/compile.py); the target's implementation per
-    target_backend (peagle/models/loader.py)."""
+    target_backend (peagle/models/loader.py); quantization: none / q8 / q4 (weight-only, native target on the
+    CPU: peagle/models/quant.py; the target's `precision` says what runs)."""
     device, dtype = resolve(device, dtype)
+    if quantization not in (None, "none") and dtype != torch.float32:
+        raise PeagleError(f"quantization={quantization!r} runs with float32 activations (dtype={dtype})")
     torch.manual_seed(seed)
-    target = load_target(model, dtype, target_backend, device)
+    target = load_target(model, dtype, target_backend, device, quantization or "none")
     tok = load_tokenizer(model)
     spec = parse_spec_config(speculative_config)
     eng = make_engine(target, tok, spec, max_num_seqs, max_model_len, seed, compile, model_dir=model)
@@ -122,14 +131,15 @@ def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_s
 class LLM:
     def __init__(self, model: str | None = None, dtype: str = "auto", seed: int = 0,
                  speculative_config=None, max_num_seqs: int = 128, max_model_len: int | None = None,
-                 device: str = "auto", compile: bool = False, target_backend: str = "auto", **kw):
+                 device: str = "auto", compile: bool = False, target_backend: str = "auto",
+                 quantization: str | None = None, **kw):
         model = model or DEFAULT_MODEL
         if kw:
             raise PeagleError(f"unsupported LLM argument(s): {', '.join(kw)}")
         self.model = model
         self.engine, self.tokenizer, self.spec = build_engine(model, dtype, seed, speculative_config,
                                                               max_num_seqs, max_model_len, device, compile,
-                                                              target_backend)
+                                                              target_backend, quantization or "none")
         self.device, self.dtype = self.engine.device, self.engine.target.dtype
         self._next = 0
 

@@ -6,6 +6,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .quant import qmm
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:
@@ -203,8 +205,11 @@ def packed(w: torch.Tensor) -> torch.Tensor | None:
 
 def mm(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W^T with W a Weight, or a tensor stored pre-transposed ([in, out], contiguous): on MKL, 1.3-2.5x
-    faster than F.linear for the few-row products of decode and verification (M=8 x [1376,256] 151 -> 56 us)."""
-    if isinstance(w, Weight):
+    faster than F.linear for the few-row products of decode and verification (M=8 x [1376,256] 151 -> 56 us).
+    W may also be quantized (peagle/models/quant.py: QuantWeight, QuantStack)."""
+    if getattr(w, "quantized", False):
+        y = qmm(x, w)
+    elif isinstance(w, Weight):
         rows = x.numel() // x.shape[-1]
         if PACK_MIN_ROWS <= rows <= OI_MAX_ROWS and w.pk is not None:   # several rows: oneDNN, packed weights
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), w.pk, None, "none", [], "")

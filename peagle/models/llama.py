@@ -11,6 +11,17 @@ from ..errors import PeagleError
 from .config import ModelConfig
 from .files import iter_safetensors, safetensors_files
 from .layers import BlockCtx, Rope, Weight, cached_attention, calibrate_layout, mm, rms_norm, swiglu
+from .quant import (
+    FOR_QUANTIZATION,
+    KERNEL_MAX_ROWS,
+    NAMES,
+    Q8_0,
+    QuantWeight,
+    add_rms_norm,
+    check_quantization,
+    quant_cat,
+    silu_mul,
+)
 
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
@@ -23,22 +34,24 @@ def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> d
 
 
 class Layer:
-    def __init__(self, w: dict, i: int, cfg: ModelConfig, dual: bool = False):
+    def __init__(self, w: dict, i: int, cfg: ModelConfig, dual: bool = False, lin=None):
+        """lin(names) -> the projection of those tensors stacked by output (quantized targets: Transformer._linear);
+        default: a layers.Weight."""
         p = f"model.layers.{i}."
         g = lambda n: w[p + n]
+        lin = lin or (lambda names: Weight(torch.cat([w[n] for n in names]), dual))
         # weights in the layouts of layers.Weight ([in, out], plus [out, in] where several-row products need it)
-        self.qkv_w = Weight(torch.cat([g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
-                                       g("self_attn.v_proj.weight")]), dual)
+        self.qkv_w = lin([p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"])
         self.qkv_b = (torch.cat([g("self_attn.q_proj.bias"), g("self_attn.k_proj.bias"), g("self_attn.v_proj.bias")])
                       if cfg.qkv_bias else None)
-        self.o_w = Weight(g("self_attn.o_proj.weight"), dual)
+        self.o_w = lin([p + "self_attn.o_proj.weight"])
         self.o_b = g("self_attn.o_proj.bias") if cfg.o_bias else None
         self.q_norm = g("self_attn.q_norm.weight") if cfg.qk_norm else None
         self.k_norm = g("self_attn.k_norm.weight") if cfg.qk_norm else None
         self.ln1 = g("input_layernorm.weight")
         self.ln2 = g("post_attention_layernorm.weight")
-        self.gate_up = Weight(torch.cat([g("mlp.gate_proj.weight"), g("mlp.up_proj.weight")]), dual)
-        self.down = Weight(g("mlp.down_proj.weight"), dual)
+        self.gate_up = lin([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+        self.down = lin([p + "mlp.down_proj.weight"])
         if cfg.mlp_bias:
             raise PeagleError("mlp_bias=true is not supported")
 
@@ -48,26 +61,55 @@ class Transformer:
 
     backend = "native"
 
-    def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu", layout: str = "auto"):
-        """layout: "auto" (keep [out, in] copies where they measure faster here, see layers.Weight), "dual", "io"."""
+    def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu", layout: str = "auto",
+                 quantization: str = "none", quants: dict | None = None, source: str | None = None):
+        """layout: "auto" (keep [out, in] copies where they measure faster here, see layers.Weight), "dual", "io".
+        quantization: "none" (float weights), "q8" / "q4" (weight-only, peagle/models/quant.py): the projections
+        in `quants` (QuantWeights by HF name, a GGUF file's blocks as stored) are used as they are, the other
+        float projections quantized now (q8: Q8_0, q4: Q4_1; the LM head Q8_0 in both, as llama.cpp keeps it).
+        The embedding, norms and `lm_head` stay float32 (lookups, drafters, final_logits)."""
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.quantization = check_quantization(quantization)
+        quants = quants or {}
+        if self.quantization != "none" and (dtype != torch.float32 or self.device.type != "cpu"):
+            raise PeagleError(f"--quantization {self.quantization} runs on the CPU in float32 (got {self.device.type}, "
+                              f"{str(dtype).replace('torch.', '')})")
         try:
+            for name in ("model.embed_tokens.weight", "lm_head.weight"):
+                if name in quants and name not in weights:
+                    weights = {**weights, name: quants[name].dense()}
             self.embed = weights["model.embed_tokens.weight"]
             self.norm = weights["model.norm.weight"]
             head = self.embed if cfg.tie_word_embeddings else weights.get("lm_head.weight", self.embed)
             self.lm_head = head
             # both layouts first; the [out, in] copies are dropped again where they do not pay (layers.Weight)
             dual = layout == "dual" or (layout == "auto" and self.device.type == "cpu" and dtype == torch.float32)
-            self.lm_head_t = Weight(head, dual)                  # oi is the [V, H] matrix itself (no copy)
-            self.layers = [Layer(weights, i, cfg, dual) for i in range(cfg.num_hidden_layers)]
+            if self.quantization == "none":
+                self.lm_head_t = Weight(head, dual)                  # oi is the [V, H] matrix itself (no copy)
+                self.layers = [Layer(weights, i, cfg, dual) for i in range(cfg.num_hidden_layers)]
+            else:
+                hq = "model.embed_tokens.weight" if (cfg.tie_word_embeddings or "lm_head.weight" not in weights) \
+                    else "lm_head.weight"
+                self.lm_head_t = self._linear(weights, quants, [hq], Q8_0)
+                qt = FOR_QUANTIZATION[self.quantization]
+                self.layers = [Layer(weights, i, cfg, lin=lambda names: self._linear(weights, quants, names, qt))
+                               for i in range(cfg.num_hidden_layers)]
         except KeyError as e:
             raise PeagleError(f"weights are missing tensor {e.args[0]!r}") from None
         if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
             raise PeagleError(f"embed_tokens shape {tuple(self.embed.shape)} does not match config "
                               f"({cfg.vocab_size}, {cfg.hidden_size})")
-        self.layout_gain = calibrate_layout([L.gate_up for L in self.layers]) if dual else 1.0
-        self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
-        if dual and not self.dual_layout:
+        self.fused = False
+        if self.quantization != "none":
+            self.fused = True                # add + RMSNorm and SiLU * mul in one op each (quant.add_rms_norm)
+            self.layout_gain = self._calibrate_heads_layout() if dual else 1.0
+            self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
+            self.precision = self._describe(source)
+        else:
+            self.layout_gain = calibrate_layout([L.gate_up for L in self.layers]) if dual else 1.0
+            self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
+            self.precision = f"{str(dtype).replace('torch.', '')} weights"
+        if self.quantization == "none" and dual and not self.dual_layout:
             for w in [self.lm_head_t] + [getattr(L, n) for L in self.layers for n in ("qkv_w", "o_w", "gate_up", "down")]:
                 w.single()
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings + 64,
@@ -75,10 +117,71 @@ class Transformer:
         self.nq = cfg.num_attention_heads * cfg.head_dim
         self.nkv = cfg.num_key_value_heads * cfg.head_dim
 
+    def _linear(self, weights: dict, quants: dict, names: list, qtype: int):
+        """The projection of tensors `names` stacked by output: their blocks as stored where all are quantized
+        (quant.quant_cat), else the float tensors quantized to qtype now (a width that is no multiple of 32
+        stays float32)."""
+        if all(n in quants for n in names):
+            return quant_cat([quants[n] for n in names])
+        w = torch.cat([quants[n].dense() if n in quants else weights[n] for n in names])
+        if w.shape[1] % 32:
+            return Weight(w, False)
+        return QuantWeight.from_float(w, qtype)
+
+    def _projections(self) -> list:
+        return [self.lm_head_t] + [getattr(L, n) for L in self.layers for n in ("qkv_w", "o_w", "gate_up", "down")]
+
+    def _calibrate_heads_layout(self) -> float:
+        """The float layout choice drafter heads follow (`dual_layout`), measured on float copies of a few layers'
+        gate_up weights (a quantized target itself has no float projections to measure)."""
+        ws = [L.gate_up for L in self.layers[:4]]
+        ws = [Weight(w.dense() if hasattr(w, "dense") else w.io.t(), True) for w in ws]
+        return calibrate_layout(ws)
+
+    def _describe(self, source: str | None) -> str:
+        from collections import Counter
+
+        from . import quant_ext
+        c = Counter()
+        for w in self._projections():
+            for p in getattr(w, "parts", None) or [w]:
+                c[NAMES[p.qtype] if hasattr(p, "qtype") else "float32"] += 1
+        nbytes = sum(getattr(w, "nbytes", 0) for w in self._projections())
+        where = f" (blocks of {source} as stored where quantized)" if source else ""
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(c.items()))
+        return (f"quantization {self.quantization}: projections {kinds}{where}, {nbytes / 1e6:.0f} MB read per step; "
+                f"{quant_ext.describe()}; up to {KERNEL_MAX_ROWS} rows per product in the kernel")
+
     @classmethod
-    def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu", layout: str = "auto") -> "Transformer":
+    def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu", layout: str = "auto",
+                        quantization: str = "none") -> "Transformer":
+        """An HF directory, or a GGUF file (path ending in .gguf). With quantization q4, a directory converted
+        from a GGUF file peagle can find (gguf_target.source_gguf: the default target) runs that file's blocks."""
+        from .gguf_target import source_gguf
+        quantization = check_quantization(quantization)
+        if path.endswith(".gguf"):
+            return cls.from_gguf(path, dtype, device, layout, quantization)
         cfg = ModelConfig.from_dir(path)
-        return cls(cfg, {k: v.to(device) for k, v in load_safetensors(path, dtype).items()}, dtype, device, layout)
+        src = source_gguf(path) if quantization == "q4" else None
+        if src is not None:
+            return cls.from_gguf(src, dtype, device, layout, quantization, cfg)
+        return cls(cfg, {k: v.to(device) for k, v in load_safetensors(path, dtype).items()}, dtype, device, layout,
+                   quantization)
+
+    @classmethod
+    def from_gguf(cls, path: str, dtype=torch.float32, device="cpu", layout: str = "auto",
+                  quantization: str = "none", cfg: ModelConfig | None = None) -> "Transformer":
+        """A GGUF file (peagle/models/gguf_target.py): with quantization q8/q4 its Q4_0/Q4_1/Q8_0 tensors are
+        used as stored, without dequantizing; with none everything is read as float32."""
+        import os
+
+        from .gguf_target import read_gguf
+        quantization = check_quantization(quantization)
+        raw, floats, quants = read_gguf(path, keep_blocks=quantization != "none")
+        cfg = cfg or ModelConfig.from_dict(raw)
+        floats = {k: v.to(device, dtype) for k, v in floats.items()}
+        return cls(cfg, floats, dtype, device, layout, quantization, quants,
+                   source=os.path.basename(path) if quants else None)
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         c = self.cfg
@@ -103,6 +206,8 @@ class Transformer:
             tree.apply(ctx, self.rope, c.sliding_window)
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         x = F.embedding(tokens, self.embed)
+        if self.fused:
+            return self._forward_fused(x, ctx, cache, aux_ids, logits_at)
         aux = []
         for i, L in enumerate(self.layers):
             if i in aux_ids:
@@ -117,6 +222,26 @@ class Transformer:
             x = x[torch.arange(B, device=dev), logits_at.to(dev)]
         logits = mm(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head_t)
         return logits.float(), (torch.cat(aux, -1) if aux else None)
+
+    def _forward_fused(self, x, ctx, cache, aux_ids, logits_at):
+        """forward's layers with each residual add and the RMSNorm after it as one op, SiLU * mul as one
+        (quant.add_rms_norm, quant.silu_mul: the C++ extension's, else torch's)."""
+        c = self.cfg
+        nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+        aux, n = [], len(self.layers)
+        _, h = add_rms_norm(x, torch.zeros_like(x), self.layers[0].ln1 if n else self.norm, eps)
+        for i, L in enumerate(self.layers):
+            if i in aux_ids:
+                aux.append(x)
+            a = cached_attention(ctx, cache, i, mm(h, L.qkv_w, L.qkv_b), nh, nkv, hd, L.q_norm, L.k_norm, eps)
+            x, h = add_rms_norm(x, mm(a, L.o_w, L.o_b), L.ln2, eps)
+            d = mm(silu_mul(mm(h, L.gate_up)), L.down)
+            x, h = add_rms_norm(x, d, self.layers[i + 1].ln1 if i + 1 < n else self.norm, eps)
+        if n in aux_ids:
+            aux.append(x)
+        if logits_at is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), logits_at.to(h.device)]
+        return mm(h, self.lm_head_t).float(), (torch.cat(aux, -1) if aux else None)
 
     @torch.no_grad()
     def final_logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,22 +28,40 @@ def resolve_backend(path: str, backend: str = "auto") -> str:
         raise PeagleError(f"--target-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend != "auto":
         return backend
+    if path.endswith(".gguf") and os.path.isfile(path):
+        return "native"                                  # a GGUF file: only the native target reads it
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise PeagleError(f"no config.json in {path}" if os.path.isdir(path) else f"model directory not found: {path}")
     return "native" if native_refusal(path) is None else "transformers"
 
 
-def load_target(path: str, dtype=None, backend: str = "auto", device="cpu"):
-    """The target for an HF directory; raises PeagleError with the reason when the chosen backend cannot run it."""
+def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quantization: str = "none"):
+    """The target for an HF directory (or, native only, a GGUF file); raises PeagleError with the reason when the
+    chosen backend cannot run it. quantization: none / q8 / q4 (native only: peagle/models/quant.py)."""
     import torch
+
+    from .quant import check_quantization
     dtype = dtype or torch.float32
+    quantization = check_quantization(quantization)
     kind = resolve_backend(path, backend)
     if kind == "native":
+        if path.endswith(".gguf"):
+            return Transformer.from_gguf(path, dtype, device, quantization=quantization)
         why = native_refusal(path)
         if why is not None:
             raise PeagleError(f"{why}; --target-backend transformers runs any transformers causal LM")
-        return Transformer.from_pretrained(path, dtype, device)
+        return Transformer.from_pretrained(path, dtype, device, quantization=quantization)
+    if quantization != "none":
+        raise PeagleError(f"--quantization {quantization} needs the native target (Llama family)")
     return HFTarget.from_pretrained(path, dtype, device)
+
+
+def add_quantization_argument(p):
+    """--quantization for every command that runs a target."""
+    p.add_argument("--quantization", choices=("none", "q8", "q4"), default="none",
+                   help="weight-only quantization of the native target's projections (vLLM's word): q8 = Q8_0, "
+                        "q4 = Q4_1 blocks of 32 (a GGUF file's or the default target's Q4_0/Q4_1/Q8_0 blocks as "
+                        "stored); activations stay float32; none (default) = float weights")
 
 
 

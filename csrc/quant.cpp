@@ -1,0 +1,125 @@
+// Python binding of peagle's quantized linear kernels (csrc/quant_kernels.h) and a few fused elementwise ops.
+// Built by `make setup` (peagle/models/quant_ext.py, torch.utils.cpp_extension); peagle falls back to
+// peagle/models/quant.py's torch code when it is missing.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "quant_kernels.h"
+
+namespace pq = peagle_quant;
+
+static bool cpu_has_avx2() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K) {
+  TORCH_CHECK(qtype == pq::Q4_0 || qtype == pq::Q4_1 || qtype == pq::Q8_0, "unsupported qtype ", qtype);
+  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32, got ", K);
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.dim() == 2,
+              "w must be a contiguous 2-D uint8 CPU tensor");
+  TORCH_CHECK(w.size(0) == N && w.size(1) == K / 32 * pq::block_bytes(qtype), "w has shape ", w.sizes(),
+              ", expected [", N, ", ", K / 32 * pq::block_bytes(qtype), "]");
+}
+
+// impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2 (error when the CPU lacks it).
+torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl) {
+  check_weight(w, qtype, N, K);
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32, "x must be a float32 CPU tensor");
+  TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, the weight ", K);
+  auto sizes = x.sizes().vec();
+  auto x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0);
+  sizes.back() = N;
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y.view(sizes);
+  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA+F16C");
+  pq::LinearFn fn = (impl == 2 || (impl == 0 && cpu_has_avx2())) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* xp = x2.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t rb = w.size(1);
+  // tasks of whole groups of 4 outputs (an output is computed whole by one thread: the split changes nothing)
+  const int64_t groups = (N + 3) / 4, grain = std::max<int64_t>(1, 4096 / K);
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    std::vector<float> buf(4 * K);
+    fn(qtype, wp, rb, xp, M, K, yp, N, 4 * g0, std::min(4 * g1, N), buf.data());
+  });
+  return y.view(sizes);
+}
+
+// The float32 weight [N, K] the kernels compute with (bit-exact).
+torch::Tensor dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
+  check_weight(w, qtype, N, K);
+  auto out = torch::empty({N, K}, torch::kFloat32);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t rb = w.size(1);
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) pq::scalar::dequant_row(qtype, wp + n * rb, K, op + n * K);
+  });
+  return out;
+}
+
+// x + h (the new residual) and rms_norm(x + h) * weight, in one pass over each row. x, h: [..., H] float32.
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor h, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && h.scalar_type() == torch::kFloat32 &&
+              weight.scalar_type() == torch::kFloat32 && x.sizes() == h.sizes(), "add_rms_norm: float32, same shapes");
+  const int64_t H = x.size(-1);
+  auto xc = x.contiguous(), hc = h.contiguous(), wc = weight.contiguous();
+  auto res = torch::empty_like(xc), out = torch::empty_like(xc);
+  const int64_t R = xc.numel() / H;
+  const float *xp = xc.data_ptr<float>(), *hp = hc.data_ptr<float>(), *wp = wc.data_ptr<float>();
+  float *rp = res.data_ptr<float>(), *op = out.data_ptr<float>();
+  const float e = (float)eps;
+  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float *a = xp + r * H, *b = hp + r * H;
+      float* s = rp + r * H;
+      double ss = 0.0;
+      for (int64_t i = 0; i < H; i++) {
+        s[i] = a[i] + b[i];
+        ss += (double)s[i] * (double)s[i];
+      }
+      const float inv = (float)(1.0 / std::sqrt(ss / (double)H + (double)e));
+      float* o = op + r * H;
+      for (int64_t i = 0; i < H; i++) o[i] = (s[i] * inv) * wp[i];
+    }
+  });
+  return {res, out};
+}
+
+// silu(gu[..., :I]) * gu[..., I:] for gu [..., 2I] float32.
+torch::Tensor silu_mul(torch::Tensor gu) {
+  TORCH_CHECK(gu.scalar_type() == torch::kFloat32 && gu.size(-1) % 2 == 0, "silu_mul: float32 [..., 2I]");
+  auto g = gu.contiguous();
+  const int64_t I = g.size(-1) / 2, R = g.numel() / (2 * I);
+  auto sizes = g.sizes().vec();
+  sizes.back() = I;
+  auto out = torch::empty(sizes, g.options());
+  const float* gp = g.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float *a = gp + r * 2 * I, *b = a + I;
+      float* o = op + r * I;
+      for (int64_t i = 0; i < I; i++) o[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0), batch-invariant");
+  m.def("dequantize", &dequantize, "the float32 weight the kernels use");
+  m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");
+  m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
+  m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
+}

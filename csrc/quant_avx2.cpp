@@ -1,0 +1,152 @@
+// AVX2 + FMA + F16C path (chosen at run time when the CPU has them). No torch headers here: this translation unit
+// is compiled for AVX2 through the target pragma, and nothing inline from elsewhere may be compiled with it.
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant_kernels.h"
+
+namespace peagle_quant {
+namespace avx2 {
+
+static inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One block of 32 weights as four vectors of 8 (lanes 0-7, 8-15, 16-23, 24-31).
+template <int QT>
+static inline __attribute__((always_inline)) void dequant_block(const uint8_t* b, __m256* w) {
+  if constexpr (QT == Q8_0) {
+    const __m256 d = _mm256_set1_ps(h2f(b));
+    #pragma GCC unroll 16
+    for (int c = 0; c < 4; c++) {
+      __m128i q = _mm_loadl_epi64((const __m128i*)(b + 2 + 8 * c));
+      w[c] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
+    return;
+  }
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  if constexpr (QT == Q4_1) {
+    const __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
+    const __m128i q = _mm_loadu_si128((const __m128i*)(b + 4));
+    const __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    w[0] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), m);
+    w[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m);
+    w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
+    w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
+    return;
+  }
+  // Q4_0
+  const __m256 d = _mm256_set1_ps(h2f(b));
+  const __m128i q = _mm_loadu_si128((const __m128i*)(b + 2)), e8 = _mm_set1_epi8(8);
+  const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), e8);
+  const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), e8);
+  w[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+  w[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+  w[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+  w[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+}
+
+// The 8 lanes of one accumulator folded in a fixed tree: 4+4, 2+2, 1+1.
+static inline float fold(__m256 s) {
+  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+  const __m128 v1 = _mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1));
+  return _mm_cvtss_f32(v1);
+}
+
+// One row, NO outputs: each block dequantized in registers and multiplied in at once (no scratch). Per output
+// one accumulator: lanes l of chunks 0..3 of each block, in order (the same order as tile() below).
+template <int QT, int NO>
+static inline void row_fused(const uint8_t* w, int64_t row_bytes, const float* x, int64_t K, float* y) {
+  constexpr int bs = QT == Q4_0 ? 18 : QT == Q4_1 ? 20 : 34;
+  __m256 acc[NO], wv[4];
+  #pragma GCC unroll 16
+  for (int o = 0; o < NO; o++) acc[o] = _mm256_setzero_ps();
+  for (int64_t k = 0, off = 0; k < K; k += 32, off += bs) {
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) {
+      dequant_block<QT>(w + o * row_bytes + off, wv);
+      #pragma GCC unroll 16
+      for (int c = 0; c < 4; c++) acc[o] = _mm256_fmadd_ps(wv[c], _mm256_loadu_ps(x + k + 8 * c), acc[o]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int o = 0; o < NO; o++) y[o] = fold(acc[o]);
+}
+
+template <int QT>
+static void dequant_row(const uint8_t* row, int64_t K, float* dst) {
+  constexpr int bs = QT == Q4_0 ? 18 : QT == Q4_1 ? 20 : 34;
+  __m256 w[4];
+  for (int64_t k = 0; k < K; k += 32, row += bs) {
+    dequant_block<QT>(row, w);
+    #pragma GCC unroll 16
+    for (int c = 0; c < 4; c++) _mm256_storeu_ps(dst + k + 8 * c, w[c]);
+  }
+}
+
+// NO dequantized outputs (buf rows, K apart) against NR activation rows: NO*NR accumulators, each a
+// (row, output) pair's, chunk by chunk in order.
+template <int NO, int NR>
+static inline void tile(const float* buf, const float* x, int64_t K, float* y, int64_t N) {
+  __m256 acc[NR][NO];
+  #pragma GCC unroll 16
+  for (int r = 0; r < NR; r++)
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[NO];
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) wv[o] = _mm256_loadu_ps(buf + o * K + k);
+    #pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) {
+      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+      #pragma GCC unroll 16
+      for (int o = 0; o < NO; o++) acc[r][o] = _mm256_fmadd_ps(wv[o], xv, acc[r][o]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < NR; r++)
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) y[r * N + o] = fold(acc[r][o]);
+}
+
+template <int QT, int NO>
+static void outputs(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, float* y,
+                    int64_t N, float* buf) {
+  if (M == 1) return row_fused<QT, NO>(w, row_bytes, x, K, y);
+  #pragma GCC unroll 16
+  for (int o = 0; o < NO; o++) dequant_row<QT>(w + o * row_bytes, K, buf + o * K);
+  int64_t r = 0;
+  for (; r + 3 <= M; r += 3) tile<NO, 3>(buf, x + r * K, K, y + r * N, N);
+  if (M - r == 2) tile<NO, 2>(buf, x + r * K, K, y + r * N, N);
+  if (M - r == 1) tile<NO, 1>(buf, x + r * K, K, y + r * N, N);
+}
+
+template <int QT>
+static void linear_rows_t(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y,
+                          int64_t N, int64_t n0, int64_t n1, float* buf) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) outputs<QT, 4>(w + n * rb, rb, x, M, K, y + n, N, buf);
+  switch (n1 - n) {
+    case 3: outputs<QT, 3>(w + n * rb, rb, x, M, K, y + n, N, buf); break;
+    case 2: outputs<QT, 2>(w + n * rb, rb, x, M, K, y + n, N, buf); break;
+    case 1: outputs<QT, 1>(w + n * rb, rb, x, M, K, y + n, N, buf); break;
+    default: break;
+  }
+}
+
+void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
+                 float* y, int64_t N, int64_t n0, int64_t n1, float* buf) {
+  // buf: 4*K floats
+  if (qtype == Q4_0) return linear_rows_t<Q4_0>(w, row_bytes, x, M, K, y, N, n0, n1, buf);
+  if (qtype == Q4_1) return linear_rows_t<Q4_1>(w, row_bytes, x, M, K, y, N, n0, n1, buf);
+  return linear_rows_t<Q8_0>(w, row_bytes, x, M, K, y, N, n0, n1, buf);
+}
+
+}  // namespace avx2
+}  // namespace peagle_quant

@@ -1,0 +1,72 @@
+// Portable path: the AVX2 path's arithmetic, one lane at a time (std::fma where it fuses).
+#include <cmath>
+#include <cstring>
+
+#include "quant_kernels.h"
+
+namespace peagle_quant {
+namespace scalar {
+
+static inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {                                   // subnormal: normalise
+      int e = -1;
+      do { e++; man <<= 1; } while (!(man & 0x400));
+      bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+void dequant_row(int qtype, const uint8_t* row, int64_t K, float* dst) {
+  const int bs = block_bytes(qtype);
+  for (int64_t b = 0; b < K / 32; b++, row += bs, dst += 32) {
+    if (qtype == Q4_0) {
+      const float d = half_to_float(row);
+      for (int j = 0; j < 16; j++) {
+        dst[j] = d * (float)((int)(row[2 + j] & 15) - 8);
+        dst[j + 16] = d * (float)((int)(row[2 + j] >> 4) - 8);
+      }
+    } else if (qtype == Q4_1) {
+      const float d = half_to_float(row), m = half_to_float(row + 2);
+      for (int j = 0; j < 16; j++) {
+        dst[j] = std::fma(d, (float)(row[4 + j] & 15), m);
+        dst[j + 16] = std::fma(d, (float)(row[4 + j] >> 4), m);
+      }
+    } else {
+      const float d = half_to_float(row);
+      for (int j = 0; j < 32; j++) dst[j] = d * (float)(int8_t)row[2 + j];
+    }
+  }
+}
+
+static inline float dot(const float* w, const float* x, int64_t K) {
+  float a[8] = {0}, v4[4];
+  for (int64_t k = 0; k < K; k += 8)
+    for (int l = 0; l < 8; l++) a[l] = std::fma(w[k + l], x[k + l], a[l]);
+  for (int l = 0; l < 4; l++) v4[l] = a[l] + a[l + 4];
+  const float v20 = v4[0] + v4[2], v21 = v4[1] + v4[3];
+  return v20 + v21;
+}
+
+void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
+                 float* y, int64_t N, int64_t n0, int64_t n1, float* buf) {
+  for (int64_t n = n0; n < n1; n++) {
+    dequant_row(qtype, w + n * row_bytes, K, buf);
+    for (int64_t r = 0; r < M; r++) y[r * N + n] = dot(buf, x + r * K, K);
+  }
+}
+
+}  // namespace scalar
+}  // namespace peagle_quant

@@ -1,0 +1,255 @@
+"""Weight-only quantized linears: GGUF's blocks of 32 (Q4_0, Q4_1, Q8_0, llama.cpp's byte layout) kept as
+they are stored, activations in float32.
+
+Layout: a weight [out N, in K] is a uint8 tensor [N, K/32 * block bytes], row n = output channel n's blocks:
+  Q4_0 (18 B): fp16 d, 16 B of nibbles; w[j] = d * (lo(q[j]) - 8), w[j+16] = d * (hi(q[j]) - 8)
+  Q4_1 (20 B): fp16 d, fp16 m, 16 B of nibbles; w[j] = d * lo(q[j]) + m (one rounding), w[j+16] with hi
+  Q8_0 (34 B): fp16 d, 32 int8; w[j] = d * q[j]
+`--quantization q8` quantizes a float checkpoint to Q8_0 at load, `q4` to Q4_1 (llama.cpp's reference
+quantizers); a GGUF file's Q4_0/Q4_1/Q8_0 tensors are taken as stored (peagle/models/gguf_target.py).
+
+Products (:func:`qmm`): up to KERNEL_MAX_ROWS rows through the C++ kernel (csrc/, each weight byte read once
+per call for all rows; batch-invariant: a row's result does not depend on the other rows or their number), more
+rows (prefill) dequantize and run one float GEMM. Without the extension (peagle/models/quant_ext.py) the torch
+fallback computes the same products from the same float weights (bit-exact dequantization, summation order
+differs: equal to ~1e-6 relative), one row at a time so it stays batch-invariant too."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import quant_ext
+
+Q4_0, Q4_1, Q8_0 = 2, 3, 8                      # GGML's type ids
+BLOCK = 32
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
+QUANTIZATIONS = ("none", "q8", "q4")
+FOR_QUANTIZATION = {"q8": Q8_0, "q4": Q4_1}      # what a float weight is quantized to at load
+KERNEL_MAX_ROWS = 128   # products of more rows (prefill) dequantize, then one float GEMM
+
+
+def check_quantization(q: str | None) -> str:
+    from ..errors import PeagleError
+    q = q or "none"
+    if q not in QUANTIZATIONS:
+        raise PeagleError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {q!r}")
+    return q
+
+
+# ---- quantizers (llama.cpp's reference rules: quantize_row_q8_0_ref, quantize_row_q4_1_ref) -------------------
+
+def _blocks(w: torch.Tensor) -> np.ndarray:
+    N, K = w.shape
+    if K % BLOCK:
+        raise ValueError(f"in-features {K} is not a multiple of {BLOCK}")
+    return w.detach().float().cpu().numpy().reshape(N, K // BLOCK, BLOCK)
+
+
+def _pack(parts: list[np.ndarray], N: int) -> torch.Tensor:
+    """Concatenate per-block byte fields (each [N, nb, bytes]) into [N, nb * block bytes]."""
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, -1)).reshape(N, -1))
+
+
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    x = _blocks(w)
+    amax = np.abs(x).max(-1, keepdims=True)
+    d = amax / 127.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    v = x * inv
+    q = np.trunc(v + np.copysign(np.float32(0.5), v)).clip(-127, 127).astype(np.int8)   # roundf's half away from 0
+    return _pack([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], w.shape[0])
+
+
+def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
+    x = _blocks(w)
+    lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+    d = (hi - lo) / 15.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(15, ((x - lo) * inv + 0.5).astype(np.int32)).astype(np.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return _pack([d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8), packed], w.shape[0])
+
+
+def quantize(w: torch.Tensor, qtype: int) -> torch.Tensor:
+    if qtype == Q8_0:
+        return quantize_q8_0(w)
+    if qtype == Q4_1:
+        return quantize_q4_1(w)
+    raise ValueError(f"no quantizer for {NAMES.get(qtype, qtype)}")
+
+
+# ---- dequantization (bit-exact with the kernels) ----------------------------------------------------------------
+
+def dequantize_torch(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
+    """float32 [N, K]: the kernels' weights exactly (Q4_1's d*q+m in float64 is exact, then rounded once like
+    the kernels' fused multiply-add)."""
+    b = data.reshape(N, K // BLOCK, BLOCK_BYTES[qtype])
+    d = b[..., 0:2].contiguous().view(torch.float16).double()
+    if qtype == Q8_0:
+        return (d * b[..., 2:].contiguous().view(torch.int8).double()).float().reshape(N, K)
+    off = 2 if qtype == Q4_0 else 4
+    nib = b[..., off:off + 16]
+    q = torch.cat([nib & 15, nib >> 4], -1).double()
+    if qtype == Q4_0:
+        return (d * (q - 8)).float().reshape(N, K)
+    m = b[..., 2:4].contiguous().view(torch.float16).double()
+    return (d * q + m).float().reshape(N, K)
+
+
+def dequantize(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
+    ext = quant_ext.get()
+    if ext is not None and data.device.type == "cpu":
+        return ext.dequantize(data.contiguous(), qtype, N, K)
+    return dequantize_torch(data, qtype, N, K)
+
+
+class QuantWeight:
+    """A projection's weight [out, in] in GGUF blocks (see the module docstring); `mm` in layers.py takes it
+    like a layers.Weight. `shape` is [in, out] as Weight's (its io layout)."""
+    __slots__ = ("data", "qtype", "n", "k", "_dense")
+    quantized = True
+
+    def __init__(self, data: torch.Tensor, qtype: int, n: int, k: int):
+        if qtype not in BLOCK_BYTES:
+            raise ValueError(f"unsupported block type {qtype}")
+        if k % BLOCK or tuple(data.shape) != (n, k // BLOCK * BLOCK_BYTES[qtype]):
+            raise ValueError(f"{NAMES[qtype]} data of shape {tuple(data.shape)} is not a [{n}, {k}] weight")
+        self.data, self.qtype, self.n, self.k = data.contiguous(), qtype, n, k
+        self._dense = None
+
+    @classmethod
+    def from_float(cls, w: torch.Tensor, qtype: int) -> "QuantWeight":
+        """w [out, in] float, quantized now."""
+        return cls(quantize(w, qtype), qtype, *w.shape)
+
+    @property
+    def shape(self):
+        return torch.Size((self.k, self.n))
+
+    @property
+    def dtype(self):
+        return torch.float32
+
+    @property
+    def device(self):
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dense(self) -> torch.Tensor:
+        """float32 [out, in], recomputed each call (cached only on the fallback path, see _fallback_dense)."""
+        return dequantize(self.data, self.qtype, self.n, self.k)
+
+    def _fallback_dense(self) -> torch.Tensor:
+        if self._dense is None:      # no kernel: decode would dequantize every weight every step otherwise
+            self._dense = dequantize_torch(self.data, self.qtype, self.n, self.k)
+        return self._dense
+
+    def to(self, *args, **kwargs) -> "QuantWeight":
+        dev = next((a for a in args if isinstance(a, (str, torch.device))), kwargs.get("device"))
+        if dev is None or torch.device(dev) == self.device:
+            return self
+        return QuantWeight(self.data.to(dev), self.qtype, self.n, self.k)
+
+    def __repr__(self):
+        return f"QuantWeight({NAMES[self.qtype]}, out={self.n}, in={self.k})"
+
+
+class QuantStack:
+    """Projections stacked by output whose blocks differ in type (e.g. a GGUF file's q/k in Q4_1, v in Q8_0): each
+    part's product, concatenated."""
+    __slots__ = ("parts",)
+    quantized = True
+
+    def __init__(self, parts: list):
+        self.parts = list(parts)
+
+    @property
+    def shape(self):
+        return torch.Size((self.parts[0].k, sum(p.n for p in self.parts)))
+
+    @property
+    def dtype(self):
+        return torch.float32
+
+    @property
+    def device(self):
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dense(self) -> torch.Tensor:
+        return torch.cat([p.dense() for p in self.parts])
+
+
+def quant_cat(parts: list):
+    """QuantWeights stacked by output (q, k, v -> qkv): one QuantWeight when their block types agree (Q4_0 is
+    rewritten as Q4_1 with m = -8d where it meets Q4_1: the same weights bit for bit), else a QuantStack."""
+    if len(parts) == 1:
+        return parts[0]
+    types = {p.qtype for p in parts}
+    if types == {Q4_0, Q4_1}:
+        parts = [q4_0_as_q4_1(p) if p.qtype == Q4_0 else p for p in parts]
+        types = {Q4_1}
+    if len(types) > 1 or len({p.k for p in parts}) > 1:
+        return QuantStack(parts)
+    return QuantWeight(torch.cat([p.data for p in parts]), parts[0].qtype, sum(p.n for p in parts), parts[0].k)
+
+
+def q4_0_as_q4_1(w: QuantWeight) -> QuantWeight:
+    """d * (q - 8) == fma(d, q, -8d) exactly (both products are exact in float32; -8d is exact in fp16 short of
+    overflow)."""
+    b = w.data.reshape(w.n, -1, 18)
+    d = b[..., 0:2].contiguous().view(torch.float16)
+    m = (d.float() * -8).half()
+    if not torch.isfinite(m).all():
+        raise ValueError("a Q4_0 scale too large to rewrite as Q4_1")
+    out = torch.cat([b[..., 0:2], m.view(torch.uint8), b[..., 2:]], -1).reshape(w.n, -1)
+    return QuantWeight(out, Q4_1, w.n, w.k)
+
+
+def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
+    """x [..., K] float32 @ W^T -> [..., N]. impl (tests): 0 best kernel, 1 scalar, 2 AVX2 (see csrc/quant.cpp),
+    -1 the torch fallback."""
+    if isinstance(w, QuantStack):
+        return torch.cat([qmm(x, p, impl) for p in w.parts], -1)
+    rows = x.numel() // x.shape[-1]
+    ext = quant_ext.get() if impl >= 0 else None
+    x = x if x.dtype == torch.float32 else x.float()
+    if rows > KERNEL_MAX_ROWS:
+        return F.linear(x, w.dense() if ext is not None else w._fallback_dense())
+    if ext is not None and x.device.type == "cpu":
+        return ext.qlinear(x, w.data, w.qtype, w.n, w.k, impl)
+    # fallback: one row at a time (the same matrix-vector product whatever the batch: batch-invariant)
+    W = w._fallback_dense()
+    x2 = x.reshape(rows, w.k)
+    y = torch.empty(rows, w.n, dtype=torch.float32, device=x.device)
+    for r in range(rows):
+        y[r] = torch.mv(W, x2[r])
+    return y.view(*x.shape[:-1], w.n)
+
+
+# ---- fused small ops (the extension's, else torch) ---------------------------------------------------------------
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(x + h, rms_norm(x + h) * weight)."""
+    ext = quant_ext.get()
+    if ext is not None and x.device.type == "cpu" and x.dtype == torch.float32 and h.dtype == torch.float32:
+        return tuple(ext.add_rms_norm(x, h, weight, eps))
+    s = x + h
+    return s, F.rms_norm(s, (s.shape[-1],), weight, eps)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gu[..., :I]) * gu[..., I:]."""
+    ext = quant_ext.get()
+    if ext is not None and gu.device.type == "cpu" and gu.dtype == torch.float32:
+        return ext.silu_mul(gu)
+    i = gu.shape[-1] // 2
+    return F.silu(gu[..., :i]) * gu[..., i:]

@@ -1,0 +1,102 @@
+"""The C++ kernels of csrc/ (quantized linears, fused small ops): built once by `make setup`
+(``python -m peagle.models.quant_ext``) through torch.utils.cpp_extension into build/peagle_quant/, loaded from
+there at run time. Nothing is compiled implicitly at import: without a build (or with PEAGLE_QUANT_EXT=0),
+:func:`get` returns None and peagle/models/quant.py's torch fallback runs.
+
+A build records a hash of its sources, flags and torch version; a stale build (sources changed since) is not
+loaded (`make setup` rebuilds it)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+
+from ..paths import REPO
+
+NAME = "peagle_quant"
+CSRC = os.path.join(REPO, "csrc")
+SOURCES = ("quant.cpp", "quant_scalar.cpp", "quant_avx2.cpp")
+HEADERS = ("quant_kernels.h",)
+BUILD_DIR = os.path.join(REPO, "build", NAME)
+CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")   # no contraction: the kernels' fma are explicit
+LDFLAGS = ("-fopenmp",)
+STAMP = "peagle-build.json"
+
+_mod = None
+_why: str | None = None
+_tried = False
+
+
+def source_hash() -> str:
+    import torch
+    h = hashlib.sha256()
+    for f in SOURCES + HEADERS:
+        with open(os.path.join(CSRC, f), "rb") as fh:
+            h.update(f.encode() + b"\0" + fh.read())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode())
+    return h.hexdigest()
+
+
+def build(verbose: bool = False):
+    """Compile (ninja, the system C++ compiler) and load; returns the module. Raises on a failed build."""
+    from torch.utils.cpp_extension import load
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    mod = load(name=NAME, sources=[os.path.join(CSRC, f) for f in SOURCES], extra_cflags=list(CFLAGS),
+               extra_ldflags=list(LDFLAGS), build_directory=BUILD_DIR, verbose=verbose)
+    with open(os.path.join(BUILD_DIR, STAMP), "w") as f:
+        json.dump({"sources_sha256": source_hash()}, f)
+    return mod
+
+
+def _load():
+    if os.environ.get("PEAGLE_QUANT_EXT", "1") == "0":
+        return None, "disabled by PEAGLE_QUANT_EXT=0"
+    so = os.path.join(BUILD_DIR, NAME + ".so")
+    stamp = os.path.join(BUILD_DIR, STAMP)
+    if not (os.path.isfile(so) and os.path.isfile(stamp)):
+        return None, "not built (make setup builds it)"
+    try:
+        with open(stamp) as f:
+            if json.load(f).get("sources_sha256") != source_hash():
+                return None, "its build is stale (csrc/ changed since: make setup rebuilds it)"
+        import torch  # noqa: F401 - the extension links against torch's libraries
+        spec = importlib.util.spec_from_file_location(NAME, so)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod, None
+    except Exception as e:  # noqa: BLE001 - any failure to load means: use the fallback
+        return None, f"failed to load ({type(e).__name__}: {e})"
+
+
+def get():
+    """The loaded extension module, or None (then :func:`why_not` says why)."""
+    global _mod, _why, _tried
+    if not _tried:
+        _mod, _why = _load()
+        _tried = True
+    return _mod
+
+
+def why_not() -> str | None:
+    get()
+    return _why
+
+
+def describe() -> str:
+    """One line for start-up messages: which kernels run."""
+    m = get()
+    if m is None:
+        return f"torch fallback (C++ kernels {why_not()})"
+    return f"C++ kernels ({'AVX2+FMA' if m.has_avx2() else 'scalar'})"
+
+
+if __name__ == "__main__":
+    try:
+        m = build(verbose="-v" in sys.argv)
+        print(f"built {NAME} into {os.path.relpath(BUILD_DIR, REPO)} (AVX2: {m.has_avx2()})")
+    except Exception as e:  # noqa: BLE001 - a failed build is a warning: the torch fallback runs
+        print(f"warning: the C++ kernels did not build ({type(e).__name__}: {str(e)[-2000:]}); "
+              "peagle uses its torch fallback for quantized weights", file=sys.stderr)
+    sys.exit(0)

@@ -1,0 +1,333 @@
+"""Weight-only quantized linears (peagle/models/quant.py, csrc/): the kernels against a dequantized float
+reference, batch invariance (a row's result bit-identical whatever the other rows), GGUF blocks loaded as
+stored against transformers' / gguf's dequantized reading, and greedy speculative output identical to plain
+decoding on q8 and q4 targets. Every kernel test runs on the torch fallback and, where the C++ extension is
+built (`make setup`), on its scalar and AVX2 paths."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from peagle.models import quant as Q
+from peagle.models import quant_ext
+
+EXT = quant_ext.get()
+IMPLS = [-1] + ([1] + ([2] if EXT.has_avx2() else []) if EXT is not None else [])
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+
+
+def random_blocks(qtype, n, k, seed=0):
+    """Random valid blocks (scales of either sign, every code) of a [n, k] weight."""
+    g = torch.Generator().manual_seed(seed)
+    nb = k // 32
+    d = ((torch.rand(n, nb, 1, generator=g) - 0.5) * 0.2).half().view(torch.uint8).reshape(n, nb, 2)
+    if qtype == Q.Q4_0:
+        body = [d, torch.randint(0, 256, (n, nb, 16), generator=g, dtype=torch.uint8)]
+    elif qtype == Q.Q4_1:
+        m = ((torch.rand(n, nb, 1, generator=g) - 0.5) * 0.5).half().view(torch.uint8).reshape(n, nb, 2)
+        body = [d, m, torch.randint(0, 256, (n, nb, 16), generator=g, dtype=torch.uint8)]
+    else:
+        body = [d, torch.randint(0, 256, (n, nb, 32), generator=g, dtype=torch.uint8)]
+    return Q.QuantWeight(torch.cat(body, -1).reshape(n, -1), qtype, n, k)
+
+
+def test_extension_status_is_reported():
+    assert quant_ext.describe().startswith("C++ kernels") == (EXT is not None)
+    if os.environ.get("PEAGLE_REQUIRE_EXT") == "1":       # CI on a built checkout: the fallback must not hide a failure
+        assert EXT is not None, quant_ext.why_not()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_is_exact_and_matches_gguf(qtype):
+    import gguf
+    w = random_blocks(qtype, 24, 96)
+    ref = Q.dequantize_torch(w.data, qtype, w.n, w.k)
+    if EXT is not None:
+        assert torch.equal(EXT.dequantize(w.data, qtype, w.n, w.k), ref)
+    g = torch.from_numpy(gguf.quants.dequantize(w.data.numpy(), gguf.GGMLQuantizationType(qtype)).astype(np.float32))
+    if qtype == Q.Q4_1:        # gguf computes d*q + m with two roundings, peagle (and llama.cpp's fma) with one
+        assert torch.allclose(g, ref, rtol=0, atol=1e-6 * float(ref.abs().max()))
+    else:
+        assert torch.equal(g, ref)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_kernel_matches_dequantized_reference(qtype, impl):
+    w = random_blocks(qtype, 70, 160, seed=qtype)
+    W = Q.dequantize_torch(w.data, qtype, w.n, w.k).double()
+    g = torch.Generator().manual_seed(1)
+    for m in (1, 2, 3, 5, 16, 33):
+        x = torch.randn(m, w.k, generator=g)
+        y = Q.qmm(x, w, impl)
+        ref = x.double() @ W.t()
+        assert y.shape == (m, w.n) and y.dtype == torch.float32
+        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max())), (m, impl)
+    x3 = torch.randn(2, 3, w.k, generator=g)                         # leading dims kept
+    assert torch.equal(Q.qmm(x3, w, impl), Q.qmm(x3.reshape(6, -1), w, impl).view(2, 3, -1))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_batch_invariance_bit_identical(qtype, impl):
+    """A row's output is the same bits at M = 1, 2, 5, 16 and in any position of the batch."""
+    w = random_blocks(qtype, 37, 192, seed=5)
+    g = torch.Generator().manual_seed(2)
+    rows = torch.randn(16, w.k, generator=g)
+    alone = torch.cat([Q.qmm(rows[i:i + 1], w, impl) for i in range(16)])
+    for m in (1, 2, 5, 16):
+        for start in range(0, 16 - m + 1, max(1, (16 - m) // 3 or 1)):
+            got = Q.qmm(rows[start:start + m], w, impl)
+            assert torch.equal(got, alone[start:start + m]), (m, start)
+    perm = torch.randperm(16, generator=g)
+    assert torch.equal(Q.qmm(rows[perm], w, impl), alone[perm])
+    # larger calls still run the same per-row arithmetic up to KERNEL_MAX_ROWS
+    many = torch.cat([rows] * 5)
+    assert torch.equal(Q.qmm(many, w, impl), torch.cat([alone] * 5))
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+@pytest.mark.parametrize("qtype", TYPES)
+def test_scalar_and_avx2_paths_agree_bit_for_bit(qtype):
+    w = random_blocks(qtype, 45, 224, seed=9)
+    x = torch.randn(7, w.k)
+    assert torch.equal(Q.qmm(x, w, 1), Q.qmm(x, w, 2))
+
+
+def test_many_rows_take_dequantize_then_gemm():
+    w = random_blocks(Q.Q4_1, 20, 64)
+    x = torch.randn(Q.KERNEL_MAX_ROWS + 3, w.k)
+    ref = x.double() @ Q.dequantize_torch(w.data, w.qtype, w.n, w.k).double().t()
+    assert torch.allclose(Q.qmm(x, w).double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1])
+def test_quantizers_match_gguf_and_bound_the_error(qtype):
+    import gguf
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(48, 128, generator=g) * 0.05
+    q = Q.QuantWeight.from_float(w, qtype)
+    ours = q.dense()
+    theirs = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType(qtype)),
+                                    gguf.GGMLQuantizationType(qtype))
+    step = (w.view(48, 4, 32).amax(-1) - w.view(48, 4, 32).amin(-1)) / (15 if qtype == Q.Q4_1 else 254)
+    err = (ours - w).abs().view(48, 4, 32).amax(-1)
+    assert (err <= 0.51 * step + 1e-3 * w.abs().max()).all()
+    # the same codes as gguf's reference quantizer, up to a rare rounding tie
+    assert (torch.from_numpy(theirs) - ours).abs().gt(1e-6).float().mean() < 0.01
+
+
+def test_q4_0_rewritten_as_q4_1_is_the_same_weight():
+    w = random_blocks(Q.Q4_0, 12, 64)
+    w1 = Q.q4_0_as_q4_1(w)
+    assert w1.qtype == Q.Q4_1 and torch.equal(w1.dense(), w.dense())
+    cat = Q.quant_cat([w, random_blocks(Q.Q4_1, 4, 64)])
+    assert isinstance(cat, Q.QuantWeight) and cat.qtype == Q.Q4_1 and cat.n == 16
+    stack = Q.quant_cat([w, random_blocks(Q.Q8_0, 4, 64)])
+    assert isinstance(stack, Q.QuantStack)
+    x = torch.randn(3, 64)
+    assert torch.allclose(Q.qmm(x, stack), x @ stack.dense().t(), atol=1e-5)
+
+
+def test_fused_ops_match_torch():
+    g = torch.Generator().manual_seed(4)
+    x, h, wt = torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g), torch.rand(64, generator=g) + 0.5
+    s, n = Q.add_rms_norm(x, h, wt, 1e-5)
+    assert torch.equal(s, x + h)
+    assert torch.allclose(n, torch.nn.functional.rms_norm(x + h, (64,), wt, 1e-5), atol=1e-5)
+    gu = torch.randn(3, 2, 80, generator=g)
+    assert torch.allclose(Q.silu_mul(gu), torch.nn.functional.silu(gu[..., :40]) * gu[..., 40:], atol=1e-6)
+
+
+# ---- targets -------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qtarget(tmp_path_factory):
+    """A tiny llama whose every projection width is a multiple of 32 (all quantized)."""
+    from tiny import save_tiny
+    return save_tiny("llama", str(tmp_path_factory.mktemp("q") / "llama"), intermediate_size=128)
+
+
+def test_quantized_target_close_to_float(qtarget):
+    from peagle.models.llama import Transformer
+    ids = torch.randint(5, 500, (2, 9), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for q in ("none", "q8", "q4"):
+        t = Transformer.from_pretrained(qtarget, quantization=q)
+        out[q], _ = t.forward(ids, t.new_cache(2, 16), 0, torch.zeros(2, dtype=torch.long))
+        if q != "none":
+            assert all(getattr(w, "quantized", False) for w in t._projections())
+            assert q in t.precision
+    rel = {q: float((out[q] - out["none"]).norm() / out["none"].norm()) for q in ("q8", "q4")}
+    assert rel["q8"] < 0.03 and rel["q4"] < 0.4 and rel["q8"] < rel["q4"] / 4, rel   # random weights: 4 bits hurt
+
+
+def _spec(head, k, parallel):
+    return {"method": "eagle3", "model": head, "num_speculative_tokens": k, "parallel_drafting": parallel}
+
+
+@pytest.mark.parametrize("quantization", ["q8", "q4"])
+def test_greedy_speculative_identical_to_plain(qtarget, tmp_path, quantization):
+    from fakes import FakeProposer, install_proposer
+    from heads import save_random_head
+
+    from peagle import LLM, SamplingParams
+    g = torch.Generator().manual_seed(8)
+    ps = [{"prompt_token_ids": torch.randint(5, 500, (int(n),), generator=g).tolist()}
+          for n in torch.randint(2, 30, (6,), generator=g)]
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    base = LLM(qtarget, quantization=quantization)
+    assert quantization in base.engine.target.precision
+    ref = [o.outputs[0].token_ids for o in base.generate(ps, sp)]
+    head = save_random_head(qtarget, str(tmp_path / "p"), layers=1)
+    llm = LLM(qtarget, quantization=quantization, speculative_config=_spec(head, 3, True), max_num_seqs=4)
+    assert [o.outputs[0].token_ids for o in llm.generate(ps, sp)] == ref
+
+    class Oracle(FakeProposer):          # proposes the plain continuation: long accepted blocks, bonus tokens
+        def propose(self, batch, k=None):
+            k = k or self.k
+            out = []
+            for r in batch.requests:
+                full = truth[tuple(r.prompt_token_ids)]
+                n = len(r.output_ids)
+                out.append((full[n:n + k] + [7] * k)[:k])
+            return torch.tensor(out)
+    truth = {tuple(p["prompt_token_ids"]): r for p, r in zip(ps, ref)}
+    for k in (1, 4, 7):
+        llm = install_proposer(LLM(qtarget, quantization=quantization), Oracle(k), k)
+        assert [o.outputs[0].token_ids for o in llm.generate(ps, sp)] == ref
+        assert llm.get_metrics()["mean_acceptance_length"] > 1 + 0.5 * k
+
+
+def test_unsupported_quantization_is_refused(qtarget):
+    from peagle.errors import PeagleError
+    from peagle.models.loader import load_target
+    with pytest.raises(PeagleError, match="quantization"):
+        load_target(qtarget, quantization="q3")
+    with pytest.raises(PeagleError, match="native"):
+        load_target(qtarget, backend="transformers", quantization="q8")
+
+
+# ---- GGUF ----------------------------------------------------------------------------------------------------------
+
+def _permute(w, n_head, n_kv=None):   # llama.cpp's convert_hf_to_gguf permutation of q/k rows
+    if n_kv is not None and n_head != n_kv:
+        n_head = n_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(src_dir: str, path: str, types: dict) -> None:
+    """The tiny llama of src_dir as a llama.cpp-style GGUF: q/k rows permuted, projections quantized per
+    `types` (HF suffix -> GGML type), norms F32."""
+    import gguf
+    from safetensors.torch import load_file
+
+    from peagle.models.config import ModelConfig
+    cfg = ModelConfig.from_dir(src_dir)
+    sd = load_file(os.path.join(src_dir, "model.safetensors"))
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    from peagle.models.gguf_target import _LAYER
+    for i in range(cfg.num_hidden_layers):
+        for g, h in _LAYER.items():
+            names[f"model.layers.{i}.{h}.weight"] = f"blk.{i}.{g}.weight"
+    for hf, t in sd.items():
+        a = t.float().numpy()
+        if ".q_proj." in hf:
+            a = _permute(a, cfg.num_attention_heads)
+        elif ".k_proj." in hf:
+            a = _permute(a, cfg.num_attention_heads, cfg.num_key_value_heads)
+        qt = next((v for k, v in types.items() if hf.endswith(k)), None) if a.ndim == 2 else None
+        if qt is None:
+            w.add_tensor(names[hf], np.ascontiguousarray(a))
+        else:
+            w.add_tensor(names[hf], gguf.quants.quantize(np.ascontiguousarray(a), qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(qtarget, tmp_path_factory):
+    import gguf
+    T = gguf.GGMLQuantizationType
+    path = str(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    write_tiny_gguf(qtarget, path, {"q_proj.weight": T.Q4_0, "k_proj.weight": T.Q4_0, "v_proj.weight": T.Q4_1,
+                                    "o_proj.weight": T.Q8_0, "gate_proj.weight": T.Q4_1, "up_proj.weight": T.Q4_1,
+                                    "down_proj.weight": T.Q4_0, "embed_tokens.weight": T.Q8_0,
+                                    "lm_head.weight": T.Q8_0})
+    return path
+
+
+def test_gguf_blocks_load_as_stored_and_match_transformers(tiny_gguf, qtarget):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from peagle.models.gguf_target import read_gguf
+    from peagle.models.llama import Transformer
+    d, name = os.path.split(tiny_gguf)
+    cfg = AutoConfig.from_pretrained(d, gguf_file=name)
+    with torch.device("meta"):
+        skel = AutoModelForCausalLM.from_config(cfg)
+    hf = load_gguf_checkpoint(tiny_gguf, return_tensors=True, model_to_load=skel)["tensors"]
+    _, floats, quants = read_gguf(tiny_gguf)
+    assert {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"} <= set(quants)
+    assert {q.qtype for q in quants.values()} == {Q.Q4_0, Q.Q4_1, Q.Q8_0}
+    for k, q in quants.items():                 # the blocks, unpermuted, dequantize to transformers' reading
+        ref = torch.as_tensor(np.asarray(hf[k])).float()
+        assert torch.allclose(q.dense(), ref, rtol=0, atol=1e-6 * float(ref.abs().max())), k
+    for k, f in floats.items():
+        assert torch.equal(f, torch.as_tensor(np.asarray(hf[k])).float()), k
+    t = Transformer.from_gguf(tiny_gguf, quantization="q4")
+    assert "tiny.gguf" in t.precision and "Q4_0" in t.precision
+    assert isinstance(t.layers[0].qkv_w, Q.QuantWeight) and t.layers[0].qkv_w.qtype == Q.Q4_1  # Q4_0 q/k + Q4_1 v
+    # logits: the GGUF's blocks as stored vs transformers' dequantized model on the same ids
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    missing = model.load_state_dict({k: torch.as_tensor(np.asarray(v)).float() for k, v in hf.items()}, strict=False)
+    assert not [k for k in missing.missing_keys if "rotary" not in k]
+    ids = torch.randint(5, 500, (1, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+    got, _ = t.forward(ids, t.new_cache(1, 16), 0, torch.zeros(1, dtype=torch.long))
+    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4)
+    f32 = Transformer.from_gguf(tiny_gguf, quantization="none")
+    assert not any(getattr(w, "quantized", False) for w in f32._projections())
+
+
+def test_packaged_gguf_table_agrees_with_the_default_target():
+    from peagle import default_target
+    from peagle.models.gguf_target import PACKAGED
+    assert PACKAGED[default_target.GGUF_SHA256] == (default_target.PACKAGE.replace("-", "_"), default_target.GGUF_NAME)
+
+
+def test_default_target_q4_runs_the_packaged_gguf_blocks():
+    """SmolLM2's float32 target is the dequantized Q4_1 file; q4 loads that file's blocks, which dequantize to
+    the float32 checkpoint's weights."""
+    from peagle.llm import DEFAULT_MODEL
+    from peagle.models.gguf_target import source_gguf
+    from peagle.models.llama import Transformer, load_safetensors
+    if not os.path.isfile(os.path.join(DEFAULT_MODEL, "model.safetensors")) or source_gguf(DEFAULT_MODEL) is None:
+        pytest.skip("the default target is not set up (make setup)")
+    t = Transformer.from_pretrained(DEFAULT_MODEL, quantization="q4", layout="io")
+    assert "Q4_1" in t.precision and ".gguf" in t.precision
+    sd = load_safetensors(DEFAULT_MODEL, torch.float32)
+    for i in (0, len(t.layers) - 1):
+        p = f"model.layers.{i}."
+        ref = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+        assert torch.allclose(t.layers[i].gate_up.dense(), ref, rtol=0, atol=1e-6 * float(ref.abs().max()))
+        ref = torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        assert torch.allclose(t.layers[i].qkv_w.dense(), ref, rtol=0, atol=1e-6 * float(ref.abs().max()))
+    assert torch.equal(t.embed, sd["model.embed_tokens.weight"])
