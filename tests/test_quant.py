@@ -331,3 +331,27 @@ def test_default_target_q4_runs_the_packaged_gguf_blocks():
         ref = torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
         assert torch.allclose(t.layers[i].qkv_w.dense(), ref, rtol=0, atol=1e-6 * float(ref.abs().max()))
     assert torch.equal(t.embed, sd["model.embed_tokens.weight"])
+
+
+# ---- user surface ---------------------------------------------------------------------------------------------------
+
+def test_cli_generate_quantized_matches_api_and_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    from tiny import save_tiny_text_model
+
+    from peagle import LLM, SamplingParams
+    model = save_tiny_text_model(str(tmp_path / "m"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "peagle.cli", "generate", "--model", model, "--prompt", "def foo(x):",
+                        "--max-tokens", "12", "--quantization", "q8"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[target: quantization q8" in r.stderr
+    want = LLM(model, quantization="q8").generate("def foo(x):", SamplingParams(temperature=0, max_tokens=12))
+    assert r.stdout.rstrip("\n") == want[0].outputs[0].text
+    for cmd in ("serve", "bench"):
+        h = subprocess.run([sys.executable, "-m", "peagle.cli", cmd, "--help"], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert "--quantization" in h.stdout, cmd

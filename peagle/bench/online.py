@@ -22,10 +22,10 @@ class OnlineServer:
 
     def __init__(self, model: str, method: str, k: int, head: str | None, max_num_seqs: int, max_model_len: int,
                  dtype: str = "auto", seed: int = 0, device: str = "auto", compile: bool = False,
-                 target_backend: str = "auto"):
+                 target_backend: str = "auto", quantization: str = "none"):
         self.args = (model, spec_json(method, k, head), max_num_seqs,
                      ["--max-model-len", str(max_model_len), "--device", device, "--dtype", dtype, "--seed", str(seed),
-                      "--target-backend", target_backend,
+                      "--target-backend", target_backend, "--quantization", quantization,
                       "--max-waiting", str(4 * max_num_seqs), "--served-model-name", "bench"]
                      + (["--compile"] if compile else []))
         self.proc, self.url = None, None

@@ -73,7 +73,9 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     heads = {"eagle3": a.eagle3_head, "peagle": a.peagle_head}
     bench = Bench(a.model, heads, a.dtype, a.seed, max(a.concurrency), getattr(a, "remeasure", False), a.device,
                   getattr(a, "compile", False), getattr(a, "target_backend", "auto"),
-                  getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None))
+                  getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None),
+                  quantization=getattr(a, "quantization", "none"))
+    log(f"target: {getattr(bench.target, 'precision', str(bench.dtype).replace('torch.', ''))}")
     methods = list(a.methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")               # the identity check and the speedups need it
@@ -216,7 +218,7 @@ def _online_sweep(a, bench, cfgs, batches, res, log, on_dataset):
     for m, k in cfgs:
         t0 = time.time()
         with OnlineServer(a.model, m, k, bench.heads_dirs.get(m), max(a.concurrency), mlen, a.dtype, a.seed,
-                          a.device, getattr(a, "compile", False), bench.backend) as srv:
+                          a.device, getattr(a, "compile", False), bench.backend, bench.quantization) as srv:
             log(f"[online] {m} K={k}: peagle serve at {srv.url} (up in {time.time() - t0:.0f}s)")
             run_online(srv, m, k, 1, [batches[next(iter(batches))][0][0][:32]], 8, a.temperature, True)  # warm-up
             for (ds, c), (batch, _) in batches.items():

@@ -11,7 +11,7 @@ from ..compile import add_argument
 from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-from ..models.loader import add_backend_argument
+from ..models.loader import add_backend_argument, add_quantization_argument
 from ..spec_config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING
 
 
@@ -99,6 +99,7 @@ def add_parser(sub):
     add_arguments(p)
     add_argument(p)
     add_backend_argument(p)
+    add_quantization_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--random-heads", action="store_true",

@@ -9,7 +9,7 @@ from ..compile import add_argument
 from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import LLM
-from ..models.loader import add_backend_argument
+from ..models.loader import add_backend_argument, add_quantization_argument
 from ..sampling import SamplingParams
 from ..spec_config import parse_spec_config
 
@@ -27,6 +27,7 @@ def add_parser(sub):
     add_arguments(p)
     add_argument(p)
     add_backend_argument(p)
+    add_quantization_argument(p)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--speculative-config", default=None,
                    help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
@@ -38,7 +39,9 @@ def run(args) -> int:
     parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
     llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0,
               speculative_config=args.speculative_config,
-              max_model_len=args.max_model_len, target_backend=args.target_backend)
+              max_model_len=args.max_model_len, target_backend=args.target_backend,
+              quantization=args.quantization)
+    print(f"[target: {getattr(llm.engine.target, 'precision', str(llm.dtype).replace('torch.', ''))}]", file=sys.stderr)
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens, seed=args.seed)
     if args.chat:

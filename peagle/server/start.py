@@ -44,7 +44,8 @@ def resolve_config(model, spec_flag, env=None):
 
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
-                max_model_len=None, limits=None, device="auto", api_keys=(), compile=False, target_backend="auto"):
+                max_model_len=None, limits=None, device="auto", api_keys=(), compile=False, target_backend="auto",
+                quantization="none"):
     from .app import ServerState  # here, not above: fastapi loads only when a server is built, not for every command
     if max_num_seqs < 1:
         raise PeagleError("--max-num-seqs must be >= 1")
@@ -52,7 +53,7 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
         raise PeagleError("--max-waiting must be >= 0")
     engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec,
                                    max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
-                                   compile=compile, target_backend=target_backend)
+                                   compile=compile, target_backend=target_backend, quantization=quantization)
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
     return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits, api_keys=api_keys)
@@ -75,12 +76,14 @@ def run(args) -> int:
               "use the model (set --api-key or $PEAGLE_API_KEY)", file=sys.stderr, flush=True)
     state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
                         args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits, device=args.device,
-                        api_keys=keys, compile=args.compile, target_backend=args.target_backend)
+                        api_keys=keys, compile=args.compile, target_backend=args.target_backend,
+                        quantization=getattr(args, "quantization", "none"))
     sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "
           f"max_model_len={state.max_model_len} device={state.engine.device} "
           f"dtype={str(state.engine.target.dtype).replace('torch.', '')} api_keys={len(keys)}", flush=True)
+    print(f"peagle serve: target {getattr(state.engine.target, 'precision', 'float weights')}", flush=True)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.access_log, timeout_graceful_shutdown=5)
     return 0
