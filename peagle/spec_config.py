@@ -65,6 +65,14 @@ class SpecConfig:
         return "peagle" if self.parallel_drafting else "eagle3"
 
     @property
+    def cost_name(self) -> str:
+        """The name auto K's cached cost model is kept under: a token-tree config's steps cost what its trees
+        cost, so they are measured and cached apart from the chain's ("peagle-tree4x8")."""
+        if self.eagle_topk == 1 and self.num_draft_tokens is None:
+            return self.name
+        return f"{self.name}-tree{self.eagle_topk}x{self.num_draft_tokens or 'k'}"
+
+    @property
     def auto(self) -> bool:
         return self.num_speculative_tokens == AUTO
 

@@ -87,17 +87,21 @@ class TreeAttn:
     anc: torch.Tensor
 
     def mask(self, S: int, window: int | None = None) -> torch.Tensor:
-        """[B,1,T,S] bool (True: visible). window: a sliding window, applied to the context keys (tree keys are
-        within depth <= 64 of the query)."""
+        """[B,1,T,S] bool (True: visible). window: a sliding window (transformers' rule: key position >
+        query position - window), by positions: slots for the context, and when the block is its own key
+        region (the target's verification) the nodes' positions for the tree keys."""
         B, T, W = self.anc.shape
         k = torch.arange(S, device=self.pos.device)[None, None, :]
         base = self.base[:, None, None]
         ctx = k < base
-        if window is not None:
-            ctx = ctx & (k > self.pos[:, :, None] - window)
         rel = (k - base).expand(B, T, S)
         inreg = (rel >= 0) & (rel < W)
         tree = self.anc.gather(2, rel.clamp(0, W - 1)) & inreg
+        if window is not None:
+            lo = self.pos[:, :, None] - window
+            ctx = ctx & (k > lo)
+            if W == T:
+                tree = tree & (self.pos[:, None, :].expand(B, T, T).gather(2, rel.clamp(0, W - 1)) > lo)
         return (ctx | tree).unsqueeze(1)
 
     def apply(self, ctx, rope, window: int | None = None):

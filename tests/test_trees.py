@@ -35,9 +35,10 @@ def heads(target, tmp_path_factory):
             "eagle3": save_random_head(target, str(d / "e"), layers=1, parallel=False, draft_vocab=256)}
 
 
-def random_tree(B, K, nodes, topk, seed, vocab=500, wrong_order=True) -> Tree:
+def random_tree(B, K, nodes, topk, seed, vocab=500, spine=False) -> Tree:
     """Ragged random trees: per row a random candidate tree (up to topk children per node, depth <= K) reduced to
-    its `nodes` best by random scores; rows get different node budgets (some -inf candidates)."""
+    its `nodes` best by random scores; rows get different node budgets (some -inf candidates). spine: every
+    first child costs almost nothing, so a path of depth K survives the budget."""
     g = torch.Generator().manual_seed(seed)
     toks, pars, deps, scores = [], [], [], []
     for b in range(B):
@@ -49,11 +50,11 @@ def random_tree(B, K, nodes, topk, seed, vocab=500, wrong_order=True) -> Tree:
                 continue
             n = int(torch.randint(1, topk + 1, (1,), generator=g))
             kids = torch.randperm(vocab - 5, generator=g)[:n] + 5
-            for tok in kids.tolist():
+            for i, tok in enumerate(kids.tolist()):
                 t.append(tok)
                 p.append(par)
                 d.append(dep + 1)
-                s.append(sc + float(torch.log(torch.rand((), generator=g))))
+                s.append(sc + (-1e-3 if spine and i == 0 else float(torch.log(torch.rand((), generator=g)))))
                 frontier.append((len(t) - 1, s[-1], dep + 1))
         cut = [len(t), nodes // 2 + 1, 3][b % 3]                   # ragged budgets (BFS order: closed)
         s = [x if i < cut else float("-inf") for i, x in enumerate(s)]
@@ -481,3 +482,45 @@ def check_expansion(head, snap, tree, new_ids, new_aux, n_real, lens, topk):
                 if i + 1 < len(path):
                     normed, gh = head(torch.tensor([[tok]]), gh, None, cache=cache, b0=b, start=torch.tensor([p + i]))
             assert score == pytest.approx(float(tree.score[b, j]), abs=1e-4), (b, j)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_tree_forward_past_a_sliding_window_matches_each_path(family_dirs, family):
+    """Transformers backend, sliding-window layers (window 8), contexts longer than the window and a tree deeper
+    than the window is wide for some keys: each node's logits equal a plain forward of context + its path."""
+    from families import WINDOW
+    t = load_target(family_dirs[family], torch.float32, "transformers")
+    g = torch.Generator().manual_seed(6)
+    ctxs = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (3 * WINDOW, 2 * WINDOW + 3)]
+    B, K = 2, WINDOW + 2
+    tree = random_tree(B, K, 24, 2, seed=7, spine=True)
+    tree.tokens[:, 0] = torch.tensor([c[-1] for c in ctxs])
+    cache = t.new_cache(2, 128)
+    fill(t, cache, [c[:-1] for c in ctxs])
+    start = cache.lens[:B].clone()
+    logits, _ = t.forward(tree.tokens, cache, 0, start, tree=tree.attn(start, K))
+    assert int(tree.depth.max()) > WINDOW
+    for b in range(B):
+        for j in range(tree.size):
+            if tree.valid[b, j]:
+                seq = ctxs[b] + tree.tokens[b, path_of(tree, b, j)].tolist()
+                ref, _ = t.forward(torch.tensor([seq]), t.new_cache(1, 128), 0, torch.zeros(1, dtype=torch.long))
+                assert torch.allclose(logits[b, j], ref[0, -1], atol=TOL, rtol=TOL), (family, b, j)
+
+
+def test_auto_k_with_trees_measures_tree_steps_apart_and_stays_identical(target, heads, capsys):
+    """K "auto" with a tree: the cost model is measured on tree steps and cached apart from the chain's
+    (costs-peagle-tree3x8-*), auto picks the depth per step, greedy outputs stay identical."""
+    import os
+    ps = prompts(4, seed=13)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    ref = ids(LLM(target).generate(ps, sp))
+    base = {"method": "eagle3", "model": heads["peagle"], "num_speculative_tokens": "auto",
+            "max_num_speculative_tokens": 3, "parallel_drafting": True}
+    LLM(target, speculative_config=base, max_num_seqs=2)
+    capsys.readouterr()
+    llm = LLM(target, speculative_config=dict(base, eagle_topk=3, num_draft_tokens=8), max_num_seqs=2)
+    assert "autok: measuring step costs for peagle-tree3x8" in capsys.readouterr().err   # not the chain's model
+    assert ids(llm.generate(ps, sp)) == ref
+    pol = llm.get_metrics()["k_policy"]
+    assert pol["mode"] == "auto" and os.path.basename(pol["cost_model"]).startswith("costs-peagle-tree3x8-")

@@ -85,7 +85,8 @@ def make_policy(spec, target, head, make_engine, k_max: int, max_num_seqs: int, 
                 log=_log) -> KPolicy:
     if spec.auto:
         cfg = AutoKConfig.from_dict(spec.auto_k)       # checked before the cost model is measured
-        cm = cost_model_for(target, make_engine, spec.name, k_max, max_num_seqs, model_dir, spec.model, dtype, log)
+        cm = cost_model_for(target, make_engine, getattr(spec, "cost_name", spec.name), k_max, max_num_seqs,
+                            model_dir, spec.model, dtype, log)
         return auto_policy(cm, head.cfg, k_max, cfg)
     if spec.num_speculative_tokens_per_batch_size is not None:
         return BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size, k_max)
