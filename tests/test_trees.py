@@ -484,11 +484,19 @@ def check_expansion(head, snap, tree, new_ids, new_aux, n_real, lens, topk):
             assert score == pytest.approx(float(tree.score[b, j]), abs=1e-4), (b, j)
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
-def test_tree_forward_past_a_sliding_window_matches_each_path(family_dirs, family):
+@pytest.mark.parametrize("family,broken", [("gemma3_text", False), ("gpt_oss", False), ("gemma3_text", True)])
+def test_tree_forward_past_a_sliding_window_matches_each_path(family_dirs, family, broken, monkeypatch):
     """Transformers backend, sliding-window layers (window 8), contexts longer than the window and a tree deeper
-    than the window is wide for some keys: each node's logits equal a plain forward of context + its path."""
+    than the window is wide for some keys: each node's logits equal a plain forward of context + its path.
+    Negative control (broken): the window left off the tree keys."""
     from families import WINDOW
+    if broken:
+        orig = tree_mod.TreeAttn.mask
+
+        def no_tree_window(self, S, window=None):      # the context's keys windowed, the tree's not
+            ctx = (torch.arange(S)[None, None, :] < self.base[:, None, None]).unsqueeze(1)
+            return torch.where(ctx, orig(self, S, window), orig(self, S, None))
+        monkeypatch.setattr(tree_mod.TreeAttn, "mask", no_tree_window)
     t = load_target(family_dirs[family], torch.float32, "transformers")
     g = torch.Generator().manual_seed(6)
     ctxs = [torch.randint(2, 500, (n,), generator=g).tolist() for n in (3 * WINDOW, 2 * WINDOW + 3)]
@@ -500,12 +508,16 @@ def test_tree_forward_past_a_sliding_window_matches_each_path(family_dirs, famil
     start = cache.lens[:B].clone()
     logits, _ = t.forward(tree.tokens, cache, 0, start, tree=tree.attn(start, K))
     assert int(tree.depth.max()) > WINDOW
+    bad = 0
     for b in range(B):
         for j in range(tree.size):
             if tree.valid[b, j]:
                 seq = ctxs[b] + tree.tokens[b, path_of(tree, b, j)].tolist()
                 ref, _ = t.forward(torch.tensor([seq]), t.new_cache(1, 128), 0, torch.zeros(1, dtype=torch.long))
-                assert torch.allclose(logits[b, j], ref[0, -1], atol=TOL, rtol=TOL), (family, b, j)
+                ok = torch.allclose(logits[b, j], ref[0, -1], atol=TOL, rtol=TOL)
+                assert ok or broken, (family, b, j)
+                bad += not ok
+    assert bool(bad) == broken
 
 
 def test_auto_k_with_trees_measures_tree_steps_apart_and_stays_identical(target, heads, capsys):
