@@ -55,12 +55,13 @@ def read_config(path: str) -> dict:
     return json.loads(cfg.to_json_string(use_diff=False))
 
 
-def read_gguf(path: str, keep_blocks: bool = True) -> tuple[dict, dict, dict]:
-    """(HF config dict, float32 tensors, QuantWeights) by HF name. keep_blocks False: every tensor as float32."""
+def read_gguf(path: str, keep_blocks: bool = True, cfg: dict | None = None) -> tuple[dict, dict, dict]:
+    """(HF config dict, float32 tensors, QuantWeights) by HF name. keep_blocks False: every tensor as float32.
+    cfg: the HF config when the caller has it (reading it from the file parses all its metadata once more)."""
     import gguf
     if not os.path.isfile(path):
         raise PeagleError(f"GGUF file not found: {path}")
-    cfg = read_config(path)
+    cfg = cfg if cfg is not None else read_config(path)
     r = gguf.GGUFReader(path)
     f = r.fields.get("general.architecture")
     arch = bytes(f.parts[f.data[0]]).decode() if f is not None else ""

@@ -177,7 +177,7 @@ class Transformer:
 
         from .gguf_target import read_gguf
         quantization = check_quantization(quantization)
-        raw, floats, quants = read_gguf(path, keep_blocks=quantization != "none")
+        raw, floats, quants = read_gguf(path, keep_blocks=quantization != "none", cfg=cfg.raw if cfg else None)
         cfg = cfg or ModelConfig.from_dict(raw)
         floats = {k: v.to(device, dtype) for k, v in floats.items()}
         return cls(cfg, floats, dtype, device, layout, quantization, quants,

