@@ -355,3 +355,10 @@ def test_cli_generate_quantized_matches_api_and_says_so(tmp_path):
         h = subprocess.run([sys.executable, "-m", "peagle.cli", cmd, "--help"], capture_output=True, text=True,
                            env=env, timeout=120)
         assert "--quantization" in h.stdout, cmd
+
+
+def test_server_state_runs_the_quantized_target(qtarget):
+    pytest.importorskip("fastapi")
+    from peagle.server.start import build_state
+    state = build_state(qtarget, "m", None, quantization="q4")
+    assert state.engine.target.quantization == "q4" and "Q4_1" in state.engine.target.precision
