@@ -66,13 +66,12 @@ def ancestors(parents: torch.Tensor, depth: torch.Tensor, max_depth: int,
     """[B,T,T] bool: anc[b,i,j] iff block node j is node i itself or one of its ancestors (padding nodes:
     themselves only); max_depth: a host-side bound of depth."""
     B, T = parents.shape
-    anc = torch.eye(T, dtype=torch.bool, device=parents.device).expand(B, T, T).clone()
-    cur = parents.clone()
-    rows = torch.arange(B, device=parents.device)[:, None]
-    cols = torch.arange(T, device=parents.device)[None]
+    cols = torch.arange(T, device=parents.device)
+    anc = (cols[:, None] == cols[None]).expand(B, T, T)
+    cur = parents
     live = depth > 0 if valid is None else (depth > 0) & valid
-    for _ in range(max_depth):
-        anc[rows.expand(B, T)[live], cols.expand(B, T)[live], cur[live]] = True
+    for _ in range(max_depth):                  # one ancestor level per pass, no host reads
+        anc = anc | ((cols[None, None] == cur[..., None]) & live[..., None])
         live = live & (cur != 0)
         cur = parents.gather(1, cur)
     return anc

@@ -1,21 +1,16 @@
-"""Token trees (peagle/tree.py, peagle/tree_step.py, peagle/drafters/tree.py): the tree mask against a reference
-(each node's logits = a plain forward of its root path), KV compaction after acceptance, ragged trees in one
-batch, greedy identity with plain decoding (random heads and an oracle tree drafter that accepts deep), sampled
-batches, and negative controls: a broken mask, wrong positions or a skipped compaction make identity fail."""
+"""Token trees, the pieces (peagle/tree.py, peagle/drafters/tree.py): the tree mask and positions against a
+reference (each node's logits = a plain forward of its root path) on both target backends, ragged trees in one
+batch, sliding windows, KV compaction after acceptance (the cache equals plain decoding's), node selection, the
+P-EAGLE slot tree (brute force), EAGLE-2 expansion against sequential drafting, the speculative config keys and
+the cost model's pricing by positions; with negative controls. The engine end to end: test_trees_engine.py."""
 import itertools
 
 import pytest
 import torch
-from fakes import FakeProposer, install_proposer
 from heads import save_random_head
-from test_engine_lossless import ids, prompts
 
 import peagle.tree as tree_mod
-import peagle.tree_step as tree_step_mod
-from peagle import LLM, SamplingParams
-from peagle.engine import cache_len
 from peagle.errors import PeagleError
-from peagle.models.layers import causal_block_mask
 from peagle.models.loader import load_target
 from peagle.spec_config import parse_spec_config
 from peagle.tree import Tree, TreeSpec, accept_greedy, ancestors, compact_kv, select_nodes
@@ -26,13 +21,6 @@ TOL = 1e-4
 @pytest.fixture(scope="module")
 def target(tiny_dirs):
     return tiny_dirs["llama"]
-
-
-@pytest.fixture(scope="module")
-def heads(target, tmp_path_factory):
-    d = tmp_path_factory.mktemp("tree-heads")
-    return {"peagle": save_random_head(target, str(d / "p"), layers=2),
-            "eagle3": save_random_head(target, str(d / "e"), layers=1, parallel=False, draft_vocab=256)}
 
 
 def random_tree(B, K, nodes, topk, seed, vocab=500, spine=False) -> Tree:
@@ -200,155 +188,6 @@ def test_kv_after_a_tree_step_equals_plain_decoding_of_the_accepted_tokens(targe
             assert torch.allclose(cache.v[layer][b, :, :n], ref.v[layer][0, :, :n], atol=TOL, rtol=TOL), (b, layer)
 
 
-class OracleTreeProposer(FakeProposer):
-    """Trees around the reference continuation: at every depth the true token is one of up to topk shuffled
-    siblings (missing with probability `noise`), distractor nodes get children too, scores are random, so the
-    accepted path sits at varying node indices and depths, and rows' trees differ (ragged)."""
-
-    def __init__(self, k, ref, noise, seed=0):
-        super().__init__(k)
-        self.ref, self.noise = ref, noise
-        self.g = torch.Generator().manual_seed(seed)
-        self.trees = 0
-
-    def propose(self, batch, k=None):                     # chain steps (sampled batches): the true drafts
-        k = k or self.k
-        return torch.tensor([(self.ref[tuple(r.prompt_token_ids)][len(r.output_ids):] + [7] * k)[:k]
-                             for r in batch.requests])
-
-    def propose_tree(self, batch, K, topk, nodes):
-        self.trees += 1
-        g, rows = self.g, []
-        for r in batch.requests:
-            true = (self.ref[tuple(r.prompt_token_ids)][len(r.output_ids):] + [7] * K)[:K]
-            t, p, d, s = [], [], [], []
-            frontier = [(-1, 0.0, 0, True)]
-            while frontier:
-                par, sc, dep, on = frontier.pop(0)
-                if dep == K:
-                    continue
-                n = int(torch.randint(1, topk + 1, (1,), generator=g))
-                kids = [(x, False) for x in (torch.randperm(490, generator=g)[:n + 1] + 5).tolist() if x != true[dep]][:n]
-                if on and torch.rand((), generator=g) > self.noise:
-                    kids[int(torch.randint(0, len(kids), (1,), generator=g))] = (true[dep], True)
-                for tok, on_k in kids:
-                    t.append(tok), p.append(par), d.append(dep + 1)
-                    s.append(sc + float(torch.log(torch.rand((), generator=g))) + (2.0 if on_k else 0.0))
-                    frontier.append((len(t) - 1, s[-1], dep + 1, on_k))
-            rows.append((t, p, d, s))
-        C = max(len(x[0]) for x in rows)
-
-        def col(i, v):
-            return torch.tensor([x[i] + [v] * (C - len(x[i])) for x in rows])
-        return select_nodes(col(0, 0), col(1, -1), col(2, 1), col(3, float("-inf")).double(), nodes, K)
-
-
-def tree_llm(target, proposer, k, topk, nodes, backend="auto", **kw):
-    llm = install_proposer(LLM(target, target_backend=backend, **kw), proposer, k)
-    e = llm.engine
-    e.tree = TreeSpec(topk, nodes)
-    e.cache = e.target.new_cache(1, cache_len(e.max_model_len, k, e.tree))
-    return llm
-
-
-def oracle_case(target, batch, k, topk, nodes, noise, backend="auto", max_num_seqs=128, seed=0):
-    ps = prompts(batch, seed=seed + 17)
-    sp = SamplingParams(temperature=0, max_tokens=23, ignore_eos=True)
-    base = LLM(target, target_backend=backend)
-    full = ids(base.generate(ps, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
-    ref = {tuple(p["prompt_token_ids"]): f for p, f in zip(ps, full)}
-    prop = OracleTreeProposer(k, ref, noise, seed)
-    llm = tree_llm(target, prop, k, topk, nodes, backend, max_num_seqs=max_num_seqs)
-    return ids(llm.generate(ps, sp)), [f[:23] for f in full], llm
-
-
-@pytest.mark.parametrize("backend", ["native", "transformers"])
-@pytest.mark.parametrize("k,topk,nodes,batch,seqs", [(4, 3, 12, 1, 128), (5, 4, 20, 3, 128), (3, 2, 6, 16, 5),
-                                                     (6, 3, 64, 7, 128)])
-def test_oracle_trees_greedy_identical_ragged_batches(target, backend, k, topk, nodes, batch, seqs):
-    if backend == "transformers" and batch == 16:
-        pytest.skip("one continuous-batching case per backend is enough (native)")
-    got, want, llm = oracle_case(target, batch, k, topk, nodes, 0.15, backend, seqs)
-    assert got == want
-    m = llm.get_metrics()
-    assert m["mean_acceptance_length"] > 1.5 and m["num_accepted_tokens_per_pos"][k - 1] > 0   # full depth too
-    assert m["num_tree_nodes"] > m["num_tree_rows"] and m["mean_tree_nodes_per_step"] <= nodes
-
-
-def test_negative_control_broken_mask_breaks_identity(target, monkeypatch):
-    """Nodes attending to every earlier block slot (a chain's causal mask) instead of their ancestors."""
-    def causal(self, S, window=None):
-        return causal_block_mask(self.base, self.anc.shape[1], S, window)
-    monkeypatch.setattr(tree_mod.TreeAttn, "mask", causal)
-    got, want, _ = oracle_case(target, 3, 5, 4, 20, 0.15, "native")
-    assert got != want
-
-
-def test_negative_control_slot_positions_break_identity(target, monkeypatch):
-    """Rope at the node's slot (start + index) instead of its depth."""
-    orig = tree_mod.Tree.attn
-
-    def slots(self, start, max_depth):
-        a = orig(self, start, max_depth)
-        a.pos = start[:, None] + torch.arange(self.size)[None]
-        return a
-    monkeypatch.setattr(tree_mod.Tree, "attn", slots)
-    got, want, _ = oracle_case(target, 3, 5, 4, 20, 0.15, "native")
-    assert got != want
-
-
-def test_negative_control_skipped_kv_compaction_breaks_identity(target, monkeypatch):
-    monkeypatch.setattr(tree_step_mod, "compact_kv", lambda *a: None)
-    got, want, _ = oracle_case(target, 3, 5, 4, 20, 0.15, "native")
-    assert got != want
-
-
-@pytest.mark.parametrize("method", ["peagle", "eagle3"])
-@pytest.mark.parametrize("backend", ["native", "transformers"])
-def test_random_head_trees_greedy_identical(target, heads, method, backend):
-    ps = prompts(6, seed=5, hi=40)
-    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    ref = ids(LLM(target, target_backend=backend).generate(ps, sp))
-    spec = {"method": "eagle3", "model": heads[method], "num_speculative_tokens": 4,
-            "parallel_drafting": method == "peagle", "eagle_topk": 3, "num_draft_tokens": 10}
-    llm = LLM(target, target_backend=backend, speculative_config=spec, max_num_seqs=4)
-    assert ids(llm.generate(ps, sp)) == ref
-    m = llm.get_metrics()
-    assert m["num_tree_rows"] > 0 and m["mean_tree_nodes_per_step"] == 10
-
-
-@pytest.mark.parametrize("method", ["peagle", "eagle3"])
-def test_topk_one_tree_is_the_chain(target, heads, method):
-    """eagle_topk 1 with num_draft_tokens >= K drafts the chain's tokens: same outputs and same acceptance."""
-    ps = prompts(4, seed=9, hi=30)
-    sp = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
-    base = {"method": "eagle3", "model": heads[method], "num_speculative_tokens": 3,
-            "parallel_drafting": method == "peagle"}
-    chain = LLM(target, speculative_config=base)
-    tree = LLM(target, speculative_config=dict(base, num_draft_tokens=3))
-    assert tree.engine.tree == TreeSpec(1, 3) and chain.engine.tree is None
-    assert ids(tree.generate(ps, sp)) == ids(chain.generate(ps, sp))
-    mc, mt = chain.get_metrics(), tree.get_metrics()
-    assert mc["num_accepted_tokens_per_pos"] == mt["num_accepted_tokens_per_pos"]
-
-
-def test_sampled_batches_verify_their_chain_and_greedy_rows_stay_identical(target):
-    """A batch with a sampled row runs the chain step: its sampled rows draw exactly what the chain engine draws
-    (same seeds), its greedy rows match plain decoding, and greedy-only batches run trees."""
-    ps = prompts(6, seed=21)
-    full = ids(LLM(target).generate(ps, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
-    ref = {tuple(p["prompt_token_ids"]): f for p, f in zip(ps, full)}
-    sps = [SamplingParams(temperature=0.8 if i % 2 else 0, max_tokens=3 if i % 2 else 36, ignore_eos=True, seed=i)
-           for i in range(6)]
-    chain = install_proposer(LLM(target), OracleTreeProposer(4, ref, 0.0), 4)
-    prop = OracleTreeProposer(4, ref, 0.0)
-    tree = tree_llm(target, prop, 4, 3, 12)
-    a, b = ids(chain.generate(ps, sps)), ids(tree.generate(ps, sps))
-    assert a == b
-    assert [x for i, x in enumerate(b) if i % 2 == 0] == [full[i][:36] for i in range(0, 6, 2)]
-    assert prop.trees > 0                      # the sampled rows ran longer: the greedy rest ran as trees
-
-
 def test_spec_config_tree_keys():
     base = {"method": "eagle3", "model": "h", "num_speculative_tokens": 5, "parallel_drafting": True}
     s = parse_spec_config(base)
@@ -360,55 +199,6 @@ def test_spec_config_tree_keys():
     for bad in ({"eagle_topk": 0}, {"eagle_topk": True}, {"num_draft_tokens": 65}, {"num_draft_tokens": "8"}):
         with pytest.raises(PeagleError):
             parse_spec_config(dict(base, **bad))
-
-
-def test_tree_engine_sampling_matches_exact_distribution_and_wrong_verifier_fails(monkeypatch, tmp_path):
-    """Sampled rows under a tree config (they verify their chain): chi-square against the exact joint of the
-    first three tokens, and the deliberately wrong verifier of test_sampling_lossless fails here too."""
-    import test_sampling_lossless as sl
-    from tiny import save_tiny
-
-    import peagle.engine as engine_mod
-    small = save_tiny("llama", str(tmp_path / "m"), vocab=sl.V, hidden=32, layers=2, seed=3)
-    base = LLM(small, seed=0)
-    joint, _ = sl.exact_joint(base)
-    table = sl.table_for(base)
-
-    def make(seed):
-        prop = sl.TableProposer(2, table)
-        prop.propose_tree = lambda *a: pytest.fail("a sampled batch ran a tree step")
-        return tree_llm(small, prop, 2, 3, 6, seed=seed, max_num_seqs=128)
-    llm = make(1)
-    p, stat, df = sl.chi2_pvalue(sl.sample_counts(llm), joint)
-    m = llm.get_metrics()
-    assert 0.1 < m["draft_acceptance_rate"] < 0.95 and p > 1e-3, (stat, df, m)
-    monkeypatch.setattr(engine_mod, "verify_sampled", sl.wrong_verifier)
-    p_bad, stat, df = sl.chi2_pvalue(sl.sample_counts(make(2)), joint)
-    assert p_bad < 1e-6, (stat, df)
-
-
-def test_bench_tree_runs_and_report():
-    """`peagle bench --trees`: tree runs per integer K beside the chains, their specs, and the report's table."""
-    from peagle.bench.runner import split_method
-    from peagle.bench.sweep import configs
-    from peagle.bench.trees_report import render
-    from peagle.cli.bench import _trees
-    assert _trees("4x8, 8x16") == ["4x8", "8x16"]
-    cfgs = configs(["baseline", "peagle"], [3, "auto"], ["4x8"])
-    assert cfgs == [("baseline", 0), ("peagle", 3), ("peagle", "auto"), ("peagle+tree4x8", 3)]
-    assert split_method("eagle3+tree8x16") == ("eagle3", (8, 16)) and split_method("peagle") == ("peagle", None)
-
-    def run(label, k, tok_s, al, nodes=None):
-        m = {"mean_acceptance_length": al, "acceptance_rate_per_pos": [0.5, 0.25, 0.1],
-             "mean_num_speculative_tokens": k}
-        if nodes:
-            m["mean_tree_nodes_per_step"] = nodes
-        return {"dataset": "mtbench", "concurrency": 1, "method": label, "k": k, "output_tok_s": tok_s,
-                "metrics": m, "identity": {"ok": True}}
-    res = {"meta": {"command": "peagle bench --trees 4x8"},
-           "runs": [run("baseline", 0, 10.0, 1.0), run("peagle", 3, 12.0, 1.8), run("peagle+tree4x8", 3, 15.0, 2.4, 8)]}
-    text = render(res)
-    assert "| peagle | 3 | 4x8 | 2.40 | 8.0 | 15.0 | 1.25 | 1.50 | 0.50 0.25 0.10 | yes |" in text
 
 
 def test_cost_model_prices_a_step_by_its_verified_positions():
@@ -518,21 +308,3 @@ def test_tree_forward_past_a_sliding_window_matches_each_path(family_dirs, famil
                 assert ok or broken, (family, b, j)
                 bad += not ok
     assert bool(bad) == broken
-
-
-def test_auto_k_with_trees_measures_tree_steps_apart_and_stays_identical(target, heads, capsys):
-    """K "auto" with a tree: the cost model is measured on tree steps and cached apart from the chain's
-    (costs-peagle-tree3x8-*), auto picks the depth per step, greedy outputs stay identical."""
-    import os
-    ps = prompts(4, seed=13)
-    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    ref = ids(LLM(target).generate(ps, sp))
-    base = {"method": "eagle3", "model": heads["peagle"], "num_speculative_tokens": "auto",
-            "max_num_speculative_tokens": 3, "parallel_drafting": True}
-    LLM(target, speculative_config=base, max_num_seqs=2)
-    capsys.readouterr()
-    llm = LLM(target, speculative_config=dict(base, eagle_topk=3, num_draft_tokens=8), max_num_seqs=2)
-    assert "autok: measuring step costs for peagle-tree3x8" in capsys.readouterr().err   # not the chain's model
-    assert ids(llm.generate(ps, sp)) == ref
-    pol = llm.get_metrics()["k_policy"]
-    assert pol["mode"] == "auto" and os.path.basename(pol["cost_model"]).startswith("costs-peagle-tree3x8-")
