@@ -77,10 +77,16 @@ class KVCache:
     def write(self, layer: int, b0: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write k/v [B,T,n_kv,hd] for rows b0..b0+B-1 at absolute positions pos [B,T] (any per-row starts;
         the caller has reserved max(pos) + 1 positions)."""
-        B = pos.shape[0]
-        rows = torch.arange(b0, b0 + B, device=pos.device)[:, None]
-        self.k[layer][rows, :, pos] = k
-        self.v[layer][rows, :, pos] = v
+        B, T = pos.shape
+        kc, vc = self.k[layer], self.v[layer]
+        n_kv, cap, hd = kc.shape[1:]
+        # one index_copy_ over the flattened [rows * n_kv * cap, hd] store: advanced indexing with the head
+        # slice in the middle (store[rows, :, pos] = k) takes a slow generic path
+        heads = torch.arange(n_kv, device=pos.device)[None, :, None]                    # [1,n_kv,1]
+        rows = torch.arange(b0, b0 + B, device=pos.device)[:, None, None]               # [B,1,1]
+        flat = ((rows * n_kv + heads) * cap + pos[:, None, :]).reshape(-1)               # [B*n_kv*T]
+        kc.view(-1, hd).index_copy_(0, flat, k.transpose(1, 2).reshape(-1, hd).to(kc.dtype))
+        vc.view(-1, hd).index_copy_(0, flat, v.transpose(1, 2).reshape(-1, hd).to(vc.dtype))
 
     def write_at(self, layer: int, b0: int, s0: int, k: torch.Tensor, v: torch.Tensor):
         """Write k/v [B,T,n_kv,hd] for rows that all start at host position s0 (one contiguous slice copy)."""

@@ -30,6 +30,10 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exclude", default="", help="skip prompts held by these datagen runs (comma-separated "
                    "--out directories): more data from the same list without repeats")
+    p.add_argument("--hidden-states", action="store_true",
+                   help="record the target's hidden states while it answers: --out becomes a speculators-format "
+                        "cache for `peagle train` (no separate `peagle hidden-states` pass)")
+    p.add_argument("--hs-dtype", choices=["bf16", "fp32"], default="bf16", help="storage dtype of the states")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     add_arguments(p)
     p.add_argument("--part", default="0/1", help="i/n: run only shards with index %% n == i (parallel workers "

@@ -231,6 +231,8 @@ def run(args) -> int:
         with open(tmp, "w") as f:
             json.dump({"settings": settings, "items": items}, f)
         os.replace(tmp, plan_fn)
+    if getattr(args, "hidden_states", False):
+        return run_with_states(args, items)
     S = args.shard_size
     shards = [(i, items[i * S:(i + 1) * S]) for i in range((len(items) + S - 1) // S)]
     pi, pn = (int(x) for x in args.part.split("/"))
@@ -270,4 +272,74 @@ def run(args) -> int:
         bar.update(len(its))
         bar.set_postfix(gen_tok_s=f"{ntok / max(time.time() - t0, 1e-9):.0f}", rows=len(rows))
     bar.close()
+    return 0
+
+
+def prompt_ids(tok, template, it: dict) -> list:
+    if it["kind"] == "chat":
+        return with_bos(tok, template([{"role": "user", "content": it["turns"][0]}]))
+    return with_bos(tok, tok(it["text"], add_special_tokens=False)["input_ids"])
+
+
+def run_with_states(args, items: list[dict]) -> int:
+    """--hidden-states: the target answers and its hidden states are recorded in the same forwards
+    (peagle/train/selfgen.py); --out becomes a speculators-format cache (hs_{i}.safetensors, i = the i-th
+    prompt of the plan that fits --max-prompt-tokens). Rerunning resumes at the missing files."""
+    import torch
+
+    from ..device import resolve
+    from ..heads.config import default_aux_layer_ids
+    from ..models.loader import load_target
+    from .hidden_states import CONFIG, default_layer_ids, sample_path, write_sample
+    from .selfgen import generate_with_states
+    if args.turns != 1:
+        raise PeagleError("--hidden-states regenerates one turn per prompt (--turns 1)")
+    tok = load_tokenizer(args.model)
+
+    def template(msgs):
+        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+    prompts = [p for p in (prompt_ids(tok, template, it) for it in items) if 2 <= len(p) <= args.max_prompt_tokens]
+    device, model_dtype = resolve(args.device, args.dtype)
+    target = load_target(args.model, dtype=model_dtype, device=device, backend=args.target_backend)
+    L = target.cfg.num_hidden_layers
+    layer_ids = default_layer_ids(L, default_aux_layer_ids(L))
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.hs_dtype]
+    cfg = {"format": "speculators-hs", "layer_ids": layer_ids, "hidden_size": target.cfg.hidden_size,
+           "dtype": str(dtype).replace("torch.", ""), "num_samples": len(prompts), "model": args.model,
+           "generated": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}}
+    tmp = os.path.join(args.out, f"{CONFIG}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(cfg, f, indent=1)
+    os.replace(tmp, os.path.join(args.out, CONFIG))
+    pi, pn = (int(x) for x in args.part.split("/"))
+    todo = [i for i in range(len(prompts)) if not os.path.isfile(sample_path(args.out, i)) and i % pn == pi]
+    print(f"datagen: {len(prompts)} prompts fit; part {args.part} generates {len(todo)} missing samples "
+          f"(batch {args.batch}, states of layers {layer_ids} in {cfg['dtype']})", flush=True)
+    if not todo:
+        return 0
+    eos = set(target.cfg.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
+    from tqdm import tqdm
+    bar = tqdm(total=len(todo), desc="datagen", unit="sample")
+    t0, ntok = time.time(), [0]
+
+    def progress(n):
+        ntok[0] += n
+        bar.set_postfix(gen_tok_s=f"{ntok[0] / max(time.time() - t0, 1e-9):.0f}", refresh=False)
+    # chunks in plan order (each sorted by prompt length inside): a stopped run leaves a near-complete prefix
+    chunk = 8 * args.batch
+    res = {"samples": 0, "tokens": 0, "seconds": 0.0}
+    for c0 in range(0, len(todo), chunk):
+        part = todo[c0: c0 + chunk]
+
+        def emit(j, ids, mask, hidden, part=part):
+            write_sample(args.out, part[j], ids, hidden, mask)
+            bar.update(1)
+        r = generate_with_states(target, [prompts[i] for i in part], args.max_new_tokens, eos, tuple(layer_ids),
+                                 batch=args.batch, temperature=args.temperature, seed=args.seed + c0,
+                                 state_dtype=dtype, emit=emit, progress=progress)
+        res = {k: res[k] + r[k] for k in res}
+    bar.close()
+    print(f"datagen: {res['samples']} samples, {res['tokens']} generated tokens in {res['seconds']:.0f} s "
+          f"({res['tokens'] / max(res['seconds'], 1e-9):.1f} tok/s, hidden states included)", flush=True)
     return 0

@@ -1,0 +1,71 @@
+"""Generation throughput of `peagle datagen`: the engine path (LLM.generate, then a separate hidden-state pass
+is needed) vs the one-pass path (--hidden-states: peagle/train/selfgen.py), same prompts, same greedy tokens,
+side by side in one process. Prints generated tokens/s of each and their ratio; checks the tokens agree.
+
+    .venv/bin/python lab/measure/datagen_speed.py --prompts 64 --max-new 128 --batch 64
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from peagle.heads.config import default_aux_layer_ids
+from peagle.llm import DEFAULT_MODEL, LLM
+from peagle.sampling import SamplingParams
+from peagle.train.datagen import build_prompts, prompt_ids
+from peagle.train.hidden_states import default_layer_ids
+from peagle.train.selfgen import generate_with_states
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--max-prompt", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--engine-batch", type=int, default=32, help="the shipped recipe's batch for the engine path")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=7)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    items = build_prompts(a.prompts, 0.3, a.seed, 1)
+    llm = LLM(model=a.model, max_num_seqs=a.engine_batch, max_model_len=a.max_prompt + a.max_new + 16)
+    tok = llm.get_tokenizer()
+    prompts = [p for p in (prompt_ids(tok, llm.apply_chat_template, it) for it in items) if 2 <= len(p) <= a.max_prompt]
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=a.max_new))
+    t_engine = time.perf_counter() - t
+    n_engine = sum(len(o.outputs[0].token_ids) for o in outs)
+    target = llm.engine.target
+    L = target.cfg.num_hidden_layers
+    got = {}
+    eos = set(target.cfg.eos_token_ids) | {tok.eos_token_id}
+    res = generate_with_states(target, prompts, a.max_new, eos, tuple(default_layer_ids(L, default_aux_layer_ids(L))),
+                               batch=a.batch, emit=lambda i, ids, m, h: got.__setitem__(i, ids[len(prompts[i]):].tolist()))
+    same = sum(got[i] == list(o.outputs[0].token_ids) for i, o in enumerate(outs))
+    print(f"CPU: {cpu_name()}, {a.threads} threads; {len(prompts)} prompts, max_new {a.max_new}, float32")
+    print("| path | batch | generated tokens | s | tok/s |\n|---|---|---|---|---|")
+    print(f"| engine (LLM.generate), states not kept | {a.engine_batch} | {n_engine} | {t_engine:.1f} | "
+          f"{n_engine / t_engine:.1f} |")
+    print(f"| one pass with hidden states (selfgen) | {a.batch} | {res['tokens']} | {res['seconds']:.1f} | "
+          f"{res['tokens'] / res['seconds']:.1f} |")
+    print(f"ratio one-pass / engine: {(res['tokens'] / res['seconds']) / (n_engine / t_engine):.2f}x; "
+          f"identical answers: {same}/{len(prompts)}")
+
+
+if __name__ == "__main__":
+    main()
