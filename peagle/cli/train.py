@@ -11,6 +11,7 @@ import argparse
 from ..device import add_arguments as add_device_arguments
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
+from ..train.config import TrainConfig
 from ..train.loop import Trainer
 
 
@@ -72,13 +73,11 @@ def add_arguments(p):
 def run(a):
     if a.target is None:
         a.target = DEFAULT_MODEL
-    if a.draft_vocab == 0:
-        a.draft_vocab = None
-    a.max_docs = a.max_docs or None
-    t = Trainer(a)
+    cfg = TrainConfig.from_namespace(a)
+    t = Trainer(cfg)
     rec = t.run()
     if t.rank == 0:
-        print(f"saved {a.method} head to {a.out}: step {t.step}, loss {rec.get('loss')}, per-depth acc {rec.get('acc')}")
+        print(f"saved {cfg.method} head to {cfg.out}: step {t.step}, loss {rec.get('loss')}, per-depth acc {rec.get('acc')}")
     return 0
 
 

@@ -10,6 +10,7 @@ DistributedDataParallel (see GradSync), so the update equals the single-process 
 batch (gloo on CPU, nccl on CUDA: the backend follows the device, peagle.train.common.dist_setup)."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -38,6 +39,7 @@ from .common import (
     save_checkpoint,
     set_rng_state,
 )
+from .config import TrainConfig
 from .data import epoch_rows, load_docs
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
@@ -77,56 +79,56 @@ class GradSync(torch.nn.Module):
 
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
-    def __init__(self, a):
-        self.a = a
+    def __init__(self, cfg: TrainConfig | argparse.Namespace):
+        c = self.cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.from_namespace(cfg)
         # one device and dtype for the run: the target (features) and the head live on the device; the dtype
         # is the target's and, when not float32, the head's autocast compute dtype (weights stay float32)
-        self.device = resolve_device(getattr(a, "device", "auto"))
-        run_dtype = resolve_dtype(getattr(a, "dtype", "auto"), self.device)
+        self.device = resolve_device(c.device)
+        run_dtype = resolve_dtype(c.dtype, self.device)
         self.rank, self.world = dist_setup(self.device)
-        if a.threads:
-            torch.set_num_threads(a.threads)
-        self.method = a.method
-        self.K = a.depths if a.method == "peagle" else a.ttt_steps
+        if c.threads:
+            torch.set_num_threads(c.threads)
+        self.method = c.method
+        self.K = c.depths if c.method == "peagle" else c.ttt_steps
         self.dtype = None if run_dtype == torch.float32 else run_dtype
-        self.target = load_target(a.target, dtype=run_dtype, backend=getattr(a, "target_backend", "auto"),
+        self.target = load_target(c.target, dtype=run_dtype, backend=c.target_backend,
                                   device=self.device)
         # --data: `peagle datagen` token shards, or a hidden-state cache (speculators' format) made elsewhere
-        self.hs = HiddenStateCache(a.data) if is_cache(a.data) else None
+        self.hs = HiddenStateCache(c.data) if is_cache(c.data) else None
         if self.hs is not None:
-            self.docs = [self.hs.doc(i) for i in range(len(self.hs))][: a.max_docs]
+            self.docs = [self.hs.doc(i) for i in range(len(self.hs))][: c.max_docs]
         else:
-            self.docs = load_docs(a.data, a.max_docs)
+            self.docs = load_docs(c.data, c.max_docs)
         self.lengths = [len(d[0]) for d in self.docs]
-        os.makedirs(a.out, exist_ok=True)
-        self.ckpt_dir = os.path.join(a.out, "checkpoint")
-        ck = self._load_ckpt() if a.resume else None
+        os.makedirs(c.out, exist_ok=True)
+        self.ckpt_dir = os.path.join(c.out, "checkpoint")
+        ck = self._load_ckpt() if c.resume else None
         V = self.target.cfg.vocab_size
         src = None
         if ck is not None:
             draft_ids = ck["draft_ids"]
-            cfg = ck["head_cfg"]
-        elif a.init:
-            src, cfg, draft_ids = warm_start(a.init, self.target, a.method)
-        elif getattr(a, "init_from_eagle3", None):
-            if a.method != "peagle":
+            head_cfg = ck["head_cfg"]
+        elif c.init:
+            src, head_cfg, draft_ids = warm_start(c.init, self.target, c.method)
+        elif c.init_from_eagle3:
+            if c.method != "peagle":
                 raise PeagleError("--init-from-eagle3 starts a P-EAGLE head (--method peagle)")
-            src, cfg, draft_ids = from_eagle3(a.init_from_eagle3, self.target, a.layers,
-                                              resolve_mask_token(a.target, a.mask_token))
+            src, head_cfg, draft_ids = from_eagle3(c.init_from_eagle3, self.target, c.layers,
+                                                   resolve_mask_token(c.target, c.mask_token))
         else:
             counts = token_counts(self.docs, V)
-            draft_ids = build_draft_vocab(counts, min(a.draft_vocab or V, V))
-            mask = resolve_mask_token(a.target, a.mask_token) if a.method == "peagle" else None
-            hc = HeadConfig.for_target(self.target.cfg, a.layers, len(draft_ids), mask, a.aux_ids,
-                                       a.intermediate_size)
+            draft_ids = build_draft_vocab(counts, min(c.draft_vocab or V, V))
+            mask = resolve_mask_token(c.target, c.mask_token) if c.method == "peagle" else None
+            hc = HeadConfig.for_target(self.target.cfg, c.layers, len(draft_ids), mask, c.aux_ids,
+                                       c.intermediate_size)
             problems = hc.validate(self.target.cfg.raw)
             if problems:
                 raise PeagleError("drafter head config does not fit the target: " + "; ".join(problems))
-            cfg = hc.to_dict()
+            head_cfg = hc.to_dict()
         self.draft_ids = draft_ids
         _, _, self.index = mappings(draft_ids, V)
-        self.head = init_head(cfg, self.target, draft_ids, a.method, a.seed)
-        if getattr(a, "share_embedding", False) or (src is not None and src.shares_target_embedding):
+        self.head = init_head(head_cfg, self.target, draft_ids, c.method, c.seed)
+        if c.share_embedding or (src is not None and src.shares_target_embedding):
             self.head.share_embedding(self.target.embed)      # frozen, not stored: the target's own
         if src is not None and src.parallel == self.head.parallel:
             self.head.load_state_dict(src.state_dict())
@@ -134,23 +136,23 @@ class Trainer:
             load_eagle3_into(self.head, src)
         self.head.to(self.device)
         self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
-        if self.hs is None and a.feature_cache:        # extract once (resumable), then every run reads it
+        if self.hs is None and c.feature_cache:        # extract once (resumable), then every run reads it
             if self.rank == 0:
-                extract(self.target, [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in self.docs], a.feature_cache,
+                extract(self.target, [(t[: c.max_tokens], m[: c.max_tokens]) for t, m in self.docs], c.feature_cache,
                         default_layer_ids(self.target.cfg.num_hidden_layers, self.head.aux_ids),
-                        model_name=portable_path(a.target))
+                        model_name=portable_path(c.target))
             barrier(self.world)
-            self.hs = HiddenStateCache(a.feature_cache)
+            self.hs = HiddenStateCache(c.feature_cache)
         if self.hs is not None:
             self.hs.check_aux(self.head.aux_ids)
-        self.table = MaskTable(a.max_tokens, self.device)
+        self.table = MaskTable(c.max_tokens, self.device)
         params = [p for p in self.head.parameters() if p.requires_grad]
         self.ddp = GradSync.wrap(self.head, self.world)
-        self.opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=a.weight_decay)
-        self.rows_per_epoch = len(epoch_rows(self.lengths, a.max_tokens, a.seed, 0))
-        self.steps_per_epoch = max(1, self.rows_per_epoch // a.batch_rows)
-        self.total = a.steps or int(math.ceil(a.epochs * self.steps_per_epoch))
-        warm = max(1, int(a.warmup * self.total)) if a.warmup < 1 else int(a.warmup)
+        self.opt = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=c.weight_decay)
+        self.rows_per_epoch = len(epoch_rows(self.lengths, c.max_tokens, c.seed, 0))
+        self.steps_per_epoch = max(1, self.rows_per_epoch // c.batch_rows)
+        self.total = c.steps or int(math.ceil(c.epochs * self.steps_per_epoch))
+        warm = max(1, int(c.warmup * self.total)) if c.warmup < 1 else int(c.warmup)
         self.warm = warm
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: self.lr_factor(s, s / max(1, self.total)))
         self.step = 0
@@ -168,30 +170,30 @@ class Trainer:
     def lr_factor(self, step, frac):
         """Linear warm-up over `warm` steps, then cosine from 1 to min_lr_ratio as frac goes to 1."""
         w = self.warm / max(1, self.total)
-        return lr_factor(step, (frac - w) / max(1e-9, 1 - w), self.warm, self.a.min_lr_ratio)
+        return lr_factor(step, (frac - w) / max(1e-9, 1 - w), self.warm, self.cfg.min_lr_ratio)
 
     def _time_schedule(self):
         """With --max-minutes the cosine follows whichever runs out first, steps or wall time, so a run
         stopped by the clock still ends annealed."""
-        if self.a.max_minutes:
+        if self.cfg.max_minutes:
             el = self.elapsed
             if self.world > 1:  # every rank must use the same lr: take rank 0's clock
                 el = self.elapsed = float(broadcast(self._stats([el]), self.world))
-            frac = max(self.step / max(1, self.total), el / (60 * self.a.max_minutes))
+            frac = max(self.step / max(1, self.total), el / (60 * self.cfg.max_minutes))
             for g in self.opt.param_groups:
-                g["lr"] = self.a.lr * self.lr_factor(self.step, frac)
+                g["lr"] = self.cfg.lr * self.lr_factor(self.step, frac)
 
     # ---------------------------------------------------------------- data
     def _rows_of_epoch(self, epoch):
         if self._epoch_cache[0] != epoch:
-            self._epoch_cache = (epoch, epoch_rows(self.lengths, self.a.max_tokens, self.a.seed, epoch))
+            self._epoch_cache = (epoch, epoch_rows(self.lengths, self.cfg.max_tokens, self.cfg.seed, epoch))
         return self._epoch_cache[1]
 
     def batch_rows(self, step):
         """Global row ids (epoch, row index) of this step and the ones this rank runs."""
         e, p = divmod(step, self.steps_per_epoch)
         rows = self._rows_of_epoch(e)
-        R = self.a.batch_rows
+        R = self.cfg.batch_rows
         ids = list(range(p * R, min((p + 1) * R, len(rows))))
         return e, [(i, rows[i]) for i in ids[self.rank::self.world]]
 
@@ -201,12 +203,12 @@ class Trainer:
         if self.hs is not None:
             feats = [self.hs.features(i) for i in doc_ids]
             for i, (aux, _), (t, _) in zip(doc_ids, feats, docs):
-                if len(aux) != min(len(t), self.a.max_tokens):
+                if len(aux) != min(len(t), self.cfg.max_tokens):
                     raise PeagleError(f"hidden states of sample {i} cover {len(aux)} tokens, the document has "
                                       f"{len(t)}: the cache was made from other data or --max-tokens")
         else:
-            feats = self.teacher.doc_features([d[0][: self.a.max_tokens] for d in docs])
-        return pack_row(docs, feats, self.teacher, self.index, self.a.max_tokens)
+            feats = self.teacher.doc_features([d[0][: self.cfg.max_tokens] for d in docs])
+        return pack_row(docs, feats, self.teacher, self.index, self.cfg.max_tokens)
 
     def _stats(self, values) -> torch.Tensor:
         """float64 on the device (nccl all-reduces device tensors)."""
@@ -214,7 +216,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- step
     def train_step(self, step) -> dict:
-        a, K = self.a, self.K
+        c, K = self.cfg, self.K
         epoch, mine = self.batch_rows(step)
         rows = [(i, self.make_row(d)) for i, d in mine]
         dev = self.device
@@ -225,12 +227,12 @@ class Trainer:
         if self.method == "peagle":
             els = []
             for i, r in rows:  # COD sampling on the CPU (a CPU generator seeded per row), then one copy
-                g = torch.Generator().manual_seed((a.seed * 1_000_003 + epoch) * 1_000_003 + i)
-                els.append(to_device(peagle_loss.make_elements(r, K, a.cod_r, a.cod_rmin, g), dev))
+                g = torch.Generator().manual_seed((c.seed * 1_000_003 + epoch) * 1_000_003 + i)
+                els.append(to_device(peagle_loss.make_elements(r, K, c.cod_r, c.cod_rmin, g), dev))
             denom = all_sum(self._stats([float(sum(int(e["sup"].sum()) for e in els))]), self.world)
             denom = max(float(denom), 1.0)
             for (i, r), e in zip(rows, els):
-                st = peagle_loss.row_step(self.head, to_device(r, dev), e, self.table, K, denom, a.segment_len,
+                st = peagle_loss.row_step(self.head, to_device(r, dev), e, self.table, K, denom, c.segment_len,
                                           autocast_dtype=self.dtype)
                 stats[0] += st["kl"]
                 correct += st["correct"]
@@ -244,17 +246,17 @@ class Trainer:
             counts = all_sum(counts, self.world).cpu()
             ce = self._stats([0.0] * K)
             for _, r in rows:
-                st = eagle3_loss.row_step(self.head, to_device(r, dev), self.table, K, counts, a.decay,
+                st = eagle3_loss.row_step(self.head, to_device(r, dev), self.table, K, counts, c.decay,
                                           autocast_dtype=self.dtype)
                 ce += st["ce"]
                 correct += st["correct"]
                 total += st["total"]
             stats, ce = all_sum(stats, self.world), all_sum(ce, self.world).cpu()
-            loss = float(sum((a.decay ** k) * ce[k] / max(float(counts[k]), 1.0) for k in range(K)))
+            loss = float(sum((c.decay ** k) * ce[k] / max(float(counts[k]), 1.0) for k in range(K)))
         params = [p for p in self.head.parameters() if p.requires_grad]
         if self.ddp is not None:
             self.ddp().backward()  # DDP sums every rank's accumulated gradients (see GradSync)
-        gnorm = torch.nn.utils.clip_grad_norm_(params, a.clip)
+        gnorm = torch.nn.utils.clip_grad_norm_(params, c.clip)
         lr = self.opt.param_groups[0]["lr"]
         self.opt.step()
         self.sched.step()
@@ -279,42 +281,42 @@ class Trainer:
               "step": self.step, "elapsed": self.elapsed, "draft_ids": self.draft_ids, "head_cfg": self.head.cfg,
               "rng": rng_state(),
               "data": {"epoch": self.step // self.steps_per_epoch, "step_in_epoch": self.step % self.steps_per_epoch,
-                       "seed": self.a.seed, "max_tokens": self.a.max_tokens, "batch_rows": self.a.batch_rows},
-              "args": vars(self.a)}
+                       "seed": self.cfg.seed, "max_tokens": self.cfg.max_tokens, "batch_rows": self.cfg.batch_rows},
+              "config": self.cfg.to_dict()}
         save_checkpoint(fn, ck)
 
     def save_head(self, extra_stats: dict):
         if self.rank != 0:
             return
-        a = self.a
+        c = self.cfg
         info = {"method": self.method, "layers": self.head.config.num_hidden_layers, "draft_vocab_size": len(self.draft_ids),
-                "steps": self.step, "train_time_s": round(self.elapsed, 1), "max_tokens": a.max_tokens,
-                "batch_rows": a.batch_rows, "lr": a.lr, "world_size": self.world,
-                "data": portable_paths(a.data), "docs": len(self.docs),
-                "init": portable_path(a.init), **extra_stats}
-        if getattr(a, "init_from_eagle3", None):
-            info["init_from_eagle3"] = portable_path(a.init_from_eagle3)
+                "steps": self.step, "train_time_s": round(self.elapsed, 1), "max_tokens": c.max_tokens,
+                "batch_rows": c.batch_rows, "lr": c.lr, "world_size": self.world,
+                "data": portable_paths(c.data), "docs": len(self.docs),
+                "init": portable_path(c.init), **extra_stats}
+        if c.init_from_eagle3:
+            info["init_from_eagle3"] = portable_path(c.init_from_eagle3)
         if self.method == "peagle":
-            info.update(train_depths=self.K, cod_r=a.cod_r, cod_rmin=a.cod_rmin, segment_len=a.segment_len)
+            info.update(train_depths=self.K, cod_r=c.cod_r, cod_rmin=c.cod_rmin, segment_len=c.segment_len)
         else:
-            info.update(ttt_steps=self.K, decay=a.decay)
-        if getattr(a, "save_dtype", "fp32") == "bf16":  # halves the shipped file; buffers stay int/bool
+            info.update(ttt_steps=self.K, decay=c.decay)
+        if c.save_dtype == "bf16":  # halves the shipped file; buffers stay int/bool
             import copy
-            copy.deepcopy(self.head).to(torch.bfloat16).save_pretrained(a.out, extra={"peagle": info, "torch_dtype": "bfloat16"})
+            copy.deepcopy(self.head).to(torch.bfloat16).save_pretrained(c.out, extra={"peagle": info, "torch_dtype": "bfloat16"})
         else:
-            self.head.save_pretrained(a.out, extra={"peagle": info, "torch_dtype": "float32"})
+            self.head.save_pretrained(c.out, extra={"peagle": info, "torch_dtype": "float32"})
 
     # ---------------------------------------------------------------- run
     def run(self):
-        a = self.a
+        c = self.cfg
         bar = None
-        if self.rank == 0 and not a.quiet:
+        if self.rank == 0 and not c.quiet:
             from tqdm import tqdm
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
-        log = open(os.path.join(a.out, "train_log.jsonl"), "a") if self.rank == 0 else None
+        log = open(os.path.join(c.out, "train_log.jsonl"), "a") if self.rank == 0 else None
         acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []
-        stop_at = time.time() + a.max_minutes * 60 - self.elapsed if a.max_minutes else None
-        ckpt_clock = CheckpointClock(steps=a.ckpt_every)
+        stop_at = time.time() + c.max_minutes * 60 - self.elapsed if c.max_minutes else None
+        ckpt_clock = CheckpointClock(steps=c.ckpt_every)
         while self.step < self.total:
             t0 = time.time()
             self._time_schedule()
@@ -325,7 +327,7 @@ class Trainer:
             acc_t += st["total"]
             losses.append(st["loss"])
             stopping = bool(stop_at) and self._bcast_flag(time.time() > stop_at)
-            if self.step % a.log_every == 0 or self.step == self.total or stopping:
+            if self.step % c.log_every == 0 or self.step == self.total or stopping:
                 acc = (acc_c / acc_t.clamp(min=1)).tolist()
                 rec = {"step": self.step, "loss": sum(losses) / len(losses), "lr": st["lr"], "gnorm": st["gnorm"],
                        "acc": [round(x, 4) for x in acc], "n": acc_t.tolist(), "time_s": round(self.elapsed, 1)}
@@ -342,7 +344,7 @@ class Trainer:
                 bar.update(1)
             if ckpt_clock.due(self.step):
                 self.save_ckpt()
-            if a.kill_at_step and self.step == a.kill_at_step:  # test hook: simulate a crash after a checkpoint
+            if c.kill_at_step and self.step == c.kill_at_step:  # test hook: simulate a crash after a checkpoint
                 os._exit(17)
             if stopping:
                 if self.rank == 0:

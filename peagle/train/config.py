@@ -1,0 +1,73 @@
+"""TrainConfig: everything one drafter training run reads, in one typed object.
+
+Built once from the CLI (`TrainConfig.from_namespace`), read by the training loop as `cfg.<field>`, and saved
+in every checkpoint (`asdict`), so a resumed run can say what it was started with. Defaults are the CLI's."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class TrainConfig:
+    method: str                              # "eagle3" | "peagle"
+    target: str
+    data: str                                # datagen shards (comma-separated dirs) or a hidden-state cache
+    out: str
+    target_backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"                      # a dtype other than float32: the head's autocast compute dtype
+    # the head
+    layers: int = 1
+    intermediate_size: int | None = None
+    draft_vocab: int | None = 4096           # None: the full vocabulary
+    aux_ids: list | None = None
+    mask_token: int | None = None
+    share_embedding: bool = False
+    init: str | None = None
+    init_from_eagle3: str | None = None
+    # the objective
+    depths: int = 8                          # P-EAGLE parallel depths
+    ttt_steps: int = 7                       # EAGLE-3 test-time-training unroll
+    decay: float = 0.8
+    cod_r: float = 0.7
+    cod_rmin: float = 0.2
+    segment_len: int = 512
+    # data and schedule
+    max_tokens: int = 2048
+    batch_rows: int = 1
+    epochs: float = 1.0
+    steps: int = 0
+    max_minutes: float = 0.0
+    max_docs: int | None = None
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: float = 0.03
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    seed: int = 0
+    # running
+    save_dtype: str = "fp32"
+    threads: int = 0
+    feature_cache: str | None = None
+    ckpt_every: int = 50
+    log_every: int = 10
+    resume: bool = False
+    quiet: bool = False
+    kill_at_step: int = 0                    # test hook: exit after this step's checkpoint
+
+    @classmethod
+    def from_namespace(cls, a: argparse.Namespace) -> "TrainConfig":
+        """From `peagle train`'s parsed flags; flags the config has no field for are an error."""
+        names = {f.name for f in fields(cls)}
+        extra = set(vars(a)) - names - {"func", "command"}
+        if extra:
+            raise TypeError(f"TrainConfig has no field for {sorted(extra)}")
+        cfg = cls(**{k: v for k, v in vars(a).items() if k in names})
+        if cfg.draft_vocab == 0:
+            cfg.draft_vocab = None
+        cfg.max_docs = cfg.max_docs or None
+        return cfg
+
+    def to_dict(self) -> dict:
+        return asdict(self)
