@@ -151,7 +151,7 @@ class Weight:
     products of several rows `oi` [out, in] for W @ x^T, plus oneDNN's packed layout of W (`pk`, CPU float32
     where torch has oneDNN) for PACK_MIN_ROWS rows or more. Measured on a 2-core AMD EPYC (AVX2, MKL), SmolLM2's
     60 [576, 3072] products: x @ W_io takes 30 ms for 1 row but 140-170 ms for 4-16 rows, W_oi @ x^T 33-70 ms
-    for 2-16 rows but 65 ms for 1 row. A whole SmolLM2 forward with `pk` instead of `oi` (bench/precision.py,
+    for 2-16 rows but 65 ms for 1 row. A whole SmolLM2 forward with `pk` instead of `oi` (lab/measure/precision.py,
     min of 5, two runs): 8 requests x 1 token (batched decode) 1-18 % faster, 8 x 2 (a K = 1 verify at c=8)
     5-13 %, 1 x 16 14 %; but 1 x 4 tokens 21 % slower (14 % in a second check), so `pk` starts at 8 rows. So each product takes
     the fastest by its row count (up to OI_MAX_ROWS rows). `calibrate_layout` decides once per load whether the

@@ -5,7 +5,7 @@ Invariants: the schedule is a pure function of (step, progress); a checkpoint fi
 one or the complete new one (written to a temporary name, then renamed); RNG state round-trips exactly
 (python, numpy, torch and, when present, CUDA), so a resumed run continues bit-identically; the process
 group's backend follows the device the tensors live on (gloo for CPU, nccl for CUDA), never merely
-whether CUDA exists.  Used by the demo target's trainer (:mod:`peagle.demo_target.train`) and the drafter
+whether CUDA exists.  Used by the demo target's trainer (`lab/demo_target/train.py`) and the drafter
 trainer (:mod:`peagle.train.loop`).
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ keeps all of it for backward.  Partitioning splits the row into segments of `seg
   segments' gradients equals the flat pass's gradient (tests/test_train_peagle.py checks <= 1e-5).
 
 Peak memory is then dominated by one segment's deep elements x n keys instead of (3.4n)^2
-(studies/train_memory.py)."""
+(lab/studies/train_memory.py)."""
 from __future__ import annotations
 
 import torch
