@@ -362,3 +362,11 @@ def test_server_state_runs_the_quantized_target(qtarget):
     from peagle.server.start import build_state
     state = build_state(qtarget, "m", None, quantization="q4")
     assert state.engine.target.quantization == "q4" and "Q4_1" in state.engine.target.precision
+
+
+def test_llm_runs_a_gguf_file(tiny_gguf):
+    from peagle import LLM, SamplingParams
+    llm = LLM(tiny_gguf, quantization="q4")
+    assert "tiny.gguf" in llm.engine.target.precision
+    out = llm.generate({"prompt_token_ids": [5, 6, 7, 8]}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 6

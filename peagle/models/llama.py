@@ -149,7 +149,7 @@ class Transformer:
         nbytes = sum(getattr(w, "nbytes", 0) for w in self._projections())
         where = f" (blocks of {source} as stored where quantized)" if source else ""
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(c.items()))
-        return (f"quantization {self.quantization}: projections {kinds}{where}, {nbytes / 1e6:.0f} MB read per step; "
+        return (f"quantization {self.quantization}: projections {kinds}{where}, {nbytes / 1e6:.1f} MB read per step; "
                 f"{quant_ext.describe()}; up to {KERNEL_MAX_ROWS} rows per product in the kernel")
 
     @classmethod
