@@ -41,7 +41,6 @@ def run(args) -> int:
               speculative_config=args.speculative_config,
               max_model_len=args.max_model_len, target_backend=args.target_backend,
               quantization=args.quantization)
-    print(f"[target: {getattr(llm.engine.target, 'precision', str(llm.dtype).replace('torch.', ''))}]", file=sys.stderr)
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens, seed=args.seed)
     if args.chat:
@@ -52,6 +51,8 @@ def run(args) -> int:
         ids = llm.tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
     eng, tok = llm.engine, llm.tokenizer
     req = eng.add_request("cli", ids, sp, args.prompt)
+    # what runs, once the input is accepted (a rejected input stays one error line)
+    print(f"[target: {getattr(llm.engine.target, 'precision', str(llm.dtype).replace('torch.', ''))}]", file=sys.stderr)
     t0 = time.perf_counter()
     shown = ""
     while eng.has_unfinished():
