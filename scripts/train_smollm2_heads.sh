@@ -45,3 +45,24 @@ for h in e3b:eagle3 peb:peagle; do
   cp $R/${h%:*}/config.json $R/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
   cp $R/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part2.jsonl
 done
+
+# part 3 (2026-12-02): SmolLM2's OWN answers, hidden states recorded while it answers (one target pass:
+# `datagen --hidden-states`, peagle/train/selfgen.py), 2 workers x 1 thread, greedy, answers <= 256 tokens,
+# prompts <= 256 tokens; stopped by the clock (STOP_AFTER seconds), the finished samples renumbered into
+# data/smol-self-hs; both heads continued from part 2's weights on that data only, side by side, one thread
+# each, the same minutes.
+DG3="$PY -m peagle.cli datagen --out data/smol-self --hidden-states --num-prompts 6000 --code-fraction 0.3 --max-new-tokens 256 --max-prompt-tokens 256 --batch 64 --threads 1 --seed 1"
+timeout ${STOP_AFTER:-3600} $DG3 --part 0/2 &
+sleep 120; timeout ${STOP_AFTER:-3600} $DG3 --part 1/2 &
+wait
+$PY scripts/compact_hs.py data/smol-self data/smol-self-hs
+MIN3=${MIN3:-40}
+COMMON3="--target $T --data data/smol-self-hs --max-tokens 1024 --batch-rows 1 --threads 1 --save-dtype bf16 --share-embedding --lr 1e-3 --warmup 20 --epochs 3 --max-minutes $MIN3 --ckpt-every 25"
+$PY -m peagle.cli train --method eagle3 --layers 1 --ttt-steps 7 --init models/smollm2-135m-instruct-eagle3 --out $R/e3c $COMMON3 &
+$PY -m peagle.cli train --method peagle --layers 2 --depths 8 --segment-len 512 --cod-r 0.5 --cod-rmin 0.1 \
+    --init models/smollm2-135m-instruct-peagle --out $R/pec $COMMON3 &
+wait
+for h in e3c:eagle3 pec:peagle; do
+  cp $R/${h%:*}/config.json $R/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
+  cp $R/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part3.jsonl
+done
