@@ -82,7 +82,7 @@ def category_md(res, s) -> str:
                 d = sum(q["num_drafts"] for q in rq)
                 row.append(_f(1 + sum(q["num_accepted"] for q in rq) / d if d else None))
             rows.append(row)
-        out.append(f"*{DS_NAMES.get(ds, ds)}*\n\n" + _table(["category"] + [f"{NAMES[r['method']]} K={r['k']}" for r in runs],
+        out.append(f"*{DS_NAMES.get(ds, ds)}*\n\n" + _table(["category"] + [f"{NAMES.get(r['method'], r['method'])} K={r['k']}" for r in runs],
                                                           rows))
     return "\n\n".join(out)
 
