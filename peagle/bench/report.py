@@ -62,6 +62,11 @@ def acceptance_md(s) -> str:
     return al + "\n\n" + "\n\n".join(pp)
 
 
+def _name(run: dict) -> str:
+    """A run's display name (tree runs carry their own label, e.g. peagle+tree4x8)."""
+    return NAMES.get(run["method"], run["method"])
+
+
 def category_md(res, s) -> str:
     """Acceptance length per prompt category at c=1 (SPEED-Bench reports per category)."""
     c1 = min(s["cs"])
@@ -82,7 +87,7 @@ def category_md(res, s) -> str:
                 d = sum(q["num_drafts"] for q in rq)
                 row.append(_f(1 + sum(q["num_accepted"] for q in rq) / d if d else None))
             rows.append(row)
-        out.append(f"*{DS_NAMES.get(ds, ds)}*\n\n" + _table(["category"] + [f"{NAMES.get(r['method'], r['method'])} K={r['k']}" for r in runs],
+        out.append(f"*{DS_NAMES.get(ds, ds)}*\n\n" + _table(["category"] + [f"{_name(r)} K={r['k']}" for r in runs],
                                                           rows))
     return "\n\n".join(out)
 
