@@ -21,6 +21,21 @@ def tiny_dirs(tmp_path_factory):
     return {f: save_tiny(f, str(root / f)) for f in ("llama", "qwen2", "qwen3", "mistral")}
 
 
+@pytest.fixture(scope="module")
+def target(tiny_dirs):
+    """The tiny Llama target most engine tests run on (a module may define its own)."""
+    return tiny_dirs["llama"]
+
+
+@pytest.fixture(scope="module")
+def heads(target, tmp_path_factory):
+    """Random P-EAGLE (2 layers) and EAGLE-3 (1 layer, 256-token draft vocabulary) heads for `target`."""
+    from heads import save_random_head
+    d = tmp_path_factory.mktemp("heads")
+    return {"peagle": save_random_head(target, str(d / "p"), layers=2),
+            "eagle3": save_random_head(target, str(d / "e"), layers=1, parallel=False, draft_vocab=256)}
+
+
 _NOTES = pytest.StashKey[list]()
 
 

@@ -12,11 +12,6 @@ from peagle import LLM, SamplingParams
 from peagle.autok.costmodel import cache_dir
 
 
-@pytest.fixture(scope="module")
-def target(tiny_dirs):
-    return tiny_dirs["llama"]
-
-
 def spec(head, k, parallel=True, **kw):
     return {"method": "eagle3", "model": head, "num_speculative_tokens": k, "parallel_drafting": parallel, **kw}
 

@@ -9,11 +9,6 @@ from peagle.errors import DecodeError, PrefillError
 SP = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def target(tiny_dirs):
-    return tiny_dirs["llama"]
-
-
 def test_prefill_error_names_new_requests_and_running_ones_stay_exact(target):
     want = LLM(target).generate([[5, 6, 7]], SP)[0].outputs[0].token_ids
     e = LLM(target).engine

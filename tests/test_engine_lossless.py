@@ -6,7 +6,6 @@ tokens, and EOS / max-token stops landing inside an accepted block."""
 import pytest
 import torch
 from fakes import FakeProposer, ScriptedK, install_proposer
-from heads import save_random_head
 
 from peagle import LLM, SamplingParams
 
@@ -19,18 +18,6 @@ def prompts(n, seed, lo=1, hi=40):
 
 def ids(outs):
     return [o.outputs[0].token_ids for o in outs]
-
-
-@pytest.fixture(scope="module")
-def target(tiny_dirs):
-    return tiny_dirs["llama"]
-
-
-@pytest.fixture(scope="module")
-def heads(target, tmp_path_factory):
-    d = tmp_path_factory.mktemp("heads")
-    return {"peagle": save_random_head(target, str(d / "p"), layers=2),
-            "eagle3": save_random_head(target, str(d / "e"), layers=1, parallel=False, draft_vocab=256)}
 
 
 def spec(head, k, parallel):

@@ -18,11 +18,6 @@ from peagle.tree import Tree, TreeSpec, accept_greedy, ancestors, compact_kv, se
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def target(tiny_dirs):
-    return tiny_dirs["llama"]
-
-
 def random_tree(B, K, nodes, topk, seed, vocab=500, spine=False) -> Tree:
     """Ragged random trees: per row a random candidate tree (up to topk children per node, depth <= K) reduced to
     its `nodes` best by random scores; rows get different node budgets (some -inf candidates). spine: every

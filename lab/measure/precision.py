@@ -107,12 +107,18 @@ def main(argv=None) -> int:
         ratio = f"{ms[8] / ms[1]:.2f}x" if 8 in ms else "-"
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{ms[T]:.1f}" for T in blocks) +
                      f" | {ratio} | {min(times[(key, 1)]) / best_plain:.2f}x |")
-    lines += ["", "Regenerate: `.venv/bin/python lab/measure/precision.py " +
-              " ".join(x if not os.path.isabs(x) else portable_path(x) for x in (argv or sys.argv[1:])) + "`"]
+    return write_report(lines, ".venv/bin/python lab/measure/precision.py", argv, a.out)
+
+
+def write_report(lines: list[str], command: str, argv, out: str | None) -> int:
+    """Print a report (its last line: the command that regenerates it, flags as given, paths made portable) and
+    write it to `out` when given."""
+    lines = lines + ["", f"Regenerate: `{command} " +
+                     " ".join(x if not os.path.isabs(x) else portable_path(x) for x in (argv or sys.argv[1:])) + "`"]
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.out:
-        with open(a.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text)
     return 0
 
