@@ -62,3 +62,80 @@ def test_structured_ttt_equals_dense(tiny_dirs):
     (sa, ga), (sb, gb) = out
     assert torch.allclose(sa["ce"], sb["ce"], atol=1e-4) and torch.equal(sa["correct"], sb["correct"])
     assert max(float((ga[k] - gb[k]).abs().max()) for k in ga) < 1e-5
+
+
+def _row(n_docs=(20, 31, 14), vocab=256, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    n = sum(n_docs)
+    ids = torch.randint(5, 500, (n,), generator=g)
+    return {"ids": ids, "doc": torch.cat([torch.full((L,), j) for j, L in enumerate(n_docs)]),
+            "pos": torch.cat([torch.arange(L) for L in n_docs]), "lmask": torch.rand(n, generator=g) < 0.8,
+            "aux": torch.randn(n, 3 * 64, generator=g),
+            "tlogp": torch.log_softmax(2 * torch.randn(n, vocab, generator=g), -1),
+            "label": torch.where(ids < vocab, ids, torch.full_like(ids, -1))}
+
+
+def test_subsampled_unroll_continues_chains_exactly(tiny_dirs):
+    """With a ttt_plan, every continued anchor gets exactly the drafter output the full unroll gives it at that
+    step (its chain and the step-0 keys are all it reads); dropped anchors are simply absent."""
+    from peagle.train.cod import supervised
+    from peagle.train.eagle3_loss import row_step, step_counts, ttt_plan
+    torch.manual_seed(0)
+    head = DrafterHead(head_config(tiny_dirs["llama"], layers=2, parallel=False, draft_vocab=256))
+    row, ttt = _row(), 5
+    plan = ttt_plan(row, ttt, 0.7, torch.Generator().manual_seed(1))
+    n = row["ids"].shape[0]
+    for k in range(1, ttt):   # nested, supervised at their step, about keep^k of the step's supervised anchors
+        assert set(plan[k].tolist()) <= set(plan[k - 1].tolist())
+        s_all = supervised(plan[0], torch.full_like(plan[0], k), row["doc"], row["lmask"])
+        assert bool(supervised(plan[k], torch.full_like(plan[k], k), row["doc"], row["lmask"]).all())
+        assert len(plan[k]) <= int(s_all.sum() * 0.7 ** k)
+    assert 0 < len(plan[1]) < n - 1
+
+    def captured(plan_):
+        seen, orig = [], head.draft_logits
+        head.draft_logits = lambda x: (seen.append(x.detach().clone()), orig(x))[1]
+        try:
+            row_step(head, row, MaskTable(8), ttt, step_counts(row, ttt, plan_), plan=plan_, backward=False)
+        finally:
+            del head.draft_logits
+        return seen
+    full, sub = captured(None), captured(plan)
+    q = torch.arange(n - 1)
+    compared = 0
+    for k in range(ttt):
+        fa = q[supervised(q, torch.full_like(q, k), row["doc"], row["lmask"])]
+        pk = plan[k]
+        sa = pk[supervised(pk, torch.full_like(pk, k), row["doc"], row["lmask"])]
+        rows_full = full[k][torch.searchsorted(fa, sa)]
+        assert torch.allclose(sub[k], rows_full, atol=1e-5), k
+        if k and len(sa) > 1:     # negative control: the rows of other anchors differ
+            assert not torch.allclose(sub[k], full[k][torch.searchsorted(fa, sa).roll(1)], atol=1e-3)
+        compared += len(sa)
+    assert compared > n
+
+
+def test_plan_with_a_hole_is_refused(tiny_dirs):
+    import pytest
+
+    from peagle.train.eagle3_loss import row_step, step_counts, ttt_plan
+    head = DrafterHead(head_config(tiny_dirs["llama"], layers=1, parallel=False, draft_vocab=256))
+    row = _row()
+    plan = ttt_plan(row, 3, 0.7, torch.Generator().manual_seed(1))
+    plan[2] = torch.cat([plan[2], torch.tensor([plan[0][-1]])]).unique()  # an anchor step 1 did not continue
+    if set(plan[2].tolist()) <= set(plan[1].tolist()):
+        plan[2] = torch.tensor(sorted(set(plan[0].tolist()) - set(plan[1].tolist())))[:1]
+    with pytest.raises(ValueError, match="not a subset"):
+        row_step(head, row, MaskTable(8), 3, step_counts(row, 3), plan=plan, backward=False)
+
+
+def test_hard_loss_is_cross_entropy_on_the_drafted_token():
+    from peagle.train.head_forward import draft_loss
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 32, generator=g)
+    label = torch.tensor([3, -1, 0, 31, 7, -1, 5, 5, 2])
+    want = torch.nn.functional.cross_entropy(logits, label, ignore_index=-1, reduction="none")
+    got = draft_loss(logits, torch.log_softmax(torch.randn(9, 32, generator=g), -1), label, hard=True)
+    assert torch.allclose(got, want, atol=1e-6)
+    soft = draft_loss(logits, torch.log_softmax(logits, -1), label, hard=False)   # KL to itself: 0
+    assert float(soft.abs().max()) < 1e-5 and float(got.sum()) > 1

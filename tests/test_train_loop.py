@@ -135,7 +135,9 @@ def _trainer(target, data, out, method, extra=()):
 
 @pytest.mark.parametrize("method,extra", [("peagle", ["--depths", "3", "--mask-token", "4", "--segment-len", "64"]),
                                           ("peagle", ["--depths", "3", "--mask-token", "4", "--segment-len", "0"]),
-                                          ("eagle3", ["--ttt-steps", "3"])])
+                                          ("eagle3", ["--ttt-steps", "3"]),
+                                          ("eagle3", ["--ttt-steps", "3", "--ttt-keep", "0.7", "--loss", "hard"]),
+                                          ("peagle", ["--depths", "3", "--mask-token", "4", "--loss", "hard"])])
 def test_training_step_creates_no_tensor_without_an_explicit_device(tiny_data, tmp_path, method, extra):
     """Training follows its device: with torch.set_default_device("meta") active, any tensor a training step
     creates without an explicit device lands on "meta" and the first op mixing it with the run's tensors

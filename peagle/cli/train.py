@@ -30,6 +30,11 @@ def add_arguments(p):
     p.add_argument("--depths", type=int, default=8, help="P-EAGLE parallel depths K")
     p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 test-time-training unroll")
     p.add_argument("--decay", type=float, default=0.8, help="EAGLE-3 per-step loss weight decay")
+    p.add_argument("--ttt-keep", type=float, default=1.0,
+                   help="EAGLE-3 anchor subsampling: step k continues ~keep^k of its supervised anchors (1 = all)")
+    p.add_argument("--loss", choices=["kl", "hard"], default="kl",
+                   help="kl: KL to the target's distribution over the draft vocabulary; hard: cross-entropy on the "
+                        "drafted (target-chosen) token")
     p.add_argument("--cod-r", type=float, default=0.7)
     p.add_argument("--cod-rmin", type=float, default=0.2)
     p.add_argument("--mask-token", type=int, default=None,

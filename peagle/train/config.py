@@ -30,6 +30,8 @@ class TrainConfig:
     depths: int = 8                          # P-EAGLE parallel depths
     ttt_steps: int = 7                       # EAGLE-3 test-time-training unroll
     decay: float = 0.8
+    ttt_keep: float = 1.0                    # EAGLE-3: fraction continued per unroll step (keep^k; 1 = all)
+    loss: str = "kl"                         # "kl" to the target's distribution | "hard" on the drafted token
     cod_r: float = 0.7
     cod_rmin: float = 0.2
     segment_len: int = 512

@@ -56,10 +56,11 @@ class Teacher:
 
 
 def pack_row(docs: list[tuple[torch.Tensor, torch.Tensor]], feats: list[tuple[torch.Tensor, torch.Tensor]],
-             teacher: Teacher, index: torch.Tensor, max_tokens: int) -> dict:
+             teacher: Teacher | None, index: torch.Tensor, max_tokens: int) -> dict:
     """Concatenate documents (truncated to max_tokens) into one training row.  The token bookkeeping (ids,
     doc, pos, lmask, label) stays on the CPU, where COD sampling reads it; aux and tlogp are on the
-    features' device.  :func:`to_device` moves a row (and its elements) to the training device once."""
+    features' device; without a teacher (hard labels need none) tlogp is None.  :func:`to_device` moves a
+    row (and its elements) to the training device once."""
     ids, doc, pos, lm, aux, last = [], [], [], [], [], []
     cpu = torch.device("cpu")
     for j, ((t, m), (a, l)) in enumerate(zip(docs, feats)):
@@ -73,7 +74,7 @@ def pack_row(docs: list[tuple[torch.Tensor, torch.Tensor]], feats: list[tuple[to
     ids = torch.cat(ids)
     last = torch.cat(last)
     return {"ids": ids, "doc": torch.cat(doc), "pos": torch.cat(pos), "lmask": torch.cat(lm),
-            "aux": torch.cat(aux).float(), "tlogp": teacher.teacher_logp(last), "label": index[ids]}
+            "aux": torch.cat(aux).float(), "tlogp": None if teacher is None else teacher.teacher_logp(last), "label": index[ids]}
 
 
 def to_device(tensors: dict, device: torch.device) -> dict:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..models.layers import attend
 
@@ -24,3 +25,14 @@ def ttt_forward(head, ids, hidden, pos, mask, past=None):
         return fn
     normed, pre = head.run_layers(ids, hidden, pos, attend_for_layer)
     return normed, pre, kv
+
+
+def draft_loss(logits: torch.Tensor, tlogp: torch.Tensor, label: torch.Tensor, hard: bool) -> torch.Tensor:
+    """Per-element loss [E]: KL(target || draft) over the draft vocabulary (soft cross-entropy minus the
+    target's entropy: the same gradient, 0 for a perfect drafter), or with hard=True the cross-entropy of the
+    drafted token's draft id (0 where it is outside the draft vocabulary, label -1)."""
+    logq = F.log_softmax(logits.float(), -1)
+    if hard:
+        return -logq.gather(-1, label.clamp(min=0)[:, None])[:, 0] * (label >= 0)
+    logp = tlogp.float()
+    return (logp.exp() * (logp - logq)).sum(-1)

@@ -208,7 +208,9 @@ class Trainer:
                                       f"{len(t)}: the cache was made from other data or --max-tokens")
         else:
             feats = self.teacher.doc_features([d[0][: self.cfg.max_tokens] for d in docs])
-        return pack_row(docs, feats, self.teacher, self.index, self.cfg.max_tokens)
+        # hard labels read the drafted tokens only: no teacher distribution to compute
+        teacher = None if self.cfg.loss == "hard" else self.teacher
+        return pack_row(docs, feats, teacher, self.index, self.cfg.max_tokens)
 
     def _stats(self, values) -> torch.Tensor:
         """float64 on the device (nccl all-reduces device tensors)."""
@@ -233,21 +235,25 @@ class Trainer:
             denom = max(float(denom), 1.0)
             for (i, r), e in zip(rows, els):
                 st = peagle_loss.row_step(self.head, to_device(r, dev), e, self.table, K, denom, c.segment_len,
-                                          autocast_dtype=self.dtype)
+                                          autocast_dtype=self.dtype, hard=c.loss == "hard")
                 stats[0] += st["kl"]
                 correct += st["correct"]
                 total += st["total"]
             stats = all_sum(stats, self.world)
             loss = float(stats[0]) / denom
         else:
+            plans = []  # anchors per unroll step, drawn on the CPU per row (like COD); None: all of them
+            for i, r in rows:
+                g = torch.Generator().manual_seed((c.seed * 1_000_003 + epoch) * 1_000_003 + i)
+                plans.append(eagle3_loss.ttt_plan(r, K, c.ttt_keep, g))
             counts = self._stats([0.0] * K)
-            for _, r in rows:
-                counts += eagle3_loss.step_counts(r, K).to(dev)
+            for (_, r), plan in zip(rows, plans):
+                counts += eagle3_loss.step_counts(r, K, plan).to(dev)
             counts = all_sum(counts, self.world).cpu()
             ce = self._stats([0.0] * K)
-            for _, r in rows:
+            for (_, r), plan in zip(rows, plans):
                 st = eagle3_loss.row_step(self.head, to_device(r, dev), self.table, K, counts, c.decay,
-                                          autocast_dtype=self.dtype)
+                                          autocast_dtype=self.dtype, plan=plan, hard=c.loss == "hard")
                 ce += st["ce"]
                 correct += st["correct"]
                 total += st["total"]
@@ -299,7 +305,8 @@ class Trainer:
         if self.method == "peagle":
             info.update(train_depths=self.K, cod_r=c.cod_r, cod_rmin=c.cod_rmin, segment_len=c.segment_len)
         else:
-            info.update(ttt_steps=self.K, decay=c.decay)
+            info.update(ttt_steps=self.K, decay=c.decay, ttt_keep=c.ttt_keep)
+        info["loss"] = c.loss
         if c.save_dtype == "bf16":  # halves the shipped file; buffers stay int/bool
             import copy
             copy.deepcopy(self.head).to(torch.bfloat16).save_pretrained(c.out, extra={"peagle": info, "torch_dtype": "bfloat16"})

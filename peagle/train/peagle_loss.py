@@ -11,11 +11,10 @@ same gradients (tests/test_train_peagle.py)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .cod import sample_cod, supervised
 from .common import autocast
-from .head_forward import ttt_forward
+from .head_forward import draft_loss, ttt_forward
 from .mask import MaskTable
 from .partition import owned_segments
 
@@ -51,22 +50,23 @@ def draft_forward(head, row, a, d, table: MaskTable, C=None):
     return normed[0]
 
 
-def _kl_stats(head, normed, row, a, d, denom, K, acc):
-    """Sum KL over the given (supervised) elements; returns (scaled loss, kl sum) and updates acc."""
+def _kl_stats(head, normed, row, a, d, denom, K, acc, hard=False):
+    """Sum the loss (KL, or hard cross-entropy) over the given (supervised) elements; returns (scaled loss,
+    loss sum) and updates acc."""
     logits = head.draft_logits(normed)
-    logq = F.log_softmax(logits.float(), -1)
-    logp = row["tlogp"][a + d + 1].float()
-    kl = (logp.exp() * (logp - logq)).sum(-1)
+    label = row["label"][a + d + 2]
+    kl = draft_loss(logits, None if hard else row["tlogp"][a + d + 1], label, hard)
     with torch.no_grad():
-        ok = logits.argmax(-1) == row["label"][a + d + 2]
+        ok = logits.argmax(-1) == label
         acc[1] += torch.bincount(d, minlength=K)[:K]
         acc[0] += torch.bincount(d[ok], minlength=K)[:K]
     return kl.sum() / denom, float(kl.detach().sum())
 
 
 def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, seg_len: int = 0,
-             backward: bool = True, autocast_dtype=None) -> dict:
-    """Forward (+ backward) of one row; gradients accumulate with loss scale 1/denom.
+             backward: bool = True, autocast_dtype=None, hard: bool = False) -> dict:
+    """Forward (+ backward) of one row; gradients accumulate with loss scale 1/denom (hard: cross-entropy
+    on the drafted token instead of KL to the target's distribution).
     Returns {"kl": sum KL, "correct": [K], "total": [K]}.
 
     seg_len = 0: the flat pass, one forward over all elements with the full mask (the reference).
@@ -79,7 +79,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     to ~3.4n^2 and peak memory from O((3.4n)^2) to O(n * 3.4L); the accumulated gradient equals the flat pass's
     (tests/test_train_peagle.py)."""
     if seg_len <= 0:
-        return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype)
+        return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype, hard)
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
     C = table.doc_causal(row["doc"])
     acc = [torch.zeros(K, dtype=torch.long, device=anchor.device) for _ in range(2)]
@@ -105,7 +105,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
         loss = 0.0
         with autocast(head.fc.weight.device, autocast_dtype):
             if len(o0):
-                l, k = _kl_stats(head, normed0[0, o0], row, a0[o0], d0[o0], denom, K, acc)
+                l, k = _kl_stats(head, normed0[0, o0], row, a0[o0], d0[o0], denom, K, acc, hard)
                 loss, kl_sum = loss + l, kl_sum + k
             if len(od):
                 # the segment's deep elements (all of them: supervised ones may attend to unsupervised
@@ -115,7 +115,7 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
                 mask = table.peagle(C, a, d, torch.cat([a0, a]), torch.cat([d0, d]))
                 normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], mask[None, None], past=kv0)
                 keep = sup[deep]
-                l, k = _kl_stats(head, normed[0, keep], row, a[keep], d[keep], denom, K, acc)
+                l, k = _kl_stats(head, normed[0, keep], row, a[keep], d[keep], denom, K, acc, hard)
                 loss, kl_sum = loss + l, kl_sum + k
         if backward:
             loss.backward()
@@ -130,14 +130,14 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     return {"kl": kl_sum, "correct": acc[0], "total": acc[1]}
 
 
-def _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype):
+def _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype, hard=False):
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
     acc = [torch.zeros(K, dtype=torch.long, device=anchor.device) for _ in range(2)]
     if not bool(sup.any()):
         return {"kl": 0.0, "correct": acc[0], "total": acc[1]}
     with autocast(head.fc.weight.device, autocast_dtype):
         normed = draft_forward(head, row, anchor, depth, table)
-        loss, kl = _kl_stats(head, normed[sup], row, anchor[sup], depth[sup], denom, K, acc)
+        loss, kl = _kl_stats(head, normed[sup], row, anchor[sup], depth[sup], denom, K, acc, hard)
     if backward:
         loss.backward()
     return {"kl": kl, "correct": acc[0], "total": acc[1]}
