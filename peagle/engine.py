@@ -13,12 +13,11 @@ tokens, for stop checks and the caller); a step that admits requests copies thei
 before decoding, because a request may stop at its first token and context-reading proposers see it.
 
 Row invariant (row i = running[i]): the target cache holds all of the sequence but its last token
-(cache.lens[i] = seq_len - 1; state.last[i] = the last token); the drafter cache holds the positions below
-cache.lens[i] - state.draft_n[i], and state.draft_ids/aux hold the draft_n rows the next step with K > 0 adds
-there (a K = 0 step appends its row to them, and a request admitted while the K policy is not drafting
-starts with its whole prompt there: the drafter catches up later).
+(cache.lens[i] = seq_len - 1; state.last[i] = the last token). The drafter's side of the row -- its cache, the
+context it has still to be fed, what catching up costs -- is the proposer's (peagle/drafters/base.py): the
+engine tells it what arrived, what was accepted and what left, and asks it to draft.
 cache.lens is the one record of lengths on the device; the host keeps each request's token list and, from
-the copies, `seq_len` and `draft_rows`, used only to size work (attention spans, block widths)."""
+the copies, `seq_len`, used only to size work (attention spans, block widths)."""
 from __future__ import annotations
 
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .compile import bucket, compile_step
-from .drafters.base import DraftBatch, Proposer
+from .drafters.base import Proposer
 from .errors import DecodeError, PeagleError, PrefillError
 from .kpolicy import FixedK, KPolicy
 from .rowstate import RowState
@@ -57,7 +56,6 @@ class Request:
     stop_text_at: int | None = None           # char index where a stop string begins
     gen: torch.Generator | None = None
     seq_len: int = 0                           # tokens of the sequence on the device (prompt + generated)
-    draft_rows: int = 0                        # drafter rows the next K > 0 step adds
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -87,15 +85,13 @@ class Engine:
         self.k = k if proposer is not None else 0          # the largest K a step may use
         self.tree = tree if proposer is not None and self.k else None
         self.k_policy = k_policy if k_policy is not None and proposer is not None else FixedK(self.k)
+        self.k_policy.attach(proposer)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = min(max_model_len or target.cfg.max_position_embeddings,
                                  target.cfg.max_position_embeddings)
         self.cache = target.new_cache(1, cache_len(self.max_model_len, self.k, self.tree))
         self.state = RowState(self.device)
-        if proposer is not None:
-            self.aux_ids = proposer.head.aux_ids
-        else:
-            self.aux_ids = ()
+        self.aux_ids = proposer.head.aux_ids if proposer is not None else ()
         self.eos = set(target.cfg.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos.add(tokenizer.eos_token_id)
@@ -162,8 +158,8 @@ class Engine:
     def _ensure_rows(self, n: int):
         self.cache.ensure_rows(n)
         if self.proposer is not None:
-            self.proposer.cache.ensure_rows(n)
-        self.state.ensure(n, self.k + 1)
+            self.proposer.ensure_rows(n)
+        self.state.ensure(n)
 
     def _sampled_rows(self) -> SampledRows | None:
         if self._sampled_stale:
@@ -197,7 +193,7 @@ class Engine:
     def _prefill_rows(self, new: list[Request], b0: int) -> torch.Tensor:
         """Target prefill of the new requests into rows b0.., their first tokens, the drafter's context;
         returns the first tokens [B] (device)."""
-        B, dev, st = len(new), self.device, self.state
+        B, dev = len(new), self.device
         lens = [len(r.prompt_token_ids) for r in new]
         T = max(lens)
         self._ensure_rows(b0 + B)
@@ -214,120 +210,73 @@ class Engine:
         self.cache.lens[b0:b0 + B] = plen
         _, first = self._verify(logits[:, None], toks[:, :0], SampledRows.of(new, dev))
         first = first[:, 0]
-        st.last[b0:b0 + B] = first
+        self.state.last[b0:b0 + B] = first
         for r, n in zip(new, lens):
             r.seq_len = n + 1
-        # the batch these rows will decode in: the running ones, these, and those still waiting for a row
-        coming = min(b0 + B + len(self.waiting), self.max_num_seqs)
-        if self.proposer is not None and not self.k_policy.drafts_next(coming):
-            self._defer_drafter_context(new, b0, toks, aux, plen, first)
-        elif self.proposer is not None:
-            # drafter context: position q gets token x_{q+1} with the target's aux state at q, for q < P - 1;
-            # the row at P - 1 (the first sampled token) is what the first decode step adds
-            if T > 1:
-                self.proposer.prefill(DraftBatch(toks[:, 1:], None if aux is None else aux[:, : T - 1], zeros,
-                                                 plen - 1, b0, new, **self._shape(T - 1, 0)))
-            st.draft_ids[b0:b0 + B, 0] = first
-            if aux is not None:
-                st.ensure(b0 + B, self.k + 1, aux.shape[-1], aux.dtype)
-                st.draft_aux[b0:b0 + B, 0] = aux[torch.arange(B, device=dev), plen - 1]
-            st.draft_n[b0:b0 + B] = 1
-            for r in new:
-                r.draft_rows = 1
+        if self.proposer is not None:
+            # the batch these rows will decode in: the running ones, these, and those still waiting for a row
+            coming = min(b0 + B + len(self.waiting), self.max_num_seqs)
+            self.proposer.add_requests(new, b0, toks, aux, lens, plen, first, self.k_policy.drafts_next(coming),
+                                       self._shape)
         return first
 
-    def _defer_drafter_context(self, new, b0, toks, aux, plen, first):
-        """The K policy is not drafting: the whole prompt's drafter rows (x_{q+1} with aux at q, q = 0..P-1, the
-        last one the first sampled token) wait in the row state for the catch-up of the next K > 0 step, so a
-        request that never drafts costs no drafter work."""
-        B, T, st = len(new), toks.shape[1], self.state
-        st.ensure(b0 + B, max(self.k, T) + 1, None if aux is None else aux.shape[-1],
-                  None if aux is None else aux.dtype)
-        st.draft_ids[b0:b0 + B, : T - 1] = toks[:, 1:]
-        st.draft_ids[b0 + torch.arange(B, device=self.device), plen - 1] = first
-        if aux is not None:
-            st.draft_aux[b0:b0 + B, :T] = aux[:, :T]
-        st.draft_n[b0:b0 + B] = plen
-        for r in new:
-            r.draft_rows = len(r.prompt_token_ids)
-
     def _decode(self) -> list[StepOutput]:
-        rows = self.running
-        t_step = t0 = time.perf_counter()
-        B, st = len(rows), self.state
-        K = min(max(int(self.k_policy.choose(rows)), 0), self.k) if self.proposer is not None else 0
+        rows, proposer = self.running, self.proposer
+        t_step = t_phase = time.perf_counter()
+        B = len(rows)
+        K = min(max(int(self.k_policy.choose(rows)), 0), self.k) if proposer is not None else 0
         try:
             sampled, q = self._sampled_rows(), None
-            n = [r.draft_rows for r in rows]
-            st.ensure(B, max(K + 1, max(n) + 1))
-            start = self.cache.lens[:B]
-            m = [r.seq_len - 1 for r in rows]                    # host: each row's start, to size the work
-            if K:
-                T = max(n)
-                dn = st.draft_n[:B]
-                db = DraftBatch(st.draft_ids[:B, :T], None if st.draft_aux is None else st.draft_aux[:B, :T],
-                                start - dn, dn, 0, rows, **self._shape(max(a - b for a, b in zip(m, n)) + T,
-                                                                       m[0] - n[0] if B == 1 else None),
-                                sampled=sampled)
+            start = self.cache.lens[:B]                      # device: each row's cached length
+            cached = [r.seq_len - 1 for r in rows]           # host: the same, to size the work
             if K and self.tree is not None and sampled is None:      # a greedy batch: one tree per row
-                K, acc, toks, aux, dt = tree_step(self, db, K, start, m)
-                t0 += dt                                     # verify_time_s: the step without its drafting
+                K, accepted, tokens, aux, draft_s = tree_step(self, K, start, cached)
+                t_phase += draft_s                           # verify_time_s: the step without its drafting
             else:
                 if K:
-                    drafts = self.proposer.propose(db, K).to(self.device)
-                    q = db.q                                 # [S,K,V]: the sampled rows' drafts ~ q (or None)
-                    t1 = time.perf_counter()
-                    self.metrics.draft_time_s += t1 - t0
-                    t0 = t1
-                    block = torch.cat([st.last[:B, None], drafts], 1)
+                    drafts, q = proposer.draft(rows, K, start, cached, self._shape, sampled)
+                    drafts = drafts.to(self.device)          # q [S,K,V]: the sampled rows' drafts ~ q (or None)
+                    now = time.perf_counter()
+                    self.metrics.draft_time_s += now - t_phase
+                    t_phase = now
+                    block = torch.cat([self.state.last[:B, None], drafts], 1)
                 else:
-                    block = st.last[:B, None]
+                    block = self.state.last[:B, None]
                     drafts = block[:, :0]
                 logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids,
-                                                  **self._shape(max(m) + K + 1, m[0] if B == 1 else None))
-                acc, toks = self._verify(logits, drafts, sampled, q)
-            host = self._advance(B, K, acc, toks, aux)
+                                                  **self._shape(max(cached) + K + 1, cached[0] if B == 1 else None))
+                accepted, tokens = self._verify(logits, drafts, sampled, q)
+            host = self._advance(B, K, accepted, tokens, aux)
         except Exception as e:
             raise DecodeError(f"decode step failed: {type(e).__name__}: {e}", [r.request_id for r in rows]) from e
         outs = []
-        for r, h in zip(rows, host):
-            a = h[0]
-            r.seq_len += a + 1
+        for r, (n_accepted, *kept) in zip(rows, host):
+            r.seq_len += n_accepted + 1
             if K:
-                self.metrics.add_draft(a, K)
+                self.metrics.add_draft(n_accepted, K)
                 r.num_drafts += 1
-                r.num_accepted += a
-                r.draft_rows = a + 1
-            elif self.proposer is not None:
-                r.draft_rows += 1
-            outs.append(self._emit(r, h[1:a + 2]))
-        self.metrics.verify_time_s += time.perf_counter() - t0
+                r.num_accepted += n_accepted
+            outs.append(self._emit(r, kept[:n_accepted + 1]))
+        self.metrics.verify_time_s += time.perf_counter() - t_phase
         self.metrics.add_step(K)
         self.k_policy.observe(rows, K, [h[0] for h in host], time.perf_counter() - t_step)
         return outs
 
-    def _advance(self, B: int, K: int, acc, toks, aux) -> list:
-        """The next step's state, on the device -- lengths (a rollback is setting them), last tokens, drafter
-        rows -- then the step's one copy to the host: per row [accepted, tokens...]."""
-        st, start = self.state, self.cache.lens[:B]
+    def _advance(self, B: int, K: int, accepted, tokens, aux) -> list:
+        """The next step's state on the device -- lengths (a rollback is setting them), last tokens -- then the
+        step's one copy to the host, per row [accepted, tokens...]; then the proposer hears what was kept."""
+        start = self.cache.lens[:B]
         if K:
-            st.draft_ids[:B, : K + 1] = toks
-            if aux is not None:
-                st.draft_aux[:B, : K + 1] = aux
-            st.draft_n[:B] = acc + 1
-            st.last[:B] = toks.gather(1, acc[:, None])[:, 0]
-            start += acc + 1
-            return self._to_host(torch.cat([acc[:, None], toks], 1))
-        if self.proposer is not None:            # K = 0: the drafter catches this row up on the next K > 0 step
-            rows = torch.arange(B, device=self.device)
-            dn = st.draft_n[:B]
-            st.draft_ids[rows, dn] = toks[:, 0]
-            if aux is not None:
-                st.draft_aux[rows, dn] = aux[:, 0]
-            dn += 1
-        st.last[:B] = toks[:, 0]
-        start += 1
-        return [[0, t] for t in self._to_host(toks[:, 0])]
+            self.state.last[:B] = tokens.gather(1, accepted[:, None])[:, 0]
+            start += accepted + 1
+            host = self._to_host(torch.cat([accepted[:, None], tokens], 1))
+        else:
+            self.state.last[:B] = tokens[:, 0]
+            start += 1
+            host = [[0, t] for t in self._to_host(tokens[:, 0])]
+        if self.proposer is not None:
+            self.proposer.advance(K, accepted, tokens, aux, [h[0] for h in host])
+        return host
 
     def _shape(self, span: int, s0: int | None) -> dict:
         """The host-side facts a forward gets (layers.BlockCtx); compiled: spans in buckets, no s0 fast path."""
@@ -384,9 +333,9 @@ class Engine:
         last = len(self.running) - 1
         if i != last:
             self.cache.move_row(last, i)
-            if self.proposer is not None:
-                self.proposer.cache.move_row(last, i)
             self.state.move(last, i)
             self.running[i] = self.running[last]
+        if self.proposer is not None:
+            self.proposer.remove_row(i, last)
         self.running.pop()
         self._sampled_stale = True

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 class KPolicy:
     mode = "base"
+    proposer = None             # the engine's proposer (attach), for what a policy asks of the drafter
 
     def __init__(self, k_max: int):
         self.k_max = int(k_max)
+
+    def attach(self, proposer) -> None:
+        """The engine hands over its proposer (None: plain decoding); AutoK asks it what a catch-up costs."""
+        self.proposer = proposer
 
     def choose(self, rows) -> int:
         """rows: the engine's running Request objects (the batch of this step)."""

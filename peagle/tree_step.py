@@ -13,22 +13,21 @@ import torch
 from .tree import accept_greedy, compact_kv
 
 
-def tree_step(engine, db, K: int, start: torch.Tensor, m: list):
-    """-> (K, accepted [B], tokens [B,K+1], aux [B,K+1,A] | None, drafting seconds); K: the step's depth (<= the
-    tree's nodes)."""
-    spec, B = engine.tree, len(m)
+def tree_step(engine, K: int, start: torch.Tensor, cached: list):
+    """start [B]: the target's cached lengths (device), `cached` the same on the host -> (K, accepted [B],
+    tokens [B,K+1], aux [B,K+1,A] | None, drafting seconds); K: the step's depth (<= the tree's nodes)."""
+    spec, B = engine.tree, len(cached)
     K = min(K, spec.nodes)
     t0 = time.perf_counter()
-    tree = engine.proposer.propose_tree(db, K, spec.topk, spec.nodes)
+    tree = engine.proposer.draft_tree(engine.running, K, start, cached, engine._shape, spec.topk, spec.nodes)
     t1 = time.perf_counter()
     engine.metrics.draft_time_s += t1 - t0
     tree.tokens[:, 0] = engine.state.last[:B]
-    T = tree.size
     logits, aux = engine.target.forward(tree.tokens, engine.cache, 0, start, engine.aux_ids, tree=tree.attn(start, K),
-                                        **engine._shape(max(m) + T, m[0] if B == 1 else None))
-    acc, path, toks = accept_greedy(tree, logits, K)
+                                        **engine._shape(max(cached) + tree.size, cached[0] if B == 1 else None))
+    accepted, path, tokens = accept_greedy(tree, logits, K)
     compact_kv(engine.cache, 0, start, path)
     if aux is not None:
         aux = aux.gather(1, path[..., None].expand(-1, -1, aux.shape[-1]))
     engine.metrics.add_tree(tree.valid[:, 1:].sum(), B)
-    return K, acc, toks, aux, t1 - t0
+    return K, accepted, tokens, aux, t1 - t0

@@ -1,6 +1,7 @@
 """A scripted engine for K policies: no model, no wall clock. It keeps the engine's bookkeeping that a policy
-sees (requests with output_ids / params / draft_rows: a K > 0 step leaves accepted + 1 drafter rows, a K = 0
-step adds one, a request admitted while the policy is not drafting starts its whole prompt behind) and charges
+sees (requests with output_ids / params, and a stand-in proposer counting each one's drafter rows `behind`: a
+K > 0 step leaves accepted + 1, a K = 0 step adds one, a request admitted while the policy is not drafting starts
+its whole prompt behind) and charges
 each step a scripted time:
 
   seconds = cost(B, K) x (1 + noise x uniform(-1, 1))
@@ -23,9 +24,19 @@ from peagle.sampling import SamplingParams
 class Req:
     """What a policy reads of an engine Request."""
 
-    def __init__(self, rid: str, max_tokens: int, draft_rows: int):
-        self.request_id, self.draft_rows = rid, draft_rows
+    def __init__(self, rid: str, max_tokens: int, behind: int):
+        self.request_id, self.behind = rid, behind       # behind: the proposer's count, kept here for the sim
         self.params, self.output_ids = SamplingParams(max_tokens=max_tokens), []
+
+
+class Backlog:
+    """What a K policy asks the proposer (Proposer.catch_up_rows), answered from rows that carry `behind`."""
+
+    def __init__(self, rows: list):
+        self.rows = rows
+
+    def catch_up_rows(self, batch_size: int, steady: int) -> int:
+        return batch_size * max(0, max((r.behind for r in self.rows[:batch_size]), default=0) - steady)
 
 
 def geometric(alpha: float):
@@ -46,6 +57,7 @@ def run(policy, steps: int, cost, accept, batch: int = 1, max_tokens: int = 256,
     rng, nrng = random.Random(seed), random.Random(seed + 1)
     k_max, n = policy.k_max, 0
     rows = []
+    policy.attach(Backlog(rows))
 
     def admit():
         nonlocal n
@@ -58,14 +70,14 @@ def run(policy, steps: int, cost, accept, batch: int = 1, max_tokens: int = 256,
     for _ in range(steps):
         B = len(rows)
         k = min(max(int(policy.choose(rows)), 0), k_max)
-        extra = B * max(0, max(r.draft_rows for r in rows) - (k_max + 1)) if k else 0
+        extra = B * max(0, max(r.behind for r in rows) - (k_max + 1)) if k else 0
         s = cost(B, k) * (1.0 + noise * (2 * nrng.random() - 1)) + extra * catch_row_s
         acc = [accept(rng, k) if k else 0 for _ in rows]
         for r, a in zip(rows, acc):
             add = min(a + 1, max_tokens - len(r.output_ids))
             r.output_ids += [0] * add
             toks += add
-            r.draft_rows = a + 1 if k else r.draft_rows + 1
+            r.behind = a + 1 if k else r.behind + 1
         policy.observe(rows, k, torch.tensor(acc, dtype=torch.long), s)
         ks.append(k)
         secs += s

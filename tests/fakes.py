@@ -48,6 +48,7 @@ def install_proposer(llm, proposer, k, policy=None):
     e = llm.engine
     e.proposer, e.k, e.aux_ids = proposer, k, proposer.head.aux_ids
     e.k_policy = policy or FixedK(k)
+    e.k_policy.attach(proposer)
     e.metrics = SpecMetrics(k)
     e.metrics.extra = lambda: {"k_policy": e.k_policy.describe()}
     e.cache = e.target.new_cache(1, cache_len(e.max_model_len, k))

@@ -2,7 +2,7 @@
 acceptance (no timing: the cost model is fixed, refinement off). The model alone: the loss guard is off here
 (guard=False; tests/test_autok_guard.py tests it)."""
 import torch
-from autok_sim import autok_config
+from autok_sim import Backlog, autok_config
 
 from peagle.autok.acceptance import Acceptance
 from peagle.autok.auto import PRIOR_ROWS, AutoK
@@ -90,12 +90,19 @@ def test_per_request_acceptance_counts():
 
 
 class Behind(Row):
-    """A running request whose drafter is `draft_rows` rows behind, with `left` tokens still to generate."""
+    """A running request whose drafter is `behind` rows behind, with `left` tokens still to generate."""
 
-    def __init__(self, rid, draft_rows, left):
+    def __init__(self, rid, behind, left):
         super().__init__(rid)
         from peagle.sampling import SamplingParams
-        self.draft_rows, self.params, self.output_ids = draft_rows, SamplingParams(max_tokens=left + 10), [0] * 10
+        self.behind, self.params, self.output_ids = behind, SamplingParams(max_tokens=left + 10), [0] * 10
+
+
+def batch(pol, n, behind, left):
+    """n Behind rows, with a stand-in proposer attached to pol that counts their drafter rows."""
+    rows = [Behind(f"r{i}", behind, left) for i in range(n)]
+    pol.attach(Backlog(rows))
+    return rows
 
 
 def test_a_drafter_catch_up_is_paid_only_when_the_remaining_tokens_repay_it():
@@ -104,12 +111,12 @@ def test_a_drafter_catch_up_is_paid_only_when_the_remaining_tokens_repay_it():
     tokens left stays at K = 0, the same backlog with many tokens left (or a short one) drafts."""
     pol = AutoK(6, cost(), Acceptance(6, prior=[0.8] * 6), autok_config(refine=False, guard=False, settle=1))
     pol.row_s = 1e-3
-    steady = pol.choose([Behind(f"r{i}", 1, 8) for i in range(4)])
+    steady = pol.choose(batch(pol, 4, 1, 8))
     assert steady > 0 and pol.last["catch_up_rows"] == 0
-    assert pol.choose([Behind(f"r{i}", 300, 8) for i in range(4)]) == 0          # 4 x 293 rows for 8 tokens
+    assert pol.choose(batch(pol, 4, 300, 8)) == 0                                 # 4 x 293 rows for 8 tokens
     assert pol.last["catch_up_rows"] == 4 * (300 - 7)
-    assert pol.choose([Behind(f"r{i}", 300, 2000) for i in range(4)]) > 0        # repaid over many steps
-    assert pol.choose([Behind(f"r{i}", 12, 8) for i in range(4)]) > 0            # a short backlog
+    assert pol.choose(batch(pol, 4, 300, 2000)) > 0                               # repaid over many steps
+    assert pol.choose(batch(pol, 4, 12, 8)) > 0                                   # a short backlog
 
 
 def test_a_k0_choice_stands_for_settle_steps_of_the_same_batch():
@@ -145,7 +152,7 @@ def test_catch_up_cost_is_learned_from_catch_up_steps_and_kept_out_of_the_cost_m
     pol = AutoK(6, measured, Acceptance(6, prior=[0.8] * 6), autok_config(refine=True, guard=False))
     prior = pol.row_s
     assert prior == 2e-4                                   # the measured price is the prior
-    rows = [Behind(f"r{i}", 50, 2000) for i in range(4)]
+    rows = batch(pol, 4, 50, 2000)
     k = pol.choose(rows)
     assert k > 0
     before = pol.cost.t.copy()
@@ -154,7 +161,7 @@ def test_catch_up_cost_is_learned_from_catch_up_steps_and_kept_out_of_the_cost_m
     rows_fed = 4 * (50 - 7)
     assert abs(pol.row_s - (PRIOR_ROWS * prior + 0.5) / (PRIOR_ROWS + rows_fed)) < 1e-12   # pooled by rows
     assert (pol.cost.t == before).all() and pol.cost.updates == 0
-    steady_rows = [Behind(f"r{i}", 1, 2000) for i in range(4)]
+    steady_rows = batch(pol, 4, 1, 2000)
     k = pol.choose(steady_rows)
     pol.observe(steady_rows, k, torch.zeros(4, dtype=torch.long), 0.5)
     assert pol.cost.updates == 1                                                    # a steady step refines it
@@ -168,13 +175,13 @@ def test_a_small_noisy_catch_up_barely_moves_the_row_price_and_large_ones_domina
     measured.meta["drafter_row_s"] = 2.8e-4
     pol = AutoK(6, measured, Acceptance(6, prior=[0.8] * 6), autok_config(refine=True, guard=False))
     assert pol.row_s == 2.8e-4
-    few = [Behind("r0", 7 + 8, 2000)]                        # 8 rows beyond a steady step's k_max + 1
+    few = batch(pol, 1, 7 + 8, 2000)                         # 8 rows beyond a steady step's k_max + 1
     k = pol.choose(few)
     assert k > 0 and pol.last["catch_up_rows"] == 8
     pol.observe(few, k, torch.zeros(1, dtype=torch.long), float(pol.cost.predict(1)[k]) + 0.015)
     naive = 0.015 / 8
     assert naive > 6 * 2.8e-4 and pol.row_s < 1.2 * 2.8e-4
-    big = [Behind(f"r{i}", 7 + 300, 2000) for i in range(4)]
+    big = batch(pol, 4, 7 + 300, 2000)
     for _ in range(40):                                      # 1,200 rows each at 1 ms per row
         k = pol.choose(big)
         pol.observe(big, k, torch.zeros(4, dtype=torch.long), float(pol.cost.predict(4)[k]) + 1200 * 1e-3)

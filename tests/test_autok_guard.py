@@ -306,6 +306,7 @@ def test_greedy_identical_while_the_guard_switches_k_to_zero_and_back(tiny_dirs,
     sure = Acceptance(old.k_max, prior=[0.95] * old.k_max, prior_weight=1e9)   # the model always drafts
     e.k_policy = pol = AutoK(old.k_max, old.cost, sure, autok_config(
         guard={"min_speedup": 100.0, "window": 2, "backoff": 1, "max_backoff": 4}))
+    pol.attach(e.proposer)
     feed = DrafterFeed(e)
     reqs = []
     add = e.add_request

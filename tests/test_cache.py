@@ -82,5 +82,6 @@ def test_engine_lengths_match_what_each_request_holds(tiny_dirs, tmp_path, paral
         held = torch.tensor([len(r.all_ids) for r in e.running], dtype=torch.long)
         assert torch.equal(e.cache.lens[:B], held - 1)
         assert torch.equal(e.state.last[:B], torch.tensor([r.all_ids[-1] for r in e.running], dtype=torch.long))
-        assert torch.equal(e.state.draft_n[:B], torch.tensor([r.draft_rows for r in e.running], dtype=torch.long))
+        ctx = e.proposer.context                # the drafter's rows still to feed: device and host agree
+        assert torch.equal(ctx.n[:B], torch.tensor(ctx.behind, dtype=torch.long)) and len(ctx.behind) == B
     assert steps > 6

@@ -9,8 +9,6 @@ import ast
 import os
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "peagle"
 SKIP_DIRS = {".venv", ".venv-vllm", "build", "runs", "data", "models", "docs", "__pycache__", ".git", "bench-out"}
@@ -124,8 +122,6 @@ def drafter_state_in_engine() -> list:
     return sorted(found)
 
 
-@pytest.mark.xfail(strict=False, reason="the drafter's row state is moving from engine.py into the proposer (issue 41, "
-                   "part 2: another change in progress)")
 def test_engine_holds_no_drafter_row_state():
     held = drafter_state_in_engine()
     assert not held, f"peagle/engine.py still holds the drafter's row state: {held}"

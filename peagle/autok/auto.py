@@ -131,9 +131,9 @@ class AutoK(KPolicy):
         self.probing = None
 
     def catch_up_rows(self, rows) -> int:
-        """Padded drafter rows the next K > 0 step feeds beyond a steady step's (B x (k_max + 1))."""
-        n = max((getattr(r, "draft_rows", 0) for r in rows), default=0)
-        return len(rows) * max(0, n - (self.k_max + 1))
+        """Padded drafter rows the next K > 0 step feeds beyond a steady step's (B x (k_max + 1)), as the proposer
+        counts them (none attached: 0)."""
+        return self.proposer.catch_up_rows(len(rows), self.k_max + 1) if self.proposer is not None else 0
 
     def remaining_tokens(self, rows) -> float:
         """Mean tokens each row may still generate."""

@@ -9,8 +9,13 @@ generator, and leaves q over the target vocabulary (zero outside the draft vocab
 verifier (peagle/verify.py). Greedy rows draft the argmax in both modes. Invariant: a proposer that leaves
 batch.q None drafts deterministically from the context (its q is one-hot, which the verifier then assumes).
 
-A proposer never reads device values back to the host: the engine hands it host-side facts (span, s0) with
-each batch, as the target's forward gets them (see peagle/models/layers.py BlockCtx)."""
+A proposer never reads device values back to the host: the engine hands it host-side facts (its cached lengths
+and a `shape(span, s0)` function, as the target's forward gets them: peagle/models/layers.py BlockCtx).
+
+The proposer owns the drafter's per-row state (peagle/drafters/context.py): what each row still has to feed the
+drafter and what that catch-up costs. The engine tells it when requests arrive (add_requests) and leave
+(remove_row), asks it to draft (draft, draft_tree) and tells it what the target accepted (advance); a K policy
+asks it for the catch-up's cost (catch_up_rows)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +27,7 @@ from ..heads.model import DrafterHead
 from ..sampling import probs_from_logits, sample_rows
 from ..spec_config import DRAFT_SAMPLING
 from ..verify import SampledRows
+from .context import DraftContext
 
 
 @dataclass
@@ -45,6 +51,7 @@ class DraftBatch:
 class Proposer:
     name = "base"
     draft_sampling = "argmax"
+    context: DraftContext | None = None        # the per-row state: made by the first add_requests, on its device
 
     def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1, draft_sampling: str = "argmax",
                  dual: bool = False):
@@ -66,6 +73,102 @@ class Proposer:
 
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
         raise NotImplementedError
+
+    # ---------------------------------------------------------------- the engine's side: rows and steps
+    def ensure_rows(self, rows: int):
+        self.cache.ensure_rows(rows)
+
+    def remove_row(self, row: int, last: int):
+        """The request in `row` has left; the last row in use, `last`, moves into its place."""
+        if row != last:
+            self.cache.move_row(last, row)
+            self.context.move(last, row)
+        del self.context.behind[last:]
+
+    def add_requests(self, requests: list, b0: int, ids: torch.Tensor, aux: torch.Tensor | None, prompt_lens: list,
+                     prompt_lens_dev: torch.Tensor, first: torch.Tensor, now: bool, shape):
+        """New requests in rows b0..: their prompts ids [B,T] (right-padded), the target's aux states at them
+        [B,T,A] (None without aux layers), prompt lengths (host list and [B] on the device), first sampled tokens
+        [B]. now: feed the drafter the prompt now; otherwise every row of it (x_{q+1} with aux at q, q = 0..P-1,
+        the last one the first sampled token) waits for the catch-up of the next step that drafts, so a request
+        that never drafts costs no drafter work."""
+        (B, T), dev = ids.shape, ids.device
+        if self.context is None:
+            self.context = DraftContext(dev)
+        ctx, rows = self.context, slice(b0, b0 + B)
+        ctx.ensure(b0 + B, self.k + 1)
+        del ctx.behind[b0:]
+        if not now:
+            ctx.ensure(b0 + B, max(self.k, T) + 1, None if aux is None else aux.shape[-1],
+                       None if aux is None else aux.dtype)
+            ctx.ids[rows, : T - 1] = ids[:, 1:]
+            ctx.ids[b0 + torch.arange(B, device=dev), prompt_lens_dev - 1] = first
+            if aux is not None:
+                ctx.aux[rows, :T] = aux[:, :T]
+            ctx.n[rows] = prompt_lens_dev
+            ctx.behind += prompt_lens
+            return
+        # position q gets token x_{q+1} with the target's aux state at q, for q < P - 1; the row at P - 1 (the
+        # first sampled token) is what the first decode step adds
+        if T > 1:
+            self.prefill(DraftBatch(ids[:, 1:], None if aux is None else aux[:, : T - 1],
+                                    torch.zeros(B, dtype=torch.long, device=dev), prompt_lens_dev - 1, b0, requests,
+                                    **shape(T - 1, 0)))
+        ctx.ids[rows, 0] = first
+        if aux is not None:
+            ctx.ensure(b0 + B, self.k + 1, aux.shape[-1], aux.dtype)
+            ctx.aux[rows, 0] = aux[torch.arange(B, device=dev), prompt_lens_dev - 1]
+        ctx.n[rows] = 1
+        ctx.behind += [1] * B
+
+    def draft(self, requests: list, k: int, start: torch.Tensor, cached: list, shape, sampled=None):
+        """A decode step's drafts: feed each row's pending context, draft k tokens. start [B]: the target's cached
+        lengths (device), `cached` the same on the host. -> (drafts [B,k], q [S,k,V] | None: what the sampled
+        rows' drafts were drawn from)."""
+        batch = self._step_batch(requests, k, start, cached, shape, sampled)
+        drafts = self.propose(batch, k)
+        return drafts, batch.q
+
+    def draft_tree(self, requests: list, k: int, start: torch.Tensor, cached: list, shape, topk: int, nodes: int):
+        """As draft, a tree of depth k per row (greedy batches; peagle/drafters/tree.py)."""
+        return self.propose_tree(self._step_batch(requests, k, start, cached, shape), k, topk, nodes)
+
+    def _step_batch(self, requests, k, start, cached, shape, sampled=None) -> DraftBatch:
+        ctx, B = self.context, len(requests)
+        behind = ctx.behind[:B]
+        width = max(behind)
+        ctx.ensure(B, max(k, width) + 1)
+        n = ctx.n[:B]
+        span = max(c - b for c, b in zip(cached, behind)) + width
+        return DraftBatch(ctx.ids[:B, :width], None if ctx.aux is None else ctx.aux[:B, :width], start - n, n, 0,
+                          requests, **shape(span, cached[0] - behind[0] if B == 1 else None), sampled=sampled)
+
+    def advance(self, k: int, accepted: torch.Tensor | None, tokens: torch.Tensor, aux: torch.Tensor | None,
+                accepted_host: list):
+        """What the step kept: accepted drafts [B] (device; host list accepted_host), tokens [B,k+1] and the
+        target's aux states at them [B,k+1,A]. After a step that drafted, the drafter is fed accepted + 1 rows
+        next; after one that did not (k = 0), the row joins those it has still to catch up."""
+        ctx, B = self.context, tokens.shape[0]
+        if k:
+            ctx.ids[:B, : k + 1] = tokens
+            if aux is not None:
+                ctx.aux[:B, : k + 1] = aux
+            ctx.n[:B] = accepted + 1
+            ctx.behind[:B] = [a + 1 for a in accepted_host]
+            return
+        ctx.ensure(B, max(ctx.behind[:B]) + 1)
+        rows, n = torch.arange(B, device=tokens.device), ctx.n[:B]
+        ctx.ids[rows, n] = tokens[:, 0]
+        if aux is not None:
+            ctx.aux[rows, n] = aux[:, 0]
+        n += 1
+        ctx.behind[:B] = [b + 1 for b in ctx.behind[:B]]
+
+    def catch_up_rows(self, batch_size: int, steady: int) -> int:
+        """The cost of catching the drafter up, in drafter rows: the padded rows the next step that drafts feeds
+        `batch_size` rows beyond a steady step's `steady` per row (0 when it is caught up)."""
+        behind = self.context.behind[:batch_size] if self.context is not None else []
+        return batch_size * max(0, max(behind, default=0) - steady)
 
     def pick(self, normed: torch.Tensor, sampled: "SampledRows | None"):
         """normed [B,J,H] (J draft slots per row) -> (draft ids [B,J] in the target vocabulary, q [S,J,V] or None).

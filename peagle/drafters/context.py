@@ -1,0 +1,51 @@
+"""The drafter's per-row context, owned by the proposer (peagle/drafters/base.py): for each engine row, the rows
+the drafter still has to be fed -- tokens x_{q+1} with the target's auxiliary hidden states at q, for positions q
+from the drafter's cached length on -- and how many there are. The next step that drafts feeds them all (one
+padded block of B x max(behind)); a step without drafting (K = 0) appends its row instead, so the drafter falls
+behind and catches up later.
+
+Row map: row i belongs to engine.running[i], as the rows of both KV caches and of peagle/rowstate.py do; when a
+request leaves, the last row moves into its place (Proposer.remove_row). Per row:
+  ids     [rows, width]     the tokens x_{q+1} still to feed (the first n real, the rest padding)
+  aux     [rows, width, A]  the target's aux states at those positions q (None without aux layers)
+  n       [rows]            how many are real (on the device)
+  behind  list              the same counts on the host (from the engine's one copy per step), to size work
+The drafter's cached length is never stored: it is the target cache's length minus n."""
+from __future__ import annotations
+
+import torch
+
+from ..rowstate import grown
+
+
+class DraftContext:
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.rows = self.width = 0
+        self.n = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.aux: torch.Tensor | None = None
+        self.behind: list[int] = []
+
+    def ensure(self, rows: int, width: int = 1, aux_dim: int | None = None, aux_dtype=None):
+        """At least `rows` rows of `width` entries each, plus an aux buffer of width aux_dim when given (a
+        different aux_dim starts a fresh one); existing contents are kept."""
+        new_aux = aux_dim is not None and (self.aux is None or self.aux.shape[-1] != aux_dim)
+        if rows <= self.rows and width <= self.width and not new_aux:
+            return
+        rows = max(rows, 2 * self.rows) if rows > self.rows else self.rows
+        width = max(width, 2 * self.width) if width > self.width else self.width  # K = 0 steps grow it by 1
+        self.n = grown(self.n, (rows,), self.device)
+        self.ids = grown(self.ids, (rows, width), self.device)
+        if new_aux:
+            self.aux = grown(None, (rows, width, aux_dim), self.device, aux_dtype)
+        elif self.aux is not None:
+            self.aux = grown(self.aux, (rows, width, self.aux.shape[-1]), self.device)
+        self.rows, self.width = rows, width
+
+    def move(self, src: int, dst: int):
+        """Row src takes row dst's place (the request in dst has left)."""
+        for t in (self.n, self.ids, self.aux):
+            if t is not None:
+                t[dst] = t[src]
+        self.behind[dst] = self.behind[src]
