@@ -66,3 +66,19 @@ for h in e3c:eagle3 pec:peagle; do
   cp $R/${h%:*}/config.json $R/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
   cp $R/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part3.jsonl
 done
+
+# part 4 (2026-12-02): the same data (data/smol-self-hs), 3 epochs or MIN4 minutes each, whichever comes first,
+# both heads from part 3's weights, side by side, one thread each. EAGLE-3 continues ~0.7^k of its anchors per
+# unroll step (--ttt-keep 0.7: 2.9x less CPU per supervised token at equal accuracy,
+# docs/training-study/train-cost.md); P-EAGLE's recipe is part 3's.
+MIN4=${MIN4:-90}
+COMMON4="--target $T --data data/smol-self-hs --max-tokens 1024 --batch-rows 1 --threads 1 --save-dtype bf16 --share-embedding --lr 5e-4 --warmup 20 --epochs 3 --max-minutes $MIN4 --ckpt-every 25 --seed 4"
+$PY -m peagle.cli train --method eagle3 --layers 1 --ttt-steps 7 --ttt-keep 0.7 --init models/smollm2-135m-instruct-eagle3 \
+    --out runs/p4/e3 $COMMON4 &
+$PY -m peagle.cli train --method peagle --layers 2 --depths 8 --segment-len 512 --cod-r 0.5 --cod-rmin 0.1 \
+    --init models/smollm2-135m-instruct-peagle --out runs/p4/pe $COMMON4 &
+wait
+for h in e3:eagle3 pe:peagle; do
+  cp runs/p4/${h%:*}/config.json runs/p4/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
+  cp runs/p4/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part4.jsonl
+done
