@@ -229,7 +229,9 @@ class Engine:
             sampled, q = self._sampled_rows(), None
             start = self.cache.lens[:B]                      # device: each row's cached length
             cached = [r.seq_len - 1 for r in rows]           # host: the same, to size the work
-            if K and self.tree is not None and sampled is None:      # a greedy batch: one tree per row
+            # a greedy batch: one tree per row, unless the K policy chose the chain for this step
+            tree = bool(K and self.tree is not None and sampled is None and self.k_policy.wants_tree())
+            if tree:
                 K, accepted, tokens, aux, draft_s = tree_step(self, K, start, cached)
                 t_phase += draft_s                           # verify_time_s: the step without its drafting
             else:
@@ -259,7 +261,7 @@ class Engine:
             outs.append(self._emit(r, kept[:n_accepted + 1]))
         self.metrics.verify_time_s += time.perf_counter() - t_phase
         self.metrics.add_step(K)
-        self.k_policy.observe(rows, K, [h[0] for h in host], time.perf_counter() - t_step)
+        self.k_policy.observe(rows, K, [h[0] for h in host], time.perf_counter() - t_step, tree=tree)
         return outs
 
     def _advance(self, B: int, K: int, accepted, tokens, aux) -> list:

@@ -33,9 +33,13 @@ class KPolicy:
         drafter at admission."""
         return self.k_max > 0
 
-    def observe(self, rows, k: int, accepted, step_s: float) -> None:
-        """After a decode step: K used, accepted drafts per row (a list of B ints; zeros when K = 0) and the step's
-        wall time in seconds (drafting + verification + bookkeeping)."""
+    def wants_tree(self) -> bool:
+        """Asked after choose() picked K > 0 in an engine with token trees: verify a tree (True) or the chain."""
+        return True
+
+    def observe(self, rows, k: int, accepted, step_s: float, tree: bool = False) -> None:
+        """After a decode step: K used, accepted drafts per row (a list of B ints; zeros when K = 0), the step's
+        wall time in seconds (drafting + verification + bookkeeping) and whether it verified a token tree."""
 
     def describe(self) -> dict:
         return {"mode": self.mode, "k_max": self.k_max}

@@ -94,7 +94,7 @@ def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, m
     proposer = cls(head, k, cache_len(mlen, k, tree), draft_sampling=spec.draft_sampling,
                    dual=getattr(target, "dual_layout", False))
     if k_policy is None:
-        k_policy = make_policy(spec, target, head, measuring_engines(target, head, spec, k), k, max_num_seqs,
+        k_policy = make_policy(spec, target, head, lambda s: measuring_engines(target, head, s, k), k, max_num_seqs,
                                model_dir, target.dtype)
     return Engine(target, tok, proposer, k, max_num_seqs, mlen, seed, k_policy=k_policy, compile=compile, tree=tree)
 

@@ -39,7 +39,7 @@ class ScriptedK(KPolicy):
         """Whether the next scripted K drafts (K = 0 next: new prompts wait for the drafter's catch-up)."""
         return self.script[self.i % len(self.script)] > 0
 
-    def observe(self, rows, k, accepted, step_s):
+    def observe(self, rows, k, accepted, step_s, tree=False):
         self.observed.append((len(rows), k, list(accepted)))
 
 

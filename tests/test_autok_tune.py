@@ -6,7 +6,7 @@ import numpy as np
 from heads import save_random_head
 
 from peagle.autok.costmodel import CostModel
-from peagle.autok.tune import best_k_per_batch, best_two_level, expected_tokens, ranges
+from peagle.autok.tune import best_k_per_batch, best_kind_per_batch, best_two_level, expected_tokens, ranges
 from peagle.spec_config import parse_spec_config
 
 
@@ -44,6 +44,22 @@ def test_two_level_schedule_for_parallel_heads():
     assert total(k, ks) <= total(None, free) + 1e-12          # never above the free schedule
 
 
+def test_tree_chain_or_plain_per_batch_size():
+    """Trees accept more but verify more positions: they win where verification is nearly free (small batches),
+    chains further up, plain decoding where drafting costs more than it yields; each choice is the argmax."""
+    e_chain, e_tree = expected_tokens([0.4, 0.1, 0.02]), expected_tokens([0.7, 0.3, 0.1])
+    chain = CostModel([1, 32], [[10e-3 + 0.5e-3 * k for k in range(4)], [30e-3 + 4e-3 * k for k in range(4)]])
+    tree = CostModel([1, 32], [[10e-3 + 1e-3 * k for k in range(4)], [30e-3 + 40e-3 * k for k in range(4)]])
+    kinds = best_kind_per_batch((e_chain, chain), (e_tree, tree), 32)
+    for b, (kind, k) in enumerate(kinds, 1):
+        rates = {("plain", 0): e_chain[0] / chain.predict(b)[0]}
+        for name, e, c in (("chain", e_chain, chain), ("tree", e_tree, tree)):
+            rates.update({(name, j): e[j] / c.predict(b)[j] for j in range(1, 4)})
+        assert rates[(kind, k)] == max(rates.values())
+    assert kinds[0][0] == "tree" and {kd for kd, _ in kinds} >= {"tree", "chain"}
+    assert best_kind_per_batch((e_chain, chain), (expected_tokens([0.0] * 3), tree), 32)[0][0] != "tree"  # control
+
+
 def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys):
     from peagle.cli import main
     tgt = tiny_dirs["llama"]
@@ -68,3 +84,12 @@ def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys):
     with open(out) as f:
         cfg = json.load(f)
     assert rc == 0 and cfg["num_speculative_tokens"] == 3            # any K up to the maximum
+    capsys.readouterr()
+    tree_spec = json.dumps({**json.loads(spec), "eagle_topk": 2, "num_draft_tokens": 4})
+    rc = main(["tune", tgt, "--speculative-config", tree_spec, "--max-num-seqs", "6", "--num-prompts", "2",
+               "--output-len", "8", "--dataset", "humaneval", "--out", out])
+    with open(out) as f:
+        cfg = json.load(f)
+    err = capsys.readouterr().err
+    assert rc == 0 and "eagle_topk" not in cfg and "num_draft_tokens" not in cfg       # vLLM's config: chains
+    assert "token trees 2x4" in err and "peagle's engine per batch size" in err and "batch 1-" in err

@@ -191,8 +191,9 @@ def test_tree_engine_sampling_matches_exact_distribution_and_wrong_verifier_fail
 
 
 def test_auto_k_with_trees_measures_tree_steps_apart_and_stays_identical(target, heads, capsys):
-    """K "auto" with a tree: the cost model is measured on tree steps and cached apart from the chain's
-    (costs-peagle-tree3x8-*), auto picks the depth per step, greedy outputs stay identical."""
+    """K "auto" with a tree: tree steps get their own cost model, cached apart from the chain's
+    (costs-peagle-tree3x8-*); auto picks tree, chain or plain per step and the depth; greedy outputs stay
+    identical, and tree steps were verified (while it explores the trees' acceptance, at least)."""
     import os
     ps = prompts(4, seed=13)
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -205,18 +206,22 @@ def test_auto_k_with_trees_measures_tree_steps_apart_and_stays_identical(target,
     assert "autok: measuring step costs for peagle-tree3x8" in capsys.readouterr().err   # not the chain's model
     assert ids(llm.generate(ps, sp)) == ref
     pol = llm.get_metrics()["k_policy"]
-    assert pol["mode"] == "auto" and os.path.basename(pol["cost_model"]).startswith("costs-peagle-tree3x8-")
+    assert pol["mode"] == "auto" and os.path.basename(pol["cost_model"]).startswith("costs-peagle-")
+    assert pol["tree_steps"] > 0 and len(pol["tree_alpha_per_pos"]) == 3
+    tree_cost = llm.engine.k_policy.tree.cost.meta["path"]
+    assert os.path.basename(tree_cost).startswith("costs-peagle-tree3x8-")
 
 
 def test_bench_tree_runs_and_report():
-    """`peagle bench --trees`: tree runs per integer K beside the chains, their specs, and the report's table."""
+    """`peagle bench --trees`: tree runs per K (auto too) beside the chains, their specs, and the report's table."""
     from peagle.bench.runner import split_method
     from peagle.bench.sweep import configs
     from peagle.bench.trees_report import render
     from peagle.cli.bench import _trees
     assert _trees("4x8, 8x16") == ["4x8", "8x16"]
     cfgs = configs(["baseline", "peagle"], [3, "auto"], ["4x8"])
-    assert cfgs == [("baseline", 0), ("peagle", 3), ("peagle", "auto"), ("peagle+tree4x8", 3)]
+    assert cfgs == [("baseline", 0), ("peagle", 3), ("peagle", "auto"), ("peagle+tree4x8", 3),
+                    ("peagle+tree4x8", "auto")]
     assert split_method("eagle3+tree8x16") == ("eagle3", (8, 16)) and split_method("peagle") == ("peagle", None)
 
     def run(label, k, tok_s, al, nodes=None):

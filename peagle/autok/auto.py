@@ -34,6 +34,9 @@ the model expects it within `probe_tol` of plain, and each later window must aga
 ends the trust (a window below 1.0 is also the guard's fallback). What a failed probe costs is bounded by the
 guard's early stop.
 
+Trees (treechoice.py): with a token-tree engine, each K > 0 is priced both as a chain and as a tree (its own
+cost model and acceptance); the faster stands for that K, and `wants_tree` tells the engine which to verify.
+
 The knobs: AutoKConfig (config.py). Why the defaults are what they are: docs/benchmarks/auto/README.md."""
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from .config import AutoKConfig
 from .costmodel import CostModel, shown_path
 from .guard import FALLBACK, Guard
 from .trace import open_trace, r6
+from .treechoice import TreeChoice
 
 # After a failed probe, no probe (nor trust) for PROBE_BACKOFF x 2^failures steps, at most PROBE_MAX_BACKOFF.
 PROBE_BACKOFF, PROBE_MAX_BACKOFF = 64, 2048
@@ -57,11 +61,15 @@ PRIOR_ROWS, ROW_MEMORY = 256, 4096
 class AutoK(KPolicy):
     mode = "auto"
 
-    def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, config: AutoKConfig | None = None):
+    def __init__(self, k_max: int, cost: CostModel, acceptance: Acceptance, config: AutoKConfig | None = None,
+                 tree: TreeChoice | None = None):
         """config: the knobs (AutoKConfig's defaults if None); the environment is not read here (the factory
-        applies its A/B overrides: AutoKConfig.with_env)."""
-        if cost.k_max < k_max or acceptance.k_max < k_max:
-            raise ValueError(f"the cost model and acceptance estimate must cover K up to {k_max}")
+        applies its A/B overrides: AutoKConfig.with_env). tree: the tree steps' cost and acceptance, for an
+        engine with token trees (None: every K > 0 step is what the engine makes of it, chain or tree)."""
+        if cost.k_max < k_max or acceptance.k_max < k_max or (
+                tree is not None and (tree.cost.k_max < k_max or tree.acc.k_max < k_max)):
+            raise ValueError(f"the cost models and acceptance estimates must cover K up to {k_max}")
+        self.tree = tree
         super().__init__(k_max)
         cfg = self.config = config or AutoKConfig()
         self.cost, self.acc, self.refine, self.margin = cost, acceptance, cfg.refine, cfg.margin
@@ -83,12 +91,26 @@ class AutoK(KPolicy):
                                             "cost_model": shown_path(cost.meta.get("path")), "margin": cfg.margin})
 
     def rates(self, rids) -> tuple:
-        """(expected tokens [k_max+1], seconds per step [k_max+1], tokens per second [k_max+1]) for a batch."""
+        """(expected tokens [k_max+1], seconds per step [k_max+1], tokens per second [k_max+1]) for a batch; with
+        trees, per K the faster of chain and tree (`self.tree_k[K]`: the tree's)."""
         tokens = self.acc.expected_tokens(rids)
         secs = self.cost.predict(len(rids))[: self.k_max + 1]
         if self.guard.log_scale is not None:     # K = 0 as measured (the cost model's scale follows K > 0 too)
             secs[0] = self.guard.plain_s(len(rids))
+        self.tree_k = np.zeros(self.k_max + 1, dtype=bool)
+        if self.tree is not None:
+            t_tok, t_secs = self.tree.rates(rids, self.k_max)
+            tree_k = t_tok / t_secs > tokens / secs
+            tree_k[0] = False
+            self.tree_k = tree_k
+            tokens, secs = np.where(tree_k, t_tok, tokens), np.where(tree_k, t_secs, secs)
         return tokens, secs, tokens / secs
+
+    def wants_tree(self) -> bool:
+        return self.tree is None or bool(self.last.get("tree", True))
+
+    def _cost_of(self, tree: bool) -> CostModel:
+        return self.tree.cost if tree and self.tree is not None else self.cost
 
     def _best(self, rate, B: int | None = None, start_probe: bool = False) -> int:
         """The K with the most tokens per second; a K > 0 must beat K = 0 by the margin, or, where batch size B
@@ -173,8 +195,9 @@ class AutoK(KPolicy):
             secs = secs + catch
             rate = tokens / secs
         k = self._best(rate, len(rids), start_probe)
+        tree = bool(k and (self.tree_k[k] or self.tree.explore())) if self.tree is not None else None
         self.last = {"batch_size": len(rids), "k": k, "expected_tokens": tokens, "step_time_s": secs,
-                     "tokens_per_s": rate, "catch_up_rows": extra, "drafter_row_s": self.row_s}
+                     "tokens_per_s": rate, "catch_up_rows": extra, "drafter_row_s": self.row_s, "tree": tree}
         return k
 
     def drafts_next(self, batch_size: int) -> bool:
@@ -185,25 +208,31 @@ class AutoK(KPolicy):
             return False
         return self._best(self.rates([None] * batch_size)[2], batch_size) > 0   # anonymous rows: the global estimate
 
-    def observe(self, rows, k, accepted, step_s):
-        B = len(rows)
-        pred = self._predicted(B, k) if self.trace is not None else None    # before this step refines them
+    def observe(self, rows, k, accepted, step_s, tree=False):
+        B, tree = len(rows), bool(k and tree and self.tree is not None)
+        pred = self._predicted(B, k, tree) if self.trace is not None else None    # before this step refines them
         if not k and (self.last.get("forced") == FALLBACK or self.last.get("settled")):
             self.acc.age(B)                     # a fallback or settled step: the evidence ages, nothing else to learn
+            if self.tree is not None:
+                self.tree.acc.age(B)
             act, tokens, extra = self.guard.observe(B, 0, B, step_s), B, 0
         else:
             accepted = accepted.tolist() if hasattr(accepted, "tolist") else list(accepted)
-            self.acc.observe([r.request_id for r in rows], k, accepted)
+            rids = [r.request_id for r in rows]
+            self.acc.observe(rids, 0 if tree else k, accepted)      # a tree step is no evidence about chains
             extra = self.last.get("catch_up_rows", 0) if self.last.get("batch_size") == B else 0
-            if k and extra:   # a catch-up step: learn seconds per drafter row from its time beyond steady state
-                self._learn_row_s(max(0.0, step_s - float(self.cost.predict(B)[k])), extra)
-            elif self.refine:
+            catch_up = bool(k and extra)
+            if self.tree is not None:
+                self.tree.observe(rids, k, accepted, step_s, tree, self.refine and not catch_up)
+            if catch_up:      # learn seconds per drafter row from the step's time beyond steady state
+                self._learn_row_s(max(0.0, step_s - float(self._cost_of(tree).predict(B)[k])), extra)
+            elif self.refine and not tree:
                 self.cost.update(B, k, step_s)
             tokens = B + (sum(accepted) if k else 0)
             act = self.guard.observe(B, k, tokens, step_s, catch_up=bool(k and extra))
             self._judge(B, act)
         if self.trace is not None:
-            self._trace(B, k, tokens, step_s, extra if k else 0, pred, act)
+            self._trace(B, k, tokens, step_s, extra if k else 0, pred, act, tree)
 
     def _learn_row_s(self, excess_s: float, rows: int):
         """Pool a catch-up step's time beyond steady state into seconds per drafter row (see PRIOR_ROWS)."""
@@ -213,16 +242,16 @@ class AutoK(KPolicy):
             sums[0], sums[1] = sums[0] / 2, sums[1] / 2
         self.row_s = sums[0] / sums[1]
 
-    def _predicted(self, B: int, k: int) -> tuple:
+    def _predicted(self, B: int, k: int, tree: bool = False) -> tuple:
         """(seconds, tokens) the model expected of this step, from what choose() left in `last`."""
         last = self.last
         if last.get("batch_size") != B or "expected_tokens" not in last or last.get("k_model") is None:
             return None, None
-        secs = float(self.cost.predict(B)[k]) + last.get("catch_up_rows", 0) * self.row_s if k else \
+        secs = float(self._cost_of(tree).predict(B)[k]) + last.get("catch_up_rows", 0) * self.row_s if k else \
             float(last["step_time_s"][0])          # K = 0: what the choice assumed (measured plain, if any)
         return secs, float(last["expected_tokens"][k])
 
-    def _trace(self, B, k, tokens, step_s, extra, pred, act):
+    def _trace(self, B, k, tokens, step_s, extra, pred, act, tree=False):
         last, (pred_s, pred_tok) = self.last, pred
         rec = {"event": "step", "step": self.guard.stats["steps"], "batch_size": B, "k": k,
                "k_model": last.get("k_model"), "forced": last.get("forced"), "settled": bool(last.get("settled")),
@@ -230,7 +259,8 @@ class AutoK(KPolicy):
                "pred_step_s": r6(pred_s) if pred_s is not None else None, "step_s": r6(step_s),
                "pred_tokens": r6(pred_tok) if pred_tok is not None else None, "tokens": tokens,
                "plain_step_s": r6(self.guard.plain_s(B)) if self.guard.log_scale is not None else None,
-               "alpha": r6(self.acc.global_alpha()), "trusted": B in self.trusted, "probing": self.probing == B}
+               "alpha": r6(self.acc.global_alpha()), "trusted": B in self.trusted, "probing": self.probing == B,
+               "tree": tree}
         if "step_time_s" in last:
             rec["per_k"] = {"step_s": r6(last["step_time_s"]), "tokens": r6(last["expected_tokens"])}
         if act:
@@ -240,7 +270,8 @@ class AutoK(KPolicy):
     def describe(self) -> dict:
         d = {**super().describe(), **self.acc.summary(), "cost_model_updates": self.cost.updates,
              "cost_model": shown_path(self.cost.meta.get("path")), "guard": self.guard.describe(),
-             "trusted_batch_sizes": sorted(self.trusted), **{f"probes_{k}": v for k, v in self.probe_stats.items()}}
+             "trusted_batch_sizes": sorted(self.trusted), **{f"probes_{k}": v for k, v in self.probe_stats.items()},
+             **(self.tree.describe() if self.tree is not None else {})}
         for key, v in self.last.items():
             d[key] = [round(float(x), 6) for x in v] if hasattr(v, "tolist") else v
         return d

@@ -5,11 +5,13 @@
 - `"num_speculative_tokens": K` + `"num_speculative_tokens_per_batch_size"` -> BatchSizeSchedule (vLLM's)
 - `"num_speculative_tokens": "auto"` -> AutoK, K in 0..`max_num_speculative_tokens` (default: the depth the head
   was trained for), its knobs from the speculative config's "auto_k" (AutoKConfig), the environment's A/B
-  overrides applied ($PEAGLE_AUTOK_GUARD, _MARGIN, _PROBE, _TRACE: AutoKConfig.with_env)"""
+  overrides applied ($PEAGLE_AUTOK_GUARD, _MARGIN, _PROBE, _TRACE: AutoKConfig.with_env); with token trees
+  ("eagle_topk" / "num_draft_tokens") it picks tree, chain or plain per step (treechoice.py)"""
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 from ..kpolicy import BatchSizeSchedule, FixedK, KPolicy
 from .acceptance import Acceptance
@@ -17,6 +19,7 @@ from .auto import AutoK
 from .config import AutoKConfig
 from .costmodel import CostModel, cache_dir, cache_key
 from .measure import grid_batch_sizes, measure
+from .treechoice import TreeChoice
 
 DEFAULT_K_MAX = 7            # a head that records no training depth
 CTX_LEN, STEPS, SMALL_PASSES = 64, 2, 8       # measurement settings (part of the cache key)
@@ -74,20 +77,35 @@ def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int,
     return cm
 
 
-def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, config: AutoKConfig | None = None) -> AutoK:
+def auto_policy(cost: CostModel, head_cfg: dict, k_max: int, config: AutoKConfig | None = None,
+                tree_cost: CostModel | None = None) -> AutoK:
     """A fresh AutoK (its own copy of the cost model to refine, acceptance from the head's prior) with config
-    (the defaults if None) and the environment's A/B overrides on top."""
+    (the defaults if None) and the environment's A/B overrides on top. tree_cost: the cost model of the
+    engine's token-tree steps (then each step picks tree, chain or plain: treechoice.py); None: no choice."""
     cfg = (config or AutoKConfig()).with_env()
-    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=training_accuracy(head_cfg)), cfg)
+    prior = training_accuracy(head_cfg)
+    tree = None if tree_cost is None else TreeChoice(tree_cost.copy(), Acceptance(k_max, prior=prior))
+    return AutoK(k_max, cost.copy(), Acceptance(k_max, prior=prior), cfg, tree=tree)
 
 
-def make_policy(spec, target, head, make_engine, k_max: int, max_num_seqs: int, model_dir: str, dtype,
+def chain_of(spec):
+    """The same speculative config without token trees (its chain steps)."""
+    return replace(spec, eagle_topk=1, num_draft_tokens=None)
+
+
+def make_policy(spec, target, head, engines, k_max: int, max_num_seqs: int, model_dir: str, dtype,
                 log=_log) -> KPolicy:
+    """engines(spec) -> make_engine for the measurement (peagle/llm.py measuring_engines). With "auto" and
+    token trees, chain and tree steps are measured (and cached) apart, and each step picks one of them."""
     if spec.auto:
         cfg = AutoKConfig.from_dict(spec.auto_k)       # checked before the cost model is measured
-        cm = cost_model_for(target, make_engine, getattr(spec, "cost_name", spec.name), k_max, max_num_seqs,
-                            model_dir, spec.model, dtype, log)
-        return auto_policy(cm, head.cfg, k_max, cfg)
+        chain = chain_of(spec)
+        cm = cost_model_for(target, engines(chain), chain.name, k_max, max_num_seqs, model_dir, spec.model, dtype, log)
+        tree_cm = None
+        if spec.cost_name != chain.name:
+            tree_cm = cost_model_for(target, engines(spec), spec.cost_name, k_max, max_num_seqs, model_dir,
+                                     spec.model, dtype, log)
+        return auto_policy(cm, head.cfg, k_max, cfg, tree_cost=tree_cm)
     if spec.num_speculative_tokens_per_batch_size is not None:
         return BatchSizeSchedule(spec.num_speculative_tokens_per_batch_size, k_max)
     return FixedK(k_max)

@@ -47,7 +47,7 @@ class ForcedK(KPolicy):
     def choose(self, rows):
         return self.k
 
-    def observe(self, rows, k, accepted, step_s):
+    def observe(self, rows, k, accepted, step_s, tree=False):
         self.log.append((len(rows), k, step_s))
 
 

@@ -12,7 +12,10 @@ k_max: num_speculative_tokens if an integer; with "auto", max_num_speculative_to
 4. A parallel (P-EAGLE) head gets a two-level schedule unless asked otherwise: every batch size uses 0 or one
    K, and that K becomes num_speculative_tokens. vLLM <= 0.32 fills num_speculative_tokens mask slots whatever
    the step's K (the fix, vLLM PR #45695, is open), so a step with 0 < K < num_speculative_tokens crashes or
-   verifies another request's drafts there (tests/vllm/test_vllm_schedule.py); K = 0 and K = the maximum work."""
+   verifies another request's drafts there (tests/vllm/test_vllm_schedule.py); K = 0 and K = the maximum work.
+5. With token trees in the config (peagle's engine only; vLLM has none): the trees' acceptance and step costs are
+   measured too, and peagle's choice per batch size among plain, chain K and tree K is printed beside the
+   schedule (best_kind_per_batch); the written config stays vLLM's chains."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,6 +46,21 @@ def best_two_level(expected: np.ndarray, cost, max_batch: int) -> tuple[int, lis
         if best is None or score > best[0]:
             best = (score, k, ks)
     return best[1], best[2]
+
+
+def best_kind_per_batch(chain: tuple, tree: tuple, max_batch: int) -> list:
+    """chain / tree: (expected tokens [k_max + 1], cost model) of each kind of step -> [(kind, K) for B = 1..
+    max_batch], kind "plain" (K = 0), "chain" or "tree": the most expected tokens per second."""
+    out = []
+    for b in range(1, max_batch + 1):
+        best = ("plain", 0, chain[0][0] / chain[1].predict(b)[0])
+        for kind, (e, cost) in (("chain", chain), ("tree", tree)):
+            t = cost.predict(b)[: e.shape[0]]
+            k = 1 + int((e[1:] / t[1:]).argmax())
+            if e[k] / t[k] > best[2]:
+                best = (kind, k, e[k] / t[k])
+        out.append(best[:2])
+    return out
 
 
 def ranges(ks: list) -> list:

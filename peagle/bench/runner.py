@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..autok.config import AutoKConfig
-from ..autok.factory import auto_policy, cost_model_for, k_max_for
+from ..autok.factory import auto_policy, chain_of, cost_model_for, k_max_for
 from ..data.benchmarks import encode_prompt
 from ..device import resolve, synchronize
 from ..errors import PeagleError
@@ -117,11 +117,14 @@ class Bench:
         head = self.head(method)
         spec = self.spec(method, "auto")
         k = k_max_for(spec, head.cfg)
-        if method not in self.costs:
-            self.costs[method] = cost_model_for(self.target, measuring_engines(self.target, head, spec, k), method, k,
-                                                self.max_batch, self.model, spec.model, self.dtype,
-                                                refresh=self.remeasure)
-        return auto_policy(self.costs[method], head.cfg, k, self.auto_k)
+        chain = chain_of(spec)
+        for s in {chain.cost_name: chain, spec.cost_name: spec}.values():    # a tree run: its chain's and its own
+            if s.cost_name not in self.costs:
+                self.costs[s.cost_name] = cost_model_for(self.target, measuring_engines(self.target, head, s, k),
+                                                         s.cost_name, k, self.max_batch, self.model, spec.model,
+                                                         self.dtype, refresh=self.remeasure)
+        tree_cost = self.costs[spec.cost_name] if spec.cost_name != chain.cost_name else None
+        return auto_policy(self.costs[chain.cost_name], head.cfg, k, self.auto_k, tree_cost=tree_cost)
 
     def engine(self, method: str, k, c: int, max_model_len: int):
         """k: an int, or "auto" (K per step, up to the head's trained depth)."""

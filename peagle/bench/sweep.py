@@ -57,12 +57,12 @@ def versions() -> dict:
 
 def configs(methods, ks, trees=()):
     """(method label, K) of every run; trees ("4x8": eagle_topk x num_draft_tokens) add "peagle+tree4x8" runs
-    (K = the trees' depth bound) for every drafter method and integer K."""
+    (K = the trees' depth bound, or "auto": tree, chain or plain per step) for every drafter method and K."""
     out = [("baseline", 0)] if "baseline" in methods else []
     for m in ("eagle3", "peagle"):
         if m in methods:
             out += [(m, k) for k in ks]
-            out += [(f"{m}+tree{t}", k) for t in trees for k in ks if k != "auto"]
+            out += [(f"{m}+tree{t}", k) for t in trees for k in ks]
     return out
 
 

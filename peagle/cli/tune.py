@@ -10,7 +10,7 @@ import sys
 import torch
 
 from ..autok.factory import cost_model_for, k_max_for
-from ..autok.tune import best_k_per_batch, best_two_level, expected_tokens, ranges
+from ..autok.tune import best_k_per_batch, best_kind_per_batch, best_two_level, expected_tokens, ranges
 from ..data.benchmarks import encode_prompt, load_dataset
 from ..device import add_arguments
 from ..errors import PeagleError
@@ -96,6 +96,9 @@ def run(a) -> int:
         print(f"peagle tune: parallel drafting: K is 0 or {k_top} per batch size (vLLM <= 0.32 keeps "
               "num_speculative_tokens mask slots whatever the step's K, vLLM PR #45695; --any-k lifts this)",
               file=sys.stderr)
+    tree_spec = spec.tree(k_max)
+    if tree_spec is not None:
+        _print_tree_choice(a, model, spec, k_max, prompts, e, cost)
     text = json.dumps(out)
     if a.out:
         with open(a.out, "w") as f:
@@ -105,3 +108,27 @@ def run(a) -> int:
     else:
         print(text)
     return 0
+
+
+def _print_tree_choice(a, model, spec, k_max, prompts, e_chain, chain_cost):
+    """Token trees in the config: measure the trees' acceptance (same prompts) and step costs, then print what
+    peagle's engine would run per batch-size range: plain, chain K or tree K (vLLM's config stays chains)."""
+    cfg = dict(spec.as_dict(), num_speculative_tokens=k_max)
+    for key in ("max_num_speculative_tokens", "num_speculative_tokens_per_batch_size", "auto_k"):
+        cfg.pop(key, None)
+    llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=cfg,
+              max_num_seqs=min(a.num_prompts, 16))
+    eng = llm.engine
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=a.output_len))
+    e_tree = expected_tokens(llm.get_metrics()["acceptance_rate_per_pos"][:k_max])
+    tree_cost = cost_model_for(eng.target, measuring_engines(eng.target, eng.proposer.head, spec, k_max),
+                               spec.cost_name, k_max, a.max_num_seqs, model, spec.model, eng.target.dtype)
+    kinds = best_kind_per_batch((e_chain, chain_cost), (e_tree, tree_cost), a.max_num_seqs)
+    print(f"peagle tune: token trees {spec.eagle_topk}x{eng.tree.nodes}: E[tokens/step | depth] = "
+          f"{[round(float(x), 2) for x in e_tree]}; peagle's engine per batch size (not vLLM's):", file=sys.stderr)
+    start = 1
+    for b in range(1, len(kinds) + 1):
+        if b == len(kinds) or kinds[b] != kinds[b - 1]:
+            kind, k = kinds[b - 1]
+            print(f"  batch {start}-{b}: {kind}" + (f" K={k}" if k else ""), file=sys.stderr)
+            start = b + 1
