@@ -68,3 +68,20 @@ def test_vllm_schedule_picks_k_by_batch_size(target, tmp_path):
     steps = m["num_steps_per_k"]
     assert steps[0] > 0 and steps[5] > 0 and sum(steps[1:5]) == 0      # 3-4 rows: K=0; 1-2 rows: K=5
     assert m["k_policy"] == {"mode": "schedule", "k_max": 5, "schedule": [[1, 2, 5], [3, 8, 0]]}
+
+
+def test_cost_models_are_cached_per_quantization(tmp_path, monkeypatch):
+    """A q4 target's steps cost another time than the float one's: their cost models never share a cache file."""
+    import types
+
+    import peagle.autok.factory as factory
+    from peagle.autok.costmodel import CostModel
+    monkeypatch.setenv("PEAGLE_CACHE_DIR", str(tmp_path / "cache"))
+    measured = []
+    monkeypatch.setattr(factory, "measure", lambda *a, **kw: measured.append(1) or CostModel([1], [[0.01, 0.02]]))
+    paths = []
+    for q in ("none", "q4", "q4"):
+        tgt = types.SimpleNamespace(device="cpu", quantization=q)
+        paths.append(factory.cost_model_for(tgt, None, "peagle", 1, 1, str(tmp_path), str(tmp_path), "float32",
+                                            log=None).meta["path"])
+    assert paths[0] != paths[1] == paths[2] and len(measured) == 2

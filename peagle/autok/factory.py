@@ -62,6 +62,8 @@ def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int,
     settings = {"ctx_len": CTX_LEN, "steps": STEPS, "small_passes": SMALL_PASSES, "device": str(target.device)}
     if getattr(target, "backend", "native") != "native":       # the transformers backend's steps cost more
         settings["backend"] = target.backend
+    if getattr(target, "quantization", "none") != "none":      # q8 / q4 weights: another step cost
+        settings["quantization"] = target.quantization
     name, ident = cache_key(model_dir, head_dir, method, dtype, settings)
     path = os.path.join(cache_dir(), name)
     cm = None if refresh else CostModel.load(path)
