@@ -82,3 +82,7 @@ for h in e3:eagle3 pe:peagle; do
   cp runs/p4/${h%:*}/config.json runs/p4/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
   cp runs/p4/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part4.jsonl
 done
+for h in e3:eagle3 pe:peagle; do
+  cp runs/p4/${h%:*}/config.json runs/p4/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
+  cp runs/p4/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part4.jsonl
+done
