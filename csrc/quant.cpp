@@ -116,7 +116,47 @@ torch::Tensor silu_mul(torch::Tensor gu) {
   return out;
 }
 
+// RoPE (rotate-half: x * cos + rot * sin, rot = [-x2, x1], the same three roundings per element as the torch
+// ops) of q and k, and the cache write of k and v, in one pass. qkv [B, T, (nh + 2 nkv) * hd] float32 contiguous;
+// cos, sin [B, T, hd]; kc, vc [rows, nkv, cap, hd] float32 contiguous; pos [B, T] int64 (< cap). Rows b0..b0+B-1 of
+// the cache get k (rotated) and v at their positions; returns q rotated [B, T, nh, hd].
+torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor kc, torch::Tensor vc,
+                      int64_t b0, torch::Tensor pos, int64_t nh, int64_t nkv) {
+  TORCH_CHECK(qkv.scalar_type() == torch::kFloat32 && qkv.is_contiguous() && qkv.dim() == 3, "rope_kv: qkv");
+  const int64_t B = qkv.size(0), T = qkv.size(1), hd = kc.size(3), half = hd / 2, cap = kc.size(2);
+  TORCH_CHECK(qkv.size(2) == (nh + 2 * nkv) * hd && hd % 2 == 0, "rope_kv: qkv width");
+  TORCH_CHECK(kc.scalar_type() == torch::kFloat32 && vc.scalar_type() == torch::kFloat32 && kc.is_contiguous() &&
+              vc.is_contiguous() && kc.sizes() == vc.sizes() && kc.size(1) == nkv && b0 + B <= kc.size(0),
+              "rope_kv: caches");
+  auto c = cos.contiguous(), sn = sin.contiguous(), p = pos.to(torch::kLong).contiguous();
+  TORCH_CHECK(c.numel() == B * T * hd && sn.numel() == B * T * hd && p.numel() == B * T, "rope_kv: cos/sin/pos");
+  auto q = torch::empty({B, T, nh, hd}, qkv.options());
+  const float *xp = qkv.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = sn.data_ptr<float>();
+  const int64_t* pp = p.data_ptr<int64_t>();
+  float *qp = q.data_ptr<float>(), *kp = kc.data_ptr<float>(), *vp = vc.data_ptr<float>();
+  const int64_t W = (nh + 2 * nkv) * hd;
+  for (int64_t bt = 0; bt < B * T; bt++)
+    TORCH_CHECK(pp[bt] >= 0 && pp[bt] < cap, "rope_kv: position ", pp[bt], " outside the cache's ", cap);
+  at::parallel_for(0, B * T, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t bt = r0; bt < r1; bt++) {
+      const float *x = xp + bt * W, *cs = cp + bt * hd, *sv = sp + bt * hd;
+      const int64_t b = bt / T;
+      for (int64_t h = 0; h < nh + nkv; h++) {
+        const float* xh = x + h * hd;
+        float* o = h < nh ? qp + (bt * nh + h) * hd : kp + (((b0 + b) * nkv + (h - nh)) * cap + pp[bt]) * hd;
+        for (int64_t i = 0; i < half; i++) o[i] = xh[i] * cs[i] + (-xh[i + half]) * sv[i];
+        for (int64_t i = half; i < hd; i++) o[i] = xh[i] * cs[i] + xh[i - half] * sv[i];
+      }
+      for (int64_t h = 0; h < nkv; h++)
+        std::copy(x + (nh + nkv + h) * hd, x + (nh + nkv + h + 1) * hd,
+                  vp + (((b0 + b) * nkv + h) * cap + pp[bt]) * hd);
+    }
+  });
+  return q;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
   m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0), batch-invariant");
   m.def("dequantize", &dequantize, "the float32 weight the kernels use");
   m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");

@@ -115,10 +115,68 @@ static inline void tile(const float* buf, const float* x, int64_t K, float* y, i
     for (int o = 0; o < NO; o++) y[r * N + o] = fold(acc[r][o]);
 }
 
+// NR rows (2..8), NO outputs: each block dequantized in registers once per output and multiplied into every
+// row at once (no scratch); per (row, output) one accumulator, chunk by chunk in order (as row_fused and tile).
+// Up to 8 rows this measures faster than the scratch + tile path below; past 8, re-dequantizing per 8 rows costs
+// more than the scratch round trip (docs/benchmarks/cpu-step.md).
+template <int QT, int NO, int NR>
+static inline void rows_fused(const uint8_t* w, int64_t row_bytes, const float* x, int64_t K, float* y, int64_t N) {
+  constexpr int bs = QT == Q4_0 ? 18 : QT == Q4_1 ? 20 : 34;
+  __m256 acc[NO][NR], wv[4];
+  #pragma GCC unroll 16
+  for (int o = 0; o < NO; o++)
+    #pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) acc[o][r] = _mm256_setzero_ps();
+  for (int64_t k = 0, off = 0; k < K; k += 32, off += bs) {
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) {
+      dequant_block<QT>(w + o * row_bytes + off, wv);
+      #pragma GCC unroll 16
+      for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 16
+        for (int c = 0; c < 4; c++)
+          acc[o][r] = _mm256_fmadd_ps(wv[c], _mm256_loadu_ps(x + r * K + k + 8 * c), acc[o][r]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int o = 0; o < NO; o++)
+    #pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) y[r * N + o] = fold(acc[o][r]);
+}
+
+// M rows (1..8) of NO outputs: pairs of outputs up to 4 rows, single outputs up to 8 (the accumulators fit the
+// 16 registers).
+template <int QT, int NO>
+static void outputs_few(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y, int64_t N) {
+  if (M <= 4 && NO % 2 == 0) {
+    for (int o = 0; o < NO; o += 2) {
+      const uint8_t* wo = w + o * rb;
+      if (M == 2) rows_fused<QT, 2, 2>(wo, rb, x, K, y + o, N);
+      else if (M == 3) rows_fused<QT, 2, 3>(wo, rb, x, K, y + o, N);
+      else rows_fused<QT, 2, 4>(wo, rb, x, K, y + o, N);
+    }
+    return;
+  }
+  for (int o = 0; o < NO; o++) {
+    const uint8_t* wo = w + o * rb;
+    float* yo = y + o;
+    switch (M) {
+      case 2: rows_fused<QT, 1, 2>(wo, rb, x, K, yo, N); break;
+      case 3: rows_fused<QT, 1, 3>(wo, rb, x, K, yo, N); break;
+      case 4: rows_fused<QT, 1, 4>(wo, rb, x, K, yo, N); break;
+      case 5: rows_fused<QT, 1, 5>(wo, rb, x, K, yo, N); break;
+      case 6: rows_fused<QT, 1, 6>(wo, rb, x, K, yo, N); break;
+      case 7: rows_fused<QT, 1, 7>(wo, rb, x, K, yo, N); break;
+      default: rows_fused<QT, 1, 8>(wo, rb, x, K, yo, N); break;
+    }
+  }
+}
+
 template <int QT, int NO>
 static void outputs(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, float* y,
                     int64_t N, float* buf) {
   if (M == 1) return row_fused<QT, NO>(w, row_bytes, x, K, y);
+  if (M <= 8) return outputs_few<QT, NO>(w, row_bytes, x, M, K, y, N);
   #pragma GCC unroll 16
   for (int o = 0; o < NO; o++) dequant_row<QT>(w + o * row_bytes, K, buf + o * K);
   int64_t r = 0;

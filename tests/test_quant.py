@@ -71,12 +71,13 @@ def test_kernel_matches_dequantized_reference(qtype, impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", TYPES)
 def test_batch_invariance_bit_identical(qtype, impl):
-    """A row's output is the same bits at M = 1, 2, 5, 16 and in any position of the batch."""
+    """A row's output is the same bits at M = 1..5, 8, 9, 16 (the kernel's one-row, few-row and scratch paths)
+    and in any position of the batch."""
     w = random_blocks(qtype, 37, 192, seed=5)
     g = torch.Generator().manual_seed(2)
     rows = torch.randn(16, w.k, generator=g)
     alone = torch.cat([Q.qmm(rows[i:i + 1], w, impl) for i in range(16)])
-    for m in (1, 2, 5, 16):
+    for m in (1, 2, 3, 4, 5, 8, 9, 16):
         for start in range(0, 16 - m + 1, max(1, (16 - m) // 3 or 1)):
             got = Q.qmm(rows[start:start + m], w, impl)
             assert torch.equal(got, alone[start:start + m]), (m, start)
@@ -91,8 +92,9 @@ def test_batch_invariance_bit_identical(qtype, impl):
 @pytest.mark.parametrize("qtype", TYPES)
 def test_scalar_and_avx2_paths_agree_bit_for_bit(qtype):
     w = random_blocks(qtype, 45, 224, seed=9)
-    x = torch.randn(7, w.k)
-    assert torch.equal(Q.qmm(x, w, 1), Q.qmm(x, w, 2))
+    for m in (1, 2, 3, 4, 7, 8, 9):
+        x = torch.randn(m, w.k)
+        assert torch.equal(Q.qmm(x, w, 1), Q.qmm(x, w, 2)), m
 
 
 def test_many_rows_take_dequantize_then_gemm():
@@ -138,6 +140,33 @@ def test_fused_ops_match_torch():
     assert torch.allclose(n, torch.nn.functional.rms_norm(x + h, (64,), wt, 1e-5), atol=1e-5)
     gu = torch.randn(3, 2, 80, generator=g)
     assert torch.allclose(Q.silu_mul(gu), torch.nn.functional.silu(gu[..., :40]) * gu[..., 40:], atol=1e-6)
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+@pytest.mark.parametrize("one_slice", [True, False])
+def test_fused_rope_and_cache_write_match_the_torch_ops_bit_for_bit(one_slice):
+    """quant.rope_kv == apply_rope + KVCache.write (q returned, k rotated and v in the cache), for a block that
+    starts at one position in every row and for ragged rows; negative control: a wrong sin changes the bits."""
+    from peagle.cache import KVCache
+    from peagle.models.layers import BlockCtx, Rope, apply_rope
+    g = torch.Generator().manual_seed(6)
+    nh, nkv, hd, B, T = 6, 2, 16, 3, 4
+    start = torch.tensor([5, 5, 5]) if one_slice else torch.tensor([5, 0, 9])
+    rope = Rope(hd, 10000.0, None, 64)
+    ctx = BlockCtx(rope, start, T, b0=1)
+    qkv = torch.randn(B, T, (nh + 2 * nkv) * hd, generator=g)
+    ref, fused = (KVCache(2, nkv, hd, 32, rows=B + 1, initial_len=16) for _ in range(2))
+    qk = apply_rope(qkv[..., : (nh + nkv) * hd].view(B, T, nh + nkv, hd), ctx.cos, ctx.sin)
+    ref.reserve(ctx.S)
+    ref.write(1, 1, ctx.pos_w, qk[:, :, nh:], qkv[..., (nh + nkv) * hd:].view(B, T, nkv, hd))
+    fused.reserve(ctx.S)
+    q = Q.rope_kv(qkv, ctx.cos, ctx.sin, fused, 1, 1, ctx.pos_w, nh, nkv)
+    assert torch.equal(q, qk[:, :, :nh]) and torch.equal(fused.k[1], ref.k[1]) and torch.equal(fused.v[1], ref.v[1])
+    assert fused.k[0].abs().sum() == 0 and fused.k[1][0].abs().sum() == 0          # other layers, rows untouched
+    bad = Q.rope_kv(qkv, ctx.cos, -ctx.sin, fused, 1, 1, ctx.pos_w, nh, nkv)
+    assert not torch.equal(bad, qk[:, :, :nh]) and not torch.equal(fused.k[1], ref.k[1])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        Q.rope_kv(qkv, ctx.cos, ctx.sin, fused, 1, 1, ctx.pos_w + 100, nh, nkv)
 
 
 # ---- targets -------------------------------------------------------------------------------------------------------

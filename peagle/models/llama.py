@@ -233,7 +233,8 @@ class Transformer:
         for i, L in enumerate(self.layers):
             if i in aux_ids:
                 aux.append(x)
-            a = cached_attention(ctx, cache, i, mm(h, L.qkv_w, L.qkv_b), nh, nkv, hd, L.q_norm, L.k_norm, eps)
+            a = cached_attention(ctx, cache, i, mm(h, L.qkv_w, L.qkv_b), nh, nkv, hd, L.q_norm, L.k_norm, eps,
+                                 fused=True)
             x, h = add_rms_norm(x, mm(a, L.o_w, L.o_b), L.ln2, eps)
             d = mm(silu_mul(mm(h, L.gate_up)), L.down)
             x, h = add_rms_norm(x, d, self.layers[i + 1].ln1 if i + 1 < n else self.norm, eps)

@@ -253,3 +253,16 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
         return ext.silu_mul(gu)
     i = gu.shape[-1] // 2
     return F.silu(gu[..., :i]) * gu[..., i:]
+
+
+def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int, b0: int, pos: torch.Tensor,
+            nh: int, nkv: int) -> torch.Tensor | None:
+    """RoPE of q and k and the k/v write into `cache` (layer, rows b0.., positions pos [B,T]) in one op: returns q
+    rotated [B,T,nh,hd], the same bits as apply_rope + KVCache.write. None where the extension's op does not apply
+    (no extension, not float32 on the CPU): the caller runs the torch ops."""
+    ext = quant_ext.get()
+    kc, vc = cache.k[layer], cache.v[layer]
+    if ext is None or not hasattr(ext, "rope_kv") or qkv.device.type != "cpu" or qkv.dtype != torch.float32 \
+            or kc is None or kc.dtype != torch.float32 or not qkv.is_contiguous():
+        return None
+    return ext.rope_kv(qkv, cos, sin, kc, vc, b0, pos, nh, nkv)
