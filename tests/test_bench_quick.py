@@ -117,3 +117,13 @@ def test_auto_rows_in_tables_and_plots(tiny_dirs, tmp_path):
     assert "P-EAGLE auto ≥ 1.0 × baseline at every concurrency" in md
     assert os.path.getsize(os.path.join(out, "auto_vs_static.png")) > 100
     assert "--ks 2,auto" in md
+
+
+def test_the_reports_command_keeps_the_quantization():
+    """A q4 sweep's report must say so: its command regenerates the same sweep (float32 when unset)."""
+    from peagle.bench.command import apply_defaults, canonical_command
+    from peagle.cli import build_parser
+    for argv, want in ((["--quantization", "q4"], True), ([], False)):
+        a = build_parser("bench").parse_args(["bench", "--ks", "1", *argv])
+        apply_defaults(a)
+        assert ("--quantization q4" in canonical_command(a)) is want
