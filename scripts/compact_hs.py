@@ -1,25 +1,38 @@
-"""Renumber the finished samples of a (stopped) `datagen --hidden-states` run into a complete cache.
+"""Renumber the finished samples of (stopped) `datagen --hidden-states` runs into one complete cache.
 
-    python scripts/compact_hs.py data/smol-self data/smol-self-hs
+    python scripts/compact_hs.py data/smol-self [data/smol-self-q4 ...] data/smol-self-hs
 
 A run stopped by the clock leaves hs_{i} files with gaps (two workers, rows in flight); training needs
-hs_0..hs_{n-1}. The files are hard-linked (no copy) in index order; hidden_states.json gets the new count."""
+hs_0..hs_{n-1}. The files of every source, in source then index order, are hard-linked (no copy) into the
+destination; its hidden_states.json is the first source's, with the new count and where the samples came from
+(sources must agree on layers, width and dtype)."""
 import json
 import os
 import re
 import sys
 
-src, dst = sys.argv[1], sys.argv[2]
+*srcs, dst = sys.argv[1:]
+if not srcs:
+    sys.exit(__doc__)
 os.makedirs(dst, exist_ok=True)
-idx = sorted(int(m.group(1)) for f in os.listdir(src) if (m := re.fullmatch(r"hs_(\d+)\.safetensors", f)))
-for j, i in enumerate(idx):
-    out = os.path.join(dst, f"hs_{j}.safetensors")
-    if not os.path.exists(out):
-        os.link(os.path.join(src, f"hs_{i}.safetensors"), out)
-with open(os.path.join(src, "hidden_states.json")) as f:
-    cfg = json.load(f)
-cfg["num_samples"] = len(idx)
-cfg["source"] = {"dir": os.path.basename(os.path.normpath(src)), "indices": f"{len(idx)} of {idx[-1] + 1 if idx else 0}"}
+cfg, sources, j = None, [], 0
+for src in srcs:
+    with open(os.path.join(src, "hidden_states.json")) as f:
+        c = json.load(f)
+    if cfg is None:
+        cfg = c
+    elif any(c[k] != cfg[k] for k in ("layer_ids", "hidden_size", "dtype")):
+        sys.exit(f"{src}: layers, width or dtype differ from {srcs[0]}")
+    idx = sorted(int(m.group(1)) for f in os.listdir(src) if (m := re.fullmatch(r"hs_(\d+)\.safetensors", f)))
+    for i in idx:
+        out = os.path.join(dst, f"hs_{j}.safetensors")
+        if not os.path.exists(out):
+            os.link(os.path.join(src, f"hs_{i}.safetensors"), out)
+        j += 1
+    sources.append({"dir": os.path.basename(os.path.normpath(src)), "indices": f"{len(idx)} of {idx[-1] + 1 if idx else 0}",
+                    "generated": c.get("generated")})
+cfg["num_samples"] = j
+cfg["source"] = sources[0] if len(sources) == 1 else sources
 with open(os.path.join(dst, "hidden_states.json"), "w") as f:
     json.dump(cfg, f, indent=1)
-print(f"{len(idx)} samples -> {dst}")
+print(f"{j} samples -> {dst}")

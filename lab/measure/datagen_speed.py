@@ -1,8 +1,9 @@
 """Generation throughput of `peagle datagen`: the engine path (LLM.generate, then a separate hidden-state pass
-is needed) vs the one-pass path (--hidden-states: peagle/train/selfgen.py), same prompts, same greedy tokens,
-side by side in one process. Prints generated tokens/s of each and their ratio; checks the tokens agree.
+is needed) vs the one-pass path (--hidden-states: peagle/train/selfgen.py) per target precision (float32, and
+q4: the packaged GGUF's Q4_1 blocks, `datagen --quantization q4`), same prompts, side by side in one process.
+Prints generated tokens/s of each and their ratio to the engine path; counts the answers equal to the engine's.
 
-    .venv/bin/python lab/measure/datagen_speed.py --prompts 64 --max-new 128 --batch 64
+    .venv/bin/python lab/measure/datagen_speed.py --prompts 64 --max-new 128 --batch 64 --quantizations none,q4
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from lab.measure.precision import cpu_flags
 from peagle.heads.config import default_aux_layer_ids
 from peagle.llm import DEFAULT_MODEL, LLM
+from peagle.models.loader import load_target
 from peagle.sampling import SamplingParams
 from peagle.train.datagen import build_prompts, prompt_ids
 from peagle.train.hidden_states import default_layer_ids
@@ -34,6 +36,7 @@ def main():
     ap.add_argument("--engine-batch", type=int, default=32, help="the shipped recipe's batch for the engine path")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--quantizations", default="none", help="target precisions of the one-pass path (none,q8,q4)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     items = build_prompts(a.prompts, 0.3, a.seed, 1)
@@ -44,22 +47,27 @@ def main():
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=a.max_new))
     t_engine = time.perf_counter() - t
     n_engine = sum(len(o.outputs[0].token_ids) for o in outs)
-    target = llm.engine.target
-    L = target.cfg.num_hidden_layers
-    got = {}
-    eos = set(target.cfg.eos_token_ids) | {tok.eos_token_id}
-    res = generate_with_states(target, prompts, a.max_new, eos, tuple(default_layer_ids(L, default_aux_layer_ids(L))),
-                               batch=a.batch, emit=lambda i, ids, m, h: got.__setitem__(i, ids[len(prompts[i]):].tolist()))
-    same = sum(got[i] == list(o.outputs[0].token_ids) for i, o in enumerate(outs))
-    print(f"CPU: {cpu_flags()}, {a.threads} threads; {len(prompts)} prompts, max_new {a.max_new}, float32")
-    print("| path | batch | generated tokens | s | tok/s |\n|---|---|---|---|---|")
-    print(f"| engine (LLM.generate), states not kept | {a.engine_batch} | {n_engine} | {t_engine:.1f} | "
-          f"{n_engine / t_engine:.1f} |")
-    print(f"| one pass with hidden states (selfgen) | {a.batch} | {res['tokens']} | {res['seconds']:.1f} | "
-          f"{res['tokens'] / res['seconds']:.1f} |")
-    print(f"ratio one-pass / engine: {(res['tokens'] / res['seconds']) / (n_engine / t_engine):.2f}x; "
-          f"identical answers: {same}/{len(prompts)}")
-
+    base = llm.engine.target
+    L = base.cfg.num_hidden_layers
+    eos = set(base.cfg.eos_token_ids) | {tok.eos_token_id}
+    layers = tuple(default_layer_ids(L, default_aux_layer_ids(L)))
+    rows = []
+    for q in a.quantizations.split(","):
+        target = base if q == "none" else load_target(a.model, quantization=q)
+        got = {}
+        res = generate_with_states(target, prompts, a.max_new, eos, layers, batch=a.batch,
+                                   emit=lambda i, ids, m, h: got.__setitem__(i, ids[len(prompts[i]):].tolist()))
+        same = sum(got[i] == list(o.outputs[0].token_ids) for i, o in enumerate(outs))
+        rows.append((q, res["tokens"], res["seconds"], same))
+    print(f"CPU: {cpu_flags()}, {a.threads} threads; {len(prompts)} prompts, max_new {a.max_new}")
+    print("| path | weights | batch | generated tokens | s | tok/s | vs engine | answers equal to the engine's |")
+    print("|---|---|---|---|---|---|---|---|")
+    e_rate = n_engine / t_engine
+    print(f"| engine (LLM.generate), states not kept | float32 | {a.engine_batch} | {n_engine} | {t_engine:.1f} | "
+          f"{e_rate:.1f} | 1.00x | - |")
+    for q, n, sec, same in rows:
+        print(f"| one pass with hidden states (selfgen) | {'float32' if q == 'none' else q} | {a.batch} | {n} | "
+              f"{sec:.1f} | {n / sec:.1f} | {n / sec / e_rate:.2f}x | {same}/{len(prompts)} |")
 
 if __name__ == "__main__":
     main()

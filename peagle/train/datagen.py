@@ -259,7 +259,7 @@ def run(args) -> int:
         return 0
     # KV cache rows sized for prompt + generation (not the target's full context): much less memory
     llm = LLM(model=args.model, max_num_seqs=args.batch, seed=args.seed, device=args.device, dtype=args.dtype,
-              target_backend=args.target_backend,
+              target_backend=args.target_backend, quantization=getattr(args, "quantization", "none"),
               max_model_len=args.max_prompt_tokens * args.turns + args.max_new_tokens * args.turns + 16)
     from tqdm import tqdm
     bar = tqdm(total=len(items), initial=done_prompts, desc="datagen", unit="prompt")
@@ -301,13 +301,16 @@ def run_with_states(args, items: list[dict]) -> int:
         return list(out["input_ids"] if hasattr(out, "keys") else out)
     prompts = [p for p in (prompt_ids(tok, template, it) for it in items) if 2 <= len(p) <= args.max_prompt_tokens]
     device, model_dtype = resolve(args.device, args.dtype)
-    target = load_target(args.model, dtype=model_dtype, device=device, backend=args.target_backend)
+    quantization = getattr(args, "quantization", "none")
+    target = load_target(args.model, dtype=model_dtype, device=device, backend=args.target_backend,
+                         quantization=quantization)
     L = target.cfg.num_hidden_layers
     layer_ids = default_layer_ids(L, default_aux_layer_ids(L))
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.hs_dtype]
     cfg = {"format": "speculators-hs", "layer_ids": layer_ids, "hidden_size": target.cfg.hidden_size,
            "dtype": str(dtype).replace("torch.", ""), "num_samples": len(prompts), "model": args.model,
-           "generated": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}}
+           "generated": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                         "quantization": quantization}}
     tmp = os.path.join(args.out, f"{CONFIG}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         json.dump(cfg, f, indent=1)
