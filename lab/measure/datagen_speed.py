@@ -4,6 +4,12 @@ q4: the packaged GGUF's Q4_1 blocks, `datagen --quantization q4`), same prompts,
 Prints generated tokens/s of each and their ratio to the engine path; counts the answers equal to the engine's.
 
     .venv/bin/python lab/measure/datagen_speed.py --prompts 64 --max-new 128 --batch 64 --quantizations none,q4
+        --workers 2
+
+--workers N adds, per precision, the one-pass path as `datagen --part i/N` runs it: N processes of one thread
+each on every N-th prompt with batch --batch, timed together (wall clock from spawn to the slowest, model loads
+included) -- on 2 cores two single-thread workers
+avoid the OpenMP barriers of one 2-thread process.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--quantizations", default="none", help="target precisions of the one-pass path (none,q8,q4)")
+    ap.add_argument("--workers", type=int, default=0, help="also run N single-thread worker processes per precision")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     items = build_prompts(a.prompts, 0.3, a.seed, 1)
@@ -58,16 +65,45 @@ def main():
         res = generate_with_states(target, prompts, a.max_new, eos, layers, batch=a.batch,
                                    emit=lambda i, ids, m, h: got.__setitem__(i, ids[len(prompts[i]):].tolist()))
         same = sum(got[i] == list(o.outputs[0].token_ids) for i, o in enumerate(outs))
-        rows.append((q, res["tokens"], res["seconds"], same))
+        rows.append((q, res["tokens"], res["seconds"], same, 1))
+        if a.workers > 1:
+            n, sec, same = _workers(a, q, prompts, eos, layers, outs)
+            rows.append((q, n, sec, same, a.workers))
     print(f"CPU: {cpu_flags()}, {a.threads} threads; {len(prompts)} prompts, max_new {a.max_new}")
     print("| path | weights | batch | generated tokens | s | tok/s | vs engine | answers equal to the engine's |")
     print("|---|---|---|---|---|---|---|---|")
     e_rate = n_engine / t_engine
     print(f"| engine (LLM.generate), states not kept | float32 | {a.engine_batch} | {n_engine} | {t_engine:.1f} | "
           f"{e_rate:.1f} | 1.00x | - |")
-    for q, n, sec, same in rows:
-        print(f"| one pass with hidden states (selfgen) | {'float32' if q == 'none' else q} | {a.batch} | {n} | "
+    for q, n, sec, same, w in rows:
+        how = "one pass with hidden states (selfgen)" + (f", {w} workers x 1 thread" if w > 1 else "")
+        print(f"| {how} | {'float32' if q == 'none' else q} | {a.batch} | {n} | "
               f"{sec:.1f} | {n / sec:.1f} | {n / sec / e_rate:.2f}x | {same}/{len(prompts)} |")
+
+
+def _work(args):
+    """One worker: its share of the prompts on one thread -> (tokens, {prompt index: answer ids})."""
+    model, q, prompts, idx, max_new, eos, layers, batch = args
+    torch.set_num_threads(1)
+    target = load_target(model, quantization=q)
+    got = {}
+    res = generate_with_states(target, [prompts[i] for i in idx], max_new, eos, layers, batch=batch,
+                               emit=lambda j, ids, m, h: got.__setitem__(idx[j], ids[len(prompts[idx[j]]):].tolist()))
+    return res["tokens"], got
+
+
+def _workers(a, q, prompts, eos, layers, outs):
+    """(tokens, wall seconds, answers equal to the engine's) of a.workers processes splitting the prompts."""
+    import multiprocessing as mp
+    jobs = [(a.model, q, prompts, list(range(i, len(prompts), a.workers)), a.max_new, eos, layers,
+             a.batch) for i in range(a.workers)]
+    with mp.get_context("spawn").Pool(a.workers) as pool:
+        t = time.perf_counter()
+        res = pool.map(_work, jobs)
+        sec = time.perf_counter() - t
+    got = {k: v for _, g in res for k, v in g.items()}
+    same = sum(got[i] == list(o.outputs[0].token_ids) for i, o in enumerate(outs))
+    return sum(n for n, _ in res), sec, same
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,130 @@
+"""peagle vs llama.cpp on the same GGUF file and thread count (issue 39): SmolLM2-135M-Instruct's packaged
+Q4_1 file, the same prompt token ids, greedy, T new tokens each, decode tokens/s (prompt processing excluded on
+both sides: prefill is timed apart). peagle runs the file's blocks as stored (`--quantization q4`), plain and
+with P-EAGLE K=1; llama.cpp runs through its Python package, built from source into `.venv-llama` (not part of
+`make setup` or `make test`; the study builds it when missing, which takes ~10-20 minutes on 2 cores):
+
+    CMAKE_ARGS="-DGGML_NATIVE=ON" python -m venv .venv-llama && \\
+        .venv-llama/bin/pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
+    .venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts 8 --max-new 64 --threads 2
+
+Rounds alternate the two engines (llama.cpp, peagle plain, peagle P-EAGLE) so machine drift hits all alike; the
+report gives the median of rounds and the fraction of prompts whose tokens agree with peagle's plain output."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+LLAMA_PY = os.path.join(".venv-llama", "bin", "python")
+
+# Runs inside .venv-llama: reads {"gguf", "prompts", "max_new", "threads"} on stdin, prints per prompt the new
+# token ids and the decode seconds (after the prompt's evaluation), one JSON object.
+LLAMA_CODE = r'''
+import json, sys, time
+from llama_cpp import Llama
+a = json.load(sys.stdin)
+m = Llama(model_path=a["gguf"], n_ctx=1024, n_threads=a["threads"], n_threads_batch=a["threads"], verbose=False,
+          logits_all=False)
+out = []
+for ids in a["prompts"]:
+    m.reset()
+    t0 = time.perf_counter()
+    m.eval(ids)
+    t1 = time.perf_counter()
+    toks = []
+    for _ in range(a["max_new"]):
+        t = m.sample(temp=0.0, top_k=1)
+        if t == m.token_eos():
+            break
+        toks.append(int(t))
+        m.eval([t])
+    out.append({"ids": toks, "prefill_s": t1 - t0, "decode_s": time.perf_counter() - t1})
+print(json.dumps(out))
+'''
+
+
+def run_llama(gguf: str, prompts: list, max_new: int, threads: int) -> list:
+    p = subprocess.run([LLAMA_PY, "-c", LLAMA_CODE], input=json.dumps(
+        {"gguf": gguf, "prompts": prompts, "max_new": max_new, "threads": threads}), capture_output=True, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if p.returncode:
+        raise SystemExit(f"llama.cpp run failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run_peagle(llm, prompts: list, max_new: int) -> list:
+    """Decode seconds per prompt: the whole generate minus a prefill-only generate (max_tokens=1) of it."""
+    from peagle.sampling import SamplingParams
+    out = []
+    for ids in prompts:
+        t0 = time.perf_counter()
+        llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1))
+        t1 = time.perf_counter()
+        o = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=max_new))[0].outputs[0]
+        t2 = time.perf_counter()
+        out.append({"ids": list(o.token_ids), "prefill_s": t1 - t0, "decode_s": (t2 - t1) - (t1 - t0)})
+    return out
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from lab.measure.precision import cpu_flags
+    from peagle.data.benchmarks import encode_prompt, load_dataset
+    from peagle.default_target import gguf_path
+    from peagle.llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
+    from peagle.spec_config import speculative_config
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dataset", default="mtbench")
+    ap.add_argument("--out", default=None, help="write the Markdown table here")
+    a = ap.parse_args(argv)
+    if not os.path.isfile(LLAMA_PY):
+        raise SystemExit(f"no {LLAMA_PY}: build llama.cpp's Python package first (see this file's docstring)")
+    torch.set_num_threads(a.threads)
+    gguf = gguf_path()
+    base = LLM(DEFAULT_MODEL, quantization="q4", max_num_seqs=1)
+    spec = base.with_speculative_config(speculative_config(DEFAULT_PEAGLE_HEAD, 1, True))
+    tok = base.get_tokenizer()
+    prompts = [encode_prompt(tok, base.engine.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.prompts)]
+    prompts = [p[-512:] for p in prompts]
+    runs = {"llama.cpp (Q4_1 file)": [], "peagle q4, plain": [], "peagle q4, P-EAGLE K=1": []}
+    outs = {}
+    for _ in range(a.rounds):
+        for name in runs:
+            res = run_llama(gguf, prompts, a.max_new, a.threads) if name.startswith("llama") else \
+                run_peagle(base if "plain" in name else spec, prompts, a.max_new)
+            n = sum(len(r["ids"]) for r in res)
+            runs[name].append(n / sum(r["decode_s"] for r in res))
+            outs[name] = res
+    ref = outs["peagle q4, plain"]
+    lines = [f"CPU: {cpu_flags()}; {a.threads} threads; {len(prompts)} {a.dataset} prompts, {a.max_new} new tokens, "
+             f"greedy; decode tokens/s, median of {a.rounds} alternating rounds", "",
+             "| engine | decode tok/s | vs llama.cpp | prompts with tokens equal to peagle plain's |", "|---|---|---|---|"]
+    base_rate = statistics.median(runs["llama.cpp (Q4_1 file)"])
+    for name, rates in runs.items():
+        same = sum(o["ids"] == r["ids"] for o, r in zip(outs[name], ref))
+        lines.append(f"| {name} | {statistics.median(rates):.1f} | {statistics.median(rates) / base_rate:.2f}x | "
+                     f"{same}/{len(prompts)} |")
+    lines += ["", f"Regenerate: `.venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts {a.prompts} --max-new "
+              f"{a.max_new} --threads {a.threads} --rounds {a.rounds}`"]
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
