@@ -86,3 +86,11 @@ for h in e3:eagle3 pe:peagle; do
   cp runs/p4/${h%:*}/config.json runs/p4/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
   cp runs/p4/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part4.jsonl
 done
+
+# part 5 data (2026-12-03): more of SmolLM2's own answers with q4 weights (the packaged GGUF's blocks, the same
+# model), prompts not in data/smol-self; two single-thread workers, stopped by the clock (STOP_AFTER seconds).
+DG5="timeout ${STOP_AFTER:-5000} $PY -m peagle.cli datagen --out data/smol-self-q4 --exclude data/smol-self --hidden-states --quantization q4 --num-prompts 8000 --code-fraction 0.3 --max-new-tokens 256 --max-prompt-tokens 256 --batch 64 --threads 1 --seed 2"
+$DG5 --part 0/2 &
+sleep 120; $DG5 --part 1/2 &
+wait
+$PY scripts/compact_hs.py data/smol-self data/smol-self-q4 data/smol-self-hs2     # 6,311 samples, 1.43 M answer tokens
