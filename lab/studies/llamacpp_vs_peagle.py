@@ -110,12 +110,15 @@ def main(argv=None) -> int:
     ref = outs["peagle q4, plain"]
     lines = [f"CPU: {cpu_flags()}; {a.threads} threads; {len(prompts)} {a.dataset} prompts, {a.max_new} new tokens, "
              f"greedy; decode tokens/s, median of {a.rounds} alternating rounds", "",
-             "| engine | decode tok/s | vs llama.cpp | prompts with tokens equal to peagle plain's |", "|---|---|---|---|"]
+             "| engine | decode tok/s | vs llama.cpp | prompts with tokens equal to peagle plain's | mean common prefix "
+             "(tokens) |", "|---|---|---|---|---|"]
     base_rate = statistics.median(runs["llama.cpp (Q4_1 file)"])
     for name, rates in runs.items():
         same = sum(o["ids"] == r["ids"] for o, r in zip(outs[name], ref))
+        prefix = statistics.mean(next((i for i, (x, y) in enumerate(zip(o["ids"], r["ids"])) if x != y),
+                                      min(len(o["ids"]), len(r["ids"]))) for o, r in zip(outs[name], ref))
         lines.append(f"| {name} | {statistics.median(rates):.1f} | {statistics.median(rates) / base_rate:.2f}x | "
-                     f"{same}/{len(prompts)} |")
+                     f"{same}/{len(prompts)} | {prefix:.1f} |")
     lines += ["", f"Regenerate: `.venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts {a.prompts} --max-new "
               f"{a.max_new} --threads {a.threads} --rounds {a.rounds}`"]
     text = "\n".join(lines)
