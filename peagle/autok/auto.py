@@ -97,13 +97,11 @@ class AutoK(KPolicy):
         secs = self.cost.predict(len(rids))[: self.k_max + 1]
         if self.guard.log_scale is not None:     # K = 0 as measured (the cost model's scale follows K > 0 too)
             secs[0] = self.guard.plain_s(len(rids))
-        self.tree_k = np.zeros(self.k_max + 1, dtype=bool)
         if self.tree is not None:
             t_tok, t_secs = self.tree.rates(rids, self.k_max)
-            tree_k = t_tok / t_secs > tokens / secs
-            tree_k[0] = False
-            self.tree_k = tree_k
-            tokens, secs = np.where(tree_k, t_tok, tokens), np.where(tree_k, t_secs, secs)
+            self.tree_k = t_tok / t_secs > tokens / secs
+            self.tree_k[0] = False
+            tokens, secs = np.where(self.tree_k, t_tok, tokens), np.where(self.tree_k, t_secs, secs)
         return tokens, secs, tokens / secs
 
     def wants_tree(self) -> bool:
@@ -229,7 +227,7 @@ class AutoK(KPolicy):
             elif self.refine and not tree:
                 self.cost.update(B, k, step_s)
             tokens = B + (sum(accepted) if k else 0)
-            act = self.guard.observe(B, k, tokens, step_s, catch_up=bool(k and extra))
+            act = self.guard.observe(B, k, tokens, step_s, catch_up=catch_up)
             self._judge(B, act)
         if self.trace is not None:
             self._trace(B, k, tokens, step_s, extra if k else 0, pred, act, tree)

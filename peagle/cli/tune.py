@@ -58,21 +58,15 @@ def run(a) -> int:
     except OSError as e:
         raise PeagleError(f"cannot read the head's config: {e}") from None
     k_max = k_max_for(spec, head_cfg)
-    fixed = dict(spec.as_dict(), num_speculative_tokens=k_max)
-    fixed.pop("max_num_speculative_tokens", None)
-    fixed.pop("num_speculative_tokens_per_batch_size", None)
-    fixed.pop("auto_k", None)
-    for key in ("eagle_topk", "num_draft_tokens"):    # tune writes vLLM's chain schedule: it measures chains
-        fixed.pop(key, None)
-    llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=fixed, max_num_seqs=min(a.num_prompts, 16))
+    # tune writes vLLM's chain schedule: it measures chains (trees, if asked for, beside them)
+    llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=_fixed(spec, k_max, trees=False),
+              max_num_seqs=min(a.num_prompts, 16))
     eng = llm.engine
     prompts = [encode_prompt(llm.tokenizer, eng.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.num_prompts)]
     prompts = [p for p in prompts if len(p) + a.output_len < eng.max_model_len]
     if not prompts:
         raise PeagleError(f"no {a.dataset} prompt fits the context with --output-len {a.output_len}")
-    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=a.output_len))
-    rate = llm.get_metrics()["acceptance_rate_per_pos"][:k_max]
-    e = expected_tokens(rate)
+    e = _expected_tokens(llm, prompts, a.output_len, k_max)
     cost = cost_model_for(eng.target, measuring_engines(eng.target, eng.proposer.head, spec, k_max), spec.name, k_max,
                           a.max_num_seqs, model, spec.model, eng.target.dtype)
     two_level = spec.parallel_drafting and not a.any_k
@@ -98,7 +92,7 @@ def run(a) -> int:
               file=sys.stderr)
     tree_spec = spec.tree(k_max)
     if tree_spec is not None:
-        _print_tree_choice(a, model, spec, k_max, prompts, e, cost)
+        _print_tree_choice(a, llm, model, spec, k_max, prompts, e, cost)
     text = json.dumps(out)
     if a.out:
         with open(a.out, "w") as f:
@@ -110,25 +104,34 @@ def run(a) -> int:
     return 0
 
 
-def _print_tree_choice(a, model, spec, k_max, prompts, e_chain, chain_cost):
-    """Token trees in the config: measure the trees' acceptance (same prompts) and step costs, then print what
-    peagle's engine would run per batch-size range: plain, chain K or tree K (vLLM's config stays chains)."""
+
+def _fixed(spec, k_max: int, trees: bool) -> dict:
+    """The config measured: K fixed at k_max, no schedule or auto knobs; token-tree keys only with trees."""
     cfg = dict(spec.as_dict(), num_speculative_tokens=k_max)
-    for key in ("max_num_speculative_tokens", "num_speculative_tokens_per_batch_size", "auto_k"):
+    drop = ("max_num_speculative_tokens", "num_speculative_tokens_per_batch_size", "auto_k") + \
+        (() if trees else ("eagle_topk", "num_draft_tokens"))
+    for key in drop:
         cfg.pop(key, None)
-    llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=cfg,
-              max_num_seqs=min(a.num_prompts, 16))
-    eng = llm.engine
-    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=a.output_len))
-    e_tree = expected_tokens(llm.get_metrics()["acceptance_rate_per_pos"][:k_max])
+    return cfg
+
+
+def _expected_tokens(llm, prompts, output_len: int, k_max: int):
+    """E[tokens per step | K] for K = 0..k_max from greedy generation on the prompts."""
+    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=output_len))
+    return expected_tokens(llm.get_metrics()["acceptance_rate_per_pos"][:k_max])
+
+
+def _print_tree_choice(a, llm, model, spec, k_max, prompts, e_chain, chain_cost):
+    """Token trees in the config: measure the trees' acceptance (same prompts, same loaded target) and step costs,
+    then print what peagle's engine would run per batch-size range: plain, chain K or tree K (vLLM's config stays
+    chains)."""
+    tree_llm = llm.with_speculative_config(_fixed(spec, k_max, trees=True))
+    eng = tree_llm.engine
+    e_tree = _expected_tokens(tree_llm, prompts, a.output_len, k_max)
     tree_cost = cost_model_for(eng.target, measuring_engines(eng.target, eng.proposer.head, spec, k_max),
                                spec.cost_name, k_max, a.max_num_seqs, model, spec.model, eng.target.dtype)
     kinds = best_kind_per_batch((e_chain, chain_cost), (e_tree, tree_cost), a.max_num_seqs)
     print(f"peagle tune: token trees {spec.eagle_topk}x{eng.tree.nodes}: E[tokens/step | depth] = "
           f"{[round(float(x), 2) for x in e_tree]}; peagle's engine per batch size (not vLLM's):", file=sys.stderr)
-    start = 1
-    for b in range(1, len(kinds) + 1):
-        if b == len(kinds) or kinds[b] != kinds[b - 1]:
-            kind, k = kinds[b - 1]
-            print(f"  batch {start}-{b}: {kind}" + (f" K={k}" if k else ""), file=sys.stderr)
-            start = b + 1
+    for start, end, (kind, k) in ranges(kinds):
+        print(f"  batch {start}-{end}: {kind}" + (f" K={k}" if k else ""), file=sys.stderr)
