@@ -29,11 +29,15 @@ static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64
               ", expected [", N, ", ", K / 32 * pq::block_bytes(qtype), "]");
 }
 
+static void check_input(const torch::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32, "x must be a float32 CPU tensor");
+  TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, the weight ", K);
+}
+
 // impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2 (error when the CPU lacks it).
 torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl) {
   check_weight(w, qtype, N, K);
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32, "x must be a float32 CPU tensor");
-  TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, the weight ", K);
+  check_input(x, K);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, K}).contiguous();
   const int64_t M = x2.size(0);
@@ -53,6 +57,43 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N
     fn(qtype, wp, rb, xp, M, K, yp, N, 4 * g0, std::min(4 * g1, N), buf.data());
   });
   return y.view(sizes);
+}
+
+// y = x @ W^T with x quantized to 8 bits per block of 32 first (quant_kernels.h: llama.cpp's arithmetic).
+torch::Tensor qlinear_a8(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl) {
+  check_weight(w, qtype, N, K);
+  check_input(x, K);
+  auto sizes = x.sizes().vec();
+  auto x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0), nb = K / 32;
+  sizes.back() = N;
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y.view(sizes);
+  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA+F16C");
+  pq::LinearA8Fn fn = (impl == 2 || (impl == 0 && cpu_has_avx2())) ? pq::avx2::linear_rows_a8
+                                                                     : pq::scalar::linear_rows_a8;
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> xd(M * nb), xs(M * nb);
+  pq::quantize_act(x2.data_ptr<float>(), M, K, xq.data(), xd.data(), xs.data());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t rb = w.size(1);
+  const int64_t groups = (N + 3) / 4, grain = std::max<int64_t>(1, 4096 / K);
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    fn(qtype, wp, rb, xq.data(), xd.data(), xs.data(), M, K, yp, N, 4 * g0, std::min(4 * g1, N));
+  });
+  return y.view(sizes);
+}
+
+// The 8-bit activations the a8 products use: (xq int8 [M, K], xd [M, K/32], xs [M, K/32]) (tests).
+std::vector<torch::Tensor> quantize_act(torch::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.size(1) % 32 == 0, "quantize_act: [M, K%32]");
+  auto xc = x.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1);
+  auto q = torch::empty({M, K}, torch::kInt8);
+  auto d = torch::empty({M, K / 32}, torch::kFloat32), s = torch::empty({M, K / 32}, torch::kFloat32);
+  pq::quantize_act(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+  return {q, d, s};
 }
 
 // The float32 weight [N, K] the kernels compute with (bit-exact).
@@ -158,6 +199,8 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
   m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0), batch-invariant");
+  m.def("qlinear_a8", &qlinear_a8, "y = q8(x) @ W^T: activations quantized to 8 bits per block (llama.cpp's)");
+  m.def("quantize_act", &quantize_act, "x's 8-bit blocks as the a8 products use them");
   m.def("dequantize", &dequantize, "the float32 weight the kernels use");
   m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");

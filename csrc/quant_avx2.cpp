@@ -5,16 +5,11 @@
 
 #include <cstring>
 
+#include "quant_avx2_inline.h"
 #include "quant_kernels.h"
 
 namespace peagle_quant {
 namespace avx2 {
-
-static inline float h2f(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
 // One block of 32 weights as four vectors of 8 (lanes 0-7, 8-15, 16-23, 24-31).
 template <int QT>
@@ -48,14 +43,6 @@ static inline __attribute__((always_inline)) void dequant_block(const uint8_t* b
   w[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
   w[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
   w[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
-}
-
-// The 8 lanes of one accumulator folded in a fixed tree: 4+4, 2+2, 1+1.
-static inline float fold(__m256 s) {
-  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-  const __m128 v1 = _mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1));
-  return _mm_cvtss_f32(v1);
 }
 
 // One row, NO outputs: each block dequantized in registers and multiplied in at once (no scratch). Per output

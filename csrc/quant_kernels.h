@@ -32,4 +32,24 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
                  float* y, int64_t N, int64_t n0, int64_t n1, float* buf);
 }  // namespace avx2
 
+
+// ---- 8-bit activations (llama.cpp's arithmetic: GGUF weights times activations quantized to 8 bits) ----------
+// Each activation row is quantized per block of 32 (quantize_act, shared by both paths): xd[b] = amax/127,
+// xq = nearbyint(x * (1/xd)) in [-127, 127], xs[b] = xd[b] * sum(xq of the block). A block's integer dot product
+// is exact; lane j (j = 0..7) adds the integer sum of weights 4j..4j+3 of every block in order with one fused
+// multiply-add by the block's scale (d_w * xd[b], one rounding); Q4_1's minimum term (and Q4_0's, as m = -8 d)
+// is summed apart over the blocks in order, fma(m_w[b], xs[b], s); y = fold(lanes) + s. Row-wise: batch-invariant.
+void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, float* xs);
+
+using LinearA8Fn = void (*)(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
+                            const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1);
+namespace scalar {
+void linear_rows_a8(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
+                    const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1);
+}  // namespace scalar
+namespace avx2 {
+void linear_rows_a8(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
+                    const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1);
+}  // namespace avx2
+
 }  // namespace peagle_quant

@@ -68,5 +68,65 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
   }
 }
 
+// 8-bit activations (quant_kernels.h): one lane at a time, the AVX2 path's order.
+void linear_rows_a8(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
+                    const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t nb = K / 32;
+  const int bs = block_bytes(qtype);
+  int8_t wq[32];
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t r = 0; r < M; r++) {
+      float a[8] = {0}, s = 0.0f, v4[4];
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = row + b * bs;
+        const float d = half_to_float(blk);
+        float m = 0.0f;
+        if (qtype == Q8_0) {
+          std::memcpy(wq, blk + 2, 32);
+        } else {
+          const int off = qtype == Q4_1 ? 4 : 2;
+          for (int j = 0; j < 16; j++) {
+            wq[j] = (int8_t)(blk[off + j] & 15);
+            wq[j + 16] = (int8_t)(blk[off + j] >> 4);
+          }
+          m = qtype == Q4_1 ? half_to_float(blk + 2) : d * -8.0f;
+        }
+        const int8_t* xb = xq + r * K + b * 32;
+        const float dd = d * xd[r * nb + b];
+        for (int l = 0; l < 8; l++) {
+          int32_t p = 0;
+          for (int i = 4 * l; i < 4 * l + 4; i++) p += (int32_t)wq[i] * (int32_t)xb[i];
+          a[l] = std::fma(dd, (float)p, a[l]);
+        }
+        if (qtype != Q8_0) s = std::fma(m, xs[r * nb + b], s);
+      }
+      for (int l = 0; l < 4; l++) v4[l] = a[l] + a[l + 4];
+      const float v20 = v4[0] + v4[2], v21 = v4[1] + v4[3];
+      y[r * N + n] = (v20 + v21) + s;
+    }
+  }
+}
+
 }  // namespace scalar
+
+void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, float* xs) {
+  const int64_t nb = K / 32;
+  for (int64_t r = 0; r < M; r++)
+    for (int64_t b = 0; b < nb; b++) {
+      const float* v = x + r * K + b * 32;
+      float amax = 0.0f;
+      for (int i = 0; i < 32; i++) amax = std::fmax(amax, std::fabs(v[i]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      int32_t sum = 0;
+      int8_t* q = xq + r * K + b * 32;
+      for (int i = 0; i < 32; i++) {
+        const float t = std::nearbyint(v[i] * id);
+        q[i] = (int8_t)std::fmax(-127.0f, std::fmin(127.0f, t));
+        sum += q[i];
+      }
+      xd[r * nb + b] = d;
+      xs[r * nb + b] = d * (float)sum;
+    }
+}
 }  // namespace peagle_quant

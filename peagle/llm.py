@@ -115,11 +115,11 @@ def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_s
                  device="auto", compile=False, target_backend="auto", quantization="none"):
     """Target (from the directory `model`), tokenizer and engine on one device and dtype (peagle.device.resolve),
     the engine built by make_engine (compile: peagle/compile.py); the target's implementation per
-    target_backend (peagle/models/loader.py); quantization: none / q8 / q4 (weight-only, native target on the
+    target_backend (peagle/models/loader.py); quantization: none / q8 / q4 / q8a8 / q4a8 (native target on the
     CPU: peagle/models/quant.py; the target's `precision` says what runs)."""
     device, dtype = resolve(device, dtype)
     if quantization not in (None, "none") and dtype != torch.float32:
-        raise PeagleError(f"quantization={quantization!r} runs with float32 activations (dtype={dtype})")
+        raise PeagleError(f"quantization={quantization!r} runs on float32 (dtype={dtype})")
     torch.manual_seed(seed)
     target = load_target(model, dtype, target_backend, device, quantization or "none")
     tok = load_tokenizer(model)

@@ -82,10 +82,6 @@ for h in e3:eagle3 pe:peagle; do
   cp runs/p4/${h%:*}/config.json runs/p4/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
   cp runs/p4/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part4.jsonl
 done
-for h in e3:eagle3 pe:peagle; do
-  cp runs/p4/${h%:*}/config.json runs/p4/${h%:*}/model.safetensors models/smollm2-135m-instruct-${h#*:}/
-  cp runs/p4/${h%:*}/train_log.jsonl models/smollm2-135m-instruct-${h#*:}/train_log_part4.jsonl
-done
 
 # part 5 data (2026-12-03): more of SmolLM2's own answers with q4 weights (the packaged GGUF's blocks, the same
 # model), prompts not in data/smol-self; two single-thread workers, stopped by the clock (STOP_AFTER seconds).
@@ -94,3 +90,14 @@ $DG5 --part 0/2 &
 sleep 120; $DG5 --part 1/2 &
 wait
 $PY scripts/compact_hs.py data/smol-self data/smol-self-q4 data/smol-self-hs2     # 6,311 samples, 1.43 M answer tokens
+
+# part 5 (2026-12-03, a study: not shipped, the part-4 heads are issue 38's last committed version this round):
+# both heads from part 4's weights on the 3x larger data/smol-self-hs2 (6,311 samples, 1.43 M answer tokens),
+# part 4's recipe, side by side, one thread each, MIN5 minutes; snapshots evaluated held-out like part 4's.
+MIN5=${MIN5:-100}
+COMMON5="--target $T --data data/smol-self-hs2 --max-tokens 1024 --batch-rows 1 --threads 1 --save-dtype bf16 --share-embedding --lr 5e-4 --warmup 20 --epochs 3 --max-minutes $MIN5 --ckpt-every 25 --seed 5"
+$PY -m peagle.cli train --method eagle3 --layers 1 --ttt-steps 7 --ttt-keep 0.7 --init models/smollm2-135m-instruct-eagle3 \
+    --out runs/p5/e3 $COMMON5 &
+$PY -m peagle.cli train --method peagle --layers 2 --depths 8 --segment-len 512 --cod-r 0.5 --cod-rmin 0.1 \
+    --init models/smollm2-135m-instruct-peagle --out runs/p5/pe $COMMON5 &
+wait

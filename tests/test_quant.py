@@ -17,8 +17,9 @@ IMPLS = [-1] + ([1] + ([2] if EXT.has_avx2() else []) if EXT is not None else []
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
 
 
-def random_blocks(qtype, n, k, seed=0):
-    """Random valid blocks (scales of either sign, every code) of a [n, k] weight."""
+def random_blocks(qtype, n, k, seed=0, act8=False):
+    """Random valid blocks (scales of either sign, every code) of a [n, k] weight (act8: its products quantize
+    the activations to 8 bits)."""
     g = torch.Generator().manual_seed(seed)
     nb = k // 32
     d = ((torch.rand(n, nb, 1, generator=g) - 0.5) * 0.2).half().view(torch.uint8).reshape(n, nb, 2)
@@ -29,7 +30,7 @@ def random_blocks(qtype, n, k, seed=0):
         body = [d, m, torch.randint(0, 256, (n, nb, 16), generator=g, dtype=torch.uint8)]
     else:
         body = [d, torch.randint(0, 256, (n, nb, 32), generator=g, dtype=torch.uint8)]
-    return Q.QuantWeight(torch.cat(body, -1).reshape(n, -1), qtype, n, k)
+    return Q.QuantWeight(torch.cat(body, -1).reshape(n, -1), qtype, n, k, act8=act8)
 
 
 def test_extension_status_is_reported():
@@ -68,12 +69,13 @@ def test_kernel_matches_dequantized_reference(qtype, impl):
     assert torch.equal(Q.qmm(x3, w, impl), Q.qmm(x3.reshape(6, -1), w, impl).view(2, 3, -1))
 
 
+@pytest.mark.parametrize("act8", [False, True])
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", TYPES)
-def test_batch_invariance_bit_identical(qtype, impl):
+def test_batch_invariance_bit_identical(qtype, impl, act8):
     """A row's output is the same bits at M = 1..5, 8, 9, 16 (the kernel's one-row, few-row and scratch paths)
-    and in any position of the batch."""
-    w = random_blocks(qtype, 37, 192, seed=5)
+    and in any position of the batch; with float32 and with 8-bit activations."""
+    w = random_blocks(qtype, 37, 192, seed=5, act8=act8)
     g = torch.Generator().manual_seed(2)
     rows = torch.randn(16, w.k, generator=g)
     alone = torch.cat([Q.qmm(rows[i:i + 1], w, impl) for i in range(16)])
@@ -90,11 +92,38 @@ def test_batch_invariance_bit_identical(qtype, impl):
 
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
 @pytest.mark.parametrize("qtype", TYPES)
-def test_scalar_and_avx2_paths_agree_bit_for_bit(qtype):
-    w = random_blocks(qtype, 45, 224, seed=9)
+@pytest.mark.parametrize("act8", [False, True])
+def test_scalar_and_avx2_paths_agree_bit_for_bit(qtype, act8):
+    w = random_blocks(qtype, 45, 224, seed=9, act8=act8)
     for m in (1, 2, 3, 4, 7, 8, 9):
         x = torch.randn(m, w.k)
         assert torch.equal(Q.qmm(x, w, 1), Q.qmm(x, w, 2)), m
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_8bit_activations_match_their_reference(qtype, impl):
+    """q8a8 / q4a8 products: x quantized per block of 32 (amax / 127, round half to even) times the dequantized
+    weight, in float64, to float32 rounding; the extension's quantize_act equals the torch one. Negative
+    control: the same product with float32 activations differs by far more (the activations are quantized)."""
+    w = random_blocks(qtype, 70, 160, seed=qtype, act8=True)
+    W = Q.dequantize_torch(w.data, qtype, w.n, w.k).double()
+    g = torch.Generator().manual_seed(3)
+    for m in (1, 2, 3, 5, 16, 33):
+        x = torch.randn(m, w.k, generator=g)
+        x[0, :32] = 0.0                                                       # an all-zero block: scale 0
+        xq, xd = Q.quantize_act_torch(x)
+        if EXT is not None:
+            q2, d2, s2 = EXT.quantize_act(x)
+            assert torch.equal(q2, xq) and torch.equal(d2, xd)
+            assert torch.equal(s2, xd * xq.reshape(m, -1, 32).sum(-1).float())
+        xa = (xq.double().reshape(m, -1, 32) * xd.double()[..., None]).reshape(m, -1)
+        ref = xa @ W.t()
+        y = Q.qmm(x, w, impl)
+        tol = 1e-5 * float(ref.abs().max())
+        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=tol), (m, impl)
+        off = float((x.double() @ W.t() - ref).abs().max())
+        assert off > 100 * tol, (m, off, tol)
 
 
 def test_many_rows_take_dequantize_then_gemm():
@@ -182,21 +211,25 @@ def test_quantized_target_close_to_float(qtarget):
     from peagle.models.llama import Transformer
     ids = torch.randint(5, 500, (2, 9), generator=torch.Generator().manual_seed(0))
     out = {}
-    for q in ("none", "q8", "q4"):
+    for q in ("none", "q8", "q4", "q4a8"):
         t = Transformer.from_pretrained(qtarget, quantization=q)
         out[q], _ = t.forward(ids, t.new_cache(2, 16), 0, torch.zeros(2, dtype=torch.long))
         if q != "none":
             assert all(getattr(w, "quantized", False) for w in t._projections())
             assert q in t.precision
-    rel = {q: float((out[q] - out["none"]).norm() / out["none"].norm()) for q in ("q8", "q4")}
+            assert all(getattr(p, "act8", False) == q.endswith("a8") for w in t._projections()
+                       for p in getattr(w, "parts", None) or [w])
+    rel = {q: float((out[q] - out["none"]).norm() / out["none"].norm()) for q in ("q8", "q4", "q4a8")}
     assert rel["q8"] < 0.03 and rel["q4"] < 0.4 and rel["q8"] < rel["q4"] / 4, rel   # random weights: 4 bits hurt
+    a8 = float((out["q4a8"] - out["q4"]).norm() / out["q4"].norm())
+    assert 1e-4 < a8 < 0.1, a8                      # 8-bit activations: a small, nonzero change to q4
 
 
 def _spec(head, k, parallel):
     return {"method": "eagle3", "model": head, "num_speculative_tokens": k, "parallel_drafting": parallel}
 
 
-@pytest.mark.parametrize("quantization", ["q8", "q4"])
+@pytest.mark.parametrize("quantization", ["q8", "q4", "q4a8", "q8a8"])
 def test_greedy_speculative_identical_to_plain(qtarget, tmp_path, quantization):
     from fakes import FakeProposer, install_proposer
     from heads import save_random_head

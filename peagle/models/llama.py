@@ -20,7 +20,9 @@ from .quant import (
     add_rms_norm,
     check_quantization,
     quant_cat,
+    quantizes_activations,
     silu_mul,
+    weights_of,
 )
 
 
@@ -64,7 +66,8 @@ class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict, dtype=torch.float32, device="cpu", layout: str = "auto",
                  quantization: str = "none", quants: dict | None = None, source: str | None = None):
         """layout: "auto" (keep [out, in] copies where they measure faster here, see layers.Weight), "dual", "io".
-        quantization: "none" (float weights), "q8" / "q4" (weight-only, peagle/models/quant.py): the projections
+        quantization: "none" (float weights), "q8" / "q4" (weight-only, peagle/models/quant.py; "q8a8" / "q4a8":
+        the same weights, activations quantized to 8 bits in every product, llama.cpp's arithmetic): the projections
         in `quants` (QuantWeights by HF name, a GGUF file's blocks as stored) are used as they are, the other
         float projections quantized now (q8: Q8_0, q4: Q4_1; the LM head Q8_0 in both, as llama.cpp keeps it).
         The embedding, norms and `lm_head` stay float32 (lookups, drafters, final_logits)."""
@@ -101,6 +104,11 @@ class Transformer:
                               f"({cfg.vocab_size}, {cfg.hidden_size})")
         self.fused = False
         if self.quantization != "none":
+            if quantizes_activations(self.quantization):
+                for w in self._projections():
+                    for p in getattr(w, "parts", None) or [w]:
+                        if hasattr(p, "act8"):
+                            p.act8 = True
             self.fused = True                # add + RMSNorm and SiLU * mul in one op each (quant.add_rms_norm)
             self.layout_gain = self._calibrate_heads_layout() if dual else 1.0
             self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
@@ -162,7 +170,7 @@ class Transformer:
         if path.endswith(".gguf"):
             return cls.from_gguf(path, dtype, device, layout, quantization)
         cfg = ModelConfig.from_dir(path)
-        src = source_gguf(path) if quantization == "q4" else None
+        src = source_gguf(path) if weights_of(quantization) == "q4" else None
         if src is not None:
             return cls.from_gguf(src, dtype, device, layout, quantization, cfg)
         return cls(cfg, {k: v.to(device) for k, v in load_safetensors(path, dtype).items()}, dtype, device, layout,

@@ -10,6 +10,7 @@ from ..errors import PeagleError
 from .config import ModelConfig
 from .hf_target import HFTarget
 from .llama import Transformer
+from .quant import QUANTIZATIONS
 
 BACKENDS = ("auto", "native", "transformers")
 
@@ -37,7 +38,7 @@ def resolve_backend(path: str, backend: str = "auto") -> str:
 
 def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quantization: str = "none"):
     """The target for an HF directory (or, native only, a GGUF file); raises PeagleError with the reason when the
-    chosen backend cannot run it. quantization: none / q8 / q4 (native only: peagle/models/quant.py)."""
+    chosen backend cannot run it. quantization: none / q8 / q4 / q8a8 / q4a8 (native only: peagle/models/quant.py)."""
     import torch
 
     from .quant import check_quantization
@@ -58,10 +59,11 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
 
 def add_quantization_argument(p):
     """--quantization for every command that runs a target."""
-    p.add_argument("--quantization", choices=("none", "q8", "q4"), default="none",
-                   help="weight-only quantization of the native target's projections (vLLM's word): q8 = Q8_0, "
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                   help="quantization of the native target's projections (vLLM's word): q8 = Q8_0, "
                         "q4 = Q4_1 blocks of 32 (a GGUF file's or the default target's Q4_0/Q4_1/Q8_0 blocks as "
-                        "stored); activations stay float32; none (default) = float weights")
+                        "stored), activations float32; q8a8 / q4a8: the same weights, activations quantized to 8 "
+                        "bits per block (llama.cpp's arithmetic); none (default) = float weights")
 
 
 

@@ -1,5 +1,6 @@
-"""Weight-only quantized linears: GGUF's blocks of 32 (Q4_0, Q4_1, Q8_0, llama.cpp's byte layout) kept as
-they are stored, activations in float32.
+"""Quantized linears: GGUF's blocks of 32 (Q4_0, Q4_1, Q8_0, llama.cpp's byte layout) kept as they are stored;
+activations in float32 (q8, q4: weight-only) or quantized to 8 bits per block of 32 first (q8a8, q4a8:
+llama.cpp's own arithmetic, integer dot products per block; csrc/quant_kernels.h says how).
 
 Layout: a weight [out N, in K] is a uint8 tensor [N, K/32 * block bytes], row n = output channel n's blocks:
   Q4_0 (18 B): fp16 d, 16 B of nibbles; w[j] = d * (lo(q[j]) - 8), w[j+16] = d * (hi(q[j]) - 8)
@@ -25,8 +26,8 @@ Q4_0, Q4_1, Q8_0 = 2, 3, 8                      # GGML's type ids
 BLOCK = 32
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
-QUANTIZATIONS = ("none", "q8", "q4")
-FOR_QUANTIZATION = {"q8": Q8_0, "q4": Q4_1}      # what a float weight is quantized to at load
+QUANTIZATIONS = ("none", "q8", "q4", "q8a8", "q4a8")
+FOR_QUANTIZATION = {"q8": Q8_0, "q4": Q4_1, "q8a8": Q8_0, "q4a8": Q4_1}   # what a float weight is quantized to at load
 KERNEL_MAX_ROWS = 128   # products of more rows (prefill) dequantize, then one float GEMM
 
 
@@ -36,6 +37,16 @@ def check_quantization(q: str | None) -> str:
     if q not in QUANTIZATIONS:
         raise PeagleError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {q!r}")
     return q
+
+
+def weights_of(q: str) -> str:
+    """The weight format of a quantization: q4a8 -> q4 (its weights are q4's; only the activations differ)."""
+    return q[:2] if q.endswith("a8") else q
+
+
+def quantizes_activations(q: str) -> bool:
+    """Whether a quantization quantizes the activations to 8 bits (q8a8, q4a8)."""
+    return q.endswith("a8")
 
 
 # ---- quantizers (llama.cpp's reference rules: quantize_row_q8_0_ref, quantize_row_q4_1_ref) -------------------
@@ -108,16 +119,17 @@ def dequantize(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
 class QuantWeight:
     """A projection's weight [out, in] in GGUF blocks (see the module docstring); `mm` in layers.py takes it
     like a layers.Weight. `shape` is [in, out] as Weight's (its io layout)."""
-    __slots__ = ("data", "qtype", "n", "k", "_dense")
+    __slots__ = ("data", "qtype", "n", "k", "_dense", "act8")
     quantized = True
 
-    def __init__(self, data: torch.Tensor, qtype: int, n: int, k: int):
+    def __init__(self, data: torch.Tensor, qtype: int, n: int, k: int, act8: bool = False):
         if qtype not in BLOCK_BYTES:
             raise ValueError(f"unsupported block type {qtype}")
         if k % BLOCK or tuple(data.shape) != (n, k // BLOCK * BLOCK_BYTES[qtype]):
             raise ValueError(f"{NAMES[qtype]} data of shape {tuple(data.shape)} is not a [{n}, {k}] weight")
         self.data, self.qtype, self.n, self.k = data.contiguous(), qtype, n, k
         self._dense = None
+        self.act8 = act8              # products quantize the activations to 8 bits first (qmm)
 
     @classmethod
     def from_float(cls, w: torch.Tensor, qtype: int) -> "QuantWeight":
@@ -153,7 +165,7 @@ class QuantWeight:
         dev = next((a for a in args if isinstance(a, (str, torch.device))), kwargs.get("device"))
         if dev is None or torch.device(dev) == self.device:
             return self
-        return QuantWeight(self.data.to(dev), self.qtype, self.n, self.k)
+        return QuantWeight(self.data.to(dev), self.qtype, self.n, self.k, self.act8)
 
     def __repr__(self):
         return f"QuantWeight({NAMES[self.qtype]}, out={self.n}, in={self.k})"
@@ -214,21 +226,41 @@ def q4_0_as_q4_1(w: QuantWeight) -> QuantWeight:
     return QuantWeight(out, Q4_1, w.n, w.k)
 
 
+def quantize_act_torch(x: torch.Tensor) -> tuple:
+    """x [M, K] float32 -> (xq int8 [M, K], xd [M, K/32]): the extension's quantize_act (amax / 127 per block,
+    round half to even, clamp to +-127), in torch."""
+    M, K = x.shape
+    b = x.reshape(M, K // BLOCK, BLOCK)
+    d = b.abs().amax(-1) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(b * inv[..., None]).clamp_(-127, 127)
+    return q.to(torch.int8).reshape(M, K), d
+
+
+def _act8_dense(x2: torch.Tensor) -> torch.Tensor:
+    """The activations an a8 product multiplies, as float32 [M, K] (xq * xd: exact)."""
+    q, d = quantize_act_torch(x2)
+    return (q.float().reshape(d.shape[0], -1, BLOCK) * d[..., None]).reshape(x2.shape)
+
+
 def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     """x [..., K] float32 @ W^T -> [..., N]. impl (tests): 0 best kernel, 1 scalar, 2 AVX2 (see csrc/quant.cpp),
-    -1 the torch fallback."""
+    -1 the torch fallback. A weight with act8 multiplies the activations quantized to 8 bits (llama.cpp's)."""
     if isinstance(w, QuantStack):
         return torch.cat([qmm(x, p, impl) for p in w.parts], -1)
     rows = x.numel() // x.shape[-1]
     ext = quant_ext.get() if impl >= 0 else None
     x = x if x.dtype == torch.float32 else x.float()
     if rows > KERNEL_MAX_ROWS:
-        return F.linear(x, w.dense() if ext is not None else w._fallback_dense())
+        xd = _act8_dense(x.reshape(rows, w.k)).view(x.shape) if w.act8 else x
+        return F.linear(xd, w.dense() if ext is not None else w._fallback_dense())
     if ext is not None and x.device.type == "cpu":
-        return ext.qlinear(x, w.data, w.qtype, w.n, w.k, impl)
+        return (ext.qlinear_a8 if w.act8 else ext.qlinear)(x, w.data, w.qtype, w.n, w.k, impl)
     # fallback: one row at a time (the same matrix-vector product whatever the batch: batch-invariant)
     W = w._fallback_dense()
     x2 = x.reshape(rows, w.k)
+    if w.act8:
+        x2 = _act8_dense(x2)
     y = torch.empty(rows, w.n, dtype=torch.float32, device=x.device)
     for r in range(rows):
         y[r] = torch.mv(W, x2[r])
