@@ -19,14 +19,6 @@ PROMPTS = [("chat prompt", "What is the difference between a list and a tuple in
 K = {"P-EAGLE": 1, "EAGLE-3": 1}      # each head's best static K at c=1 on q4 (docs/benchmarks/smollm2/report.md)
 
 
-def fastest_plain() -> str:
-    """The quantization of peagle's fastest plain decoding here: q4 (the packaged GGUF's own Q4_1 blocks; its step
-    measured 2.2-2.5x faster than float32's: docs/benchmarks/cpu-step.md) where the C++ kernels are built, else
-    float32 (q4's torch fallback is slower than float32)."""
-    from .models import quant_ext
-    return "q4" if quant_ext.get() is not None else "none"
-
-
 def _run(llm, ids, sp, label, repeats=1):
     """Best of `repeats` timed runs after a short warm-up; metrics are from the last run."""
     llm.generate({"prompt_token_ids": ids[:8]}, SamplingParams(temperature=0, max_tokens=4))   # warm-up
@@ -65,9 +57,8 @@ def main() -> int:
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise PeagleError(f"the default target {model} is not converted yet: run `make setup`")
     sp = SamplingParams(temperature=0, max_tokens=128)
-    quantization = fastest_plain()
-    print(f"(weights: {'q4, the fastest plain decoding here' if quantization == 'q4' else 'float32 (no C++ kernels built)'})")
-    base = LLM(model, quantization=quantization)
+    base = LLM(model)         # quantization "auto": the fastest plain decoding here (stated on stderr)
+    print(f"(target: {getattr(base.engine.target, 'precision', 'float weights').split(';')[0]})")
     heads = [(n, h, p) for n, h, p in (("P-EAGLE", DEFAULT_PEAGLE_HEAD, True), ("EAGLE-3", DEFAULT_EAGLE3_HEAD, False))
              if os.path.isfile(os.path.join(h, "config.json"))]
     spec = {n: base.with_speculative_config(speculative_config(h, K[n], p)) for n, h, p in heads}   # one target

@@ -112,16 +112,17 @@ def measuring_engines(target, head: DrafterHead, spec: SpecConfig, k: int):
 
 
 def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None,
-                 device="auto", compile=False, target_backend="auto", quantization="none"):
+                 device="auto", compile=False, target_backend="auto", quantization="auto"):
     """Target (from the directory `model`), tokenizer and engine on one device and dtype (peagle.device.resolve),
     the engine built by make_engine (compile: peagle/compile.py); the target's implementation per
-    target_backend (peagle/models/loader.py); quantization: none / q8 / q4 / q8a8 / q4a8 (native target on the
-    CPU: peagle/models/quant.py; the target's `precision` says what runs)."""
+    target_backend (peagle/models/loader.py); quantization: auto (the default: loader.resolve_quantization) /
+    none / q8 / q4 / q8a8 / q4a8 (native target on the CPU: peagle/models/quant.py; the target's `precision`
+    says what runs)."""
     device, dtype = resolve(device, dtype)
-    if quantization not in (None, "none") and dtype != torch.float32:
+    if quantization not in (None, "none", "auto") and dtype != torch.float32:
         raise PeagleError(f"quantization={quantization!r} runs on float32 (dtype={dtype})")
     torch.manual_seed(seed)
-    target = load_target(model, dtype, target_backend, device, quantization or "none")
+    target = load_target(model, dtype, target_backend, device, quantization or "auto")
     tok = load_tokenizer(model)
     spec = parse_spec_config(speculative_config)
     eng = make_engine(target, tok, spec, max_num_seqs, max_model_len, seed, compile, model_dir=model)
@@ -139,7 +140,7 @@ class LLM:
         self.model = model
         self.engine, self.tokenizer, self.spec = build_engine(model, dtype, seed, speculative_config,
                                                               max_num_seqs, max_model_len, device, compile,
-                                                              target_backend, quantization or "none")
+                                                              target_backend, quantization or "auto")
         self.device, self.dtype = self.engine.device, self.engine.target.dtype
         self._next = 0
 

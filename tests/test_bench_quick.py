@@ -120,10 +120,11 @@ def test_auto_rows_in_tables_and_plots(tiny_dirs, tmp_path):
 
 
 def test_the_reports_command_keeps_the_quantization():
-    """A q4 sweep's report must say so: its command regenerates the same sweep (float32 when unset)."""
+    """A q4 sweep's report must say so: its command regenerates the same sweep (the default, auto, is named;
+    the sweep replaces it by what auto resolved to)."""
     from peagle.bench.command import apply_defaults, canonical_command
     from peagle.cli import build_parser
-    for argv, want in ((["--quantization", "q4"], True), ([], False)):
+    for argv, want in ((["--quantization", "q4"], "q4"), ([], "auto"), (["--quantization", "none"], "none")):
         a = build_parser("bench").parse_args(["bench", "--ks", "1", *argv])
         apply_defaults(a)
-        assert ("--quantization q4" in canonical_command(a)) is want
+        assert canonical_command(a).split("--quantization ")[1].split()[0] == want

@@ -432,3 +432,27 @@ def test_llm_runs_a_gguf_file(tiny_gguf):
     assert "tiny.gguf" in llm.engine.target.precision
     out = llm.generate({"prompt_token_ids": [5, 6, 7, 8]}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 6
+
+
+def test_auto_quantization_resolves_per_model_and_machine(qtarget, tiny_gguf, capsys):
+    """The default, "auto": q4a8 for a model that is a GGUF file's blocks (a .gguf path; the default target,
+    converted from its package's file) where the AVX2 kernels run, else float weights; said on stderr. Not for
+    a float checkpoint, another dtype or the transformers backend."""
+    import torch
+
+    from peagle import LLM
+    from peagle.llm import DEFAULT_MODEL
+    from peagle.models.loader import resolve_quantization
+    fast = "q4a8" if EXT is not None and EXT.has_avx2() else "none"
+    assert resolve_quantization(qtarget, "auto", "native", torch.float32, "cpu")[0] == "none"
+    assert resolve_quantization(tiny_gguf, "auto", "native", torch.float32, "cpu")[0] == fast
+    assert resolve_quantization(tiny_gguf, "auto", "native", torch.bfloat16, "cpu")[0] == "none"
+    assert resolve_quantization(qtarget, "auto", "transformers", torch.float32, "cpu")[0] == "none"
+    assert resolve_quantization(tiny_gguf, "q8", "native", torch.float32, "cpu")[0] == "q8"   # explicit: kept
+    if os.path.isfile(os.path.join(DEFAULT_MODEL, "conversion.json")):
+        assert resolve_quantization(DEFAULT_MODEL, "auto", "native", torch.float32, "cpu")[0] == fast
+    capsys.readouterr()
+    assert LLM(qtarget).engine.target.quantization == "none"
+    assert "quantization auto -> none" in capsys.readouterr().err
+    assert LLM(tiny_gguf).engine.target.quantization == fast
+    assert f"quantization auto -> {fast}" in capsys.readouterr().err

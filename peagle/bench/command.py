@@ -53,8 +53,7 @@ def canonical_command(a) -> str:
               str(a.mtbench_turns), "--max-prompt-len", str(a.max_prompt_len), "--peers", ",".join(a.peers),
               "--peer-prompts", str(a.peer_prompts), "--pld-tokens", str(a.pld_tokens), "--device", a.device, "--dtype", a.dtype,
               "--seed", str(a.seed)]
-    if getattr(a, "quantization", "none") not in (None, "none"):
-        parts += ["--quantization", a.quantization]
+    parts += ["--quantization", getattr(a, "quantization", None) or "none"]
     if a.threads:
         parts += ["--threads", str(a.threads)]
     if a.compile:

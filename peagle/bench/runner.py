@@ -77,7 +77,7 @@ class Bench:
         self.compile = compile
         self.model, self.heads_dirs, self.seed = model, heads, seed
         self.target = load_target(model, self.dtype, target_backend, self.device, quantization)
-        self.quantization = quantization
+        self.quantization = getattr(self.target, "quantization", "none")      # "auto" resolved
         self.backend = target_backend
         self.tok = load_tokenizer(model)
         self._heads = {}

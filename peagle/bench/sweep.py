@@ -76,6 +76,9 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                   getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None),
                   quantization=getattr(a, "quantization", "none"))
     log(f"target: {getattr(bench.target, 'precision', str(bench.dtype).replace('torch.', ''))}")
+    if getattr(a, "quantization", None) == "auto":        # the report's command names what ran
+        a.quantization = bench.quantization
+        a.command = a.command.replace("--quantization auto", f"--quantization {bench.quantization}")
     methods = list(a.methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")               # the identity check and the speedups need it

@@ -15,7 +15,7 @@ def add_parser(sub):
                        description=datagen.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="target HF directory (default: the default target)")
     add_backend_argument(p)
-    add_quantization_argument(p)
+    add_quantization_argument(p, default="none")
     p.add_argument("--out", required=True, help="output directory (shards; rerun to resume)")
     p.add_argument("--num-prompts", type=int, default=3000)
     p.add_argument("--code-fraction", type=float, default=0.3)

@@ -102,6 +102,16 @@ def describe_types(quants: dict) -> str:
     return ", ".join(f"{n} x{k}" for n, k in sorted(c.items()))
 
 
+def block_family(path: str) -> str | None:
+    """"q4" when the file's projections include Q4_0 / Q4_1 blocks, "q8" when Q8_0 is its only block type, None
+    for a float file (the header's tensor types only; nothing is read into memory)."""
+    import gguf
+    types = {int(t.tensor_type) for t in gguf.GGUFReader(path).tensors} & set(BLOCK_BYTES)
+    if types & {2, 3}:
+        return "q4"
+    return "q8" if types else None
+
+
 def source_gguf(model_dir: str) -> str | None:
     """The GGUF file a directory was converted from (`peagle convert-gguf`'s conversion.json), when peagle can
     find it: next to the directory's files, or the default target's package file (same sha256)."""

@@ -36,15 +36,46 @@ def resolve_backend(path: str, backend: str = "auto") -> str:
     return "native" if native_refusal(path) is None else "transformers"
 
 
+def resolve_quantization(path: str, quantization: str, kind: str, dtype, device) -> tuple[str, str]:
+    """(quantization, why) for "auto": where the model IS a GGUF file's quantized blocks (a .gguf path, or a
+    directory converted from one peagle can find, like the default target: its float32 weights are only their
+    dequantization) and the C++ kernels run here with AVX2 on a float32 CPU target, those blocks with 8-bit
+    activations (q4a8 / q8a8: the fastest plain decoding measured, docs/benchmarks/cpu-step.md); else "none"
+    (float weights). Anything else is returned as given."""
+    import torch
+
+    from . import quant_ext
+    from .gguf_target import block_family, source_gguf
+    if quantization != "auto":
+        return quantization, ""
+    if kind != "native" or dtype != torch.float32 or torch.device(device).type != "cpu":
+        return "none", "not a float32 native target on the CPU"
+    src = path if path.endswith(".gguf") else source_gguf(path)
+    family = block_family(src) if src else None
+    if family is None:
+        return "none", "float weights (no quantized GGUF blocks behind this model)"
+    ext = quant_ext.get()
+    if ext is None or not ext.has_avx2():
+        return "none", f"the C++ kernels do not run here ({quant_ext.why_not() or 'no AVX2'})"
+    return family + "a8", (f"{os.path.basename(src)}'s blocks with 8-bit activations: the fastest plain decoding "
+                           "measured on AVX2")
+
+
 def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quantization: str = "none"):
     """The target for an HF directory (or, native only, a GGUF file); raises PeagleError with the reason when the
-    chosen backend cannot run it. quantization: none / q8 / q4 / q8a8 / q4a8 (native only: peagle/models/quant.py)."""
+    chosen backend cannot run it. quantization: none / q8 / q4 / q8a8 / q4a8 (native only: peagle/models/quant.py)
+    or auto (resolve_quantization; the choice is printed to stderr)."""
+    import sys
+
     import torch
 
     from .quant import check_quantization
     dtype = dtype or torch.float32
-    quantization = check_quantization(quantization)
     kind = resolve_backend(path, backend)
+    if quantization == "auto":
+        quantization, why = resolve_quantization(path, quantization, kind, dtype, device)
+        print(f"peagle: quantization auto -> {quantization} ({why})", file=sys.stderr, flush=True)
+    quantization = check_quantization(quantization)
     if kind == "native":
         if path.endswith(".gguf"):
             return Transformer.from_gguf(path, dtype, device, quantization=quantization)
@@ -57,13 +88,15 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
     return HFTarget.from_pretrained(path, dtype, device)
 
 
-def add_quantization_argument(p):
-    """--quantization for every command that runs a target."""
-    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+def add_quantization_argument(p, default: str = "auto"):
+    """--quantization for every command that runs a target (data and training commands default to none)."""
+    p.add_argument("--quantization", choices=QUANTIZATIONS + ("auto",), default=default,
                    help="quantization of the native target's projections (vLLM's word): q8 = Q8_0, "
                         "q4 = Q4_1 blocks of 32 (a GGUF file's or the default target's Q4_0/Q4_1/Q8_0 blocks as "
                         "stored), activations float32; q8a8 / q4a8: the same weights, activations quantized to 8 "
-                        "bits per block (llama.cpp's arithmetic); none (default) = float weights")
+                        "bits per block (llama.cpp's arithmetic); none = float weights; auto = q4a8 for a model that "
+                        "is a GGUF file's Q4 blocks (the default target) where the C++ kernels run, else none "
+                        f"(default: {default})")
 
 
 

@@ -27,13 +27,15 @@ def main(argv=None):
     ap.add_argument("--humaneval", type=int, default=164)
     ap.add_argument("--speed-prompts", type=int, default=6, help="prompts per dataset timed at batch 1")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--quantization", default="none", help="the target's (none: float32, as the heads were "
+                    "trained against; see peagle/models/quant.py)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     import torch
     if a.threads:
         torch.set_num_threads(a.threads)
     heads = dict(h.split("=", 1) for h in a.head)
-    plain = LLM(a.target)
+    plain = LLM(a.target, quantization=a.quantization)
     vocab = plain.engine.target.cfg.vocab_size
     data = {ds: [encode_prompt(plain.tokenizer, vocab, p) for p in load_dataset(ds, n or None)]
             for ds, n in (("mtbench", a.mtbench), ("humaneval", a.humaneval))}
@@ -50,7 +52,7 @@ def main(argv=None):
     llms = {}
     for name, d in heads.items():
         spec = speculative_config(d, a.k, name.startswith("peagle"))
-        llm = llms[name] = LLM(a.target, speculative_config=spec)
+        llm = llms[name] = LLM(a.target, speculative_config=spec, quantization=a.quantization)
         for ds, ps in data.items():
             llm.reset_metrics()
             t0 = time.time()
