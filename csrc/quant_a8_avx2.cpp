@@ -27,11 +27,17 @@ static inline __m256i weights(const uint8_t* blk, __m256i* sgn) {
     *sgn = w;
     return _mm256_sign_epi8(w, w);
   } else {
-    const __m128i q = _mm_loadu_si128((const __m128i*)(blk + (QT == Q4_1 ? 4 : 2)));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    // the 16 bytes in both halves (a broadcast load), the upper half shifted by 4: low nibbles | high nibbles
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + (QT == Q4_1 ? 4 : 2))));
+    const __m256i shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    return _mm256_and_si256(_mm256_srlv_epi32(q, shift), _mm256_set1_epi8(0x0f));
   }
+}
+
+// A Q4 block's minimum: Q4_1's m, Q4_0's -8 d (exact).
+template <int QT>
+static inline float min_of(const uint8_t* blk) {
+  return QT == Q4_1 ? h2f(blk + 2) : h2f(blk) * -8.0f;
 }
 
 template <int QT>
@@ -53,6 +59,10 @@ static inline void tile(const uint8_t* w, int64_t rb, const int8_t* xq, const fl
   for (int o = 0; o < NO; o++)
     #pragma GCC unroll 16
     for (int r = 0; r < NR; r++) acc[o][r] = _mm256_setzero_ps();
+  // the minimum terms: per (output, row) one chain of fma in block order; one row: in the main loop (the NO
+  // chains interleave with its work), more rows: after it, the NO x NR chains interleaved (the accumulators
+  // already fill the registers). The same operations in the same order either way.
+  float s[NO][NR] = {};
   for (int64_t b = 0; b < nb; b++) {
     #pragma GCC unroll 16
     for (int o = 0; o < NO; o++) {
@@ -65,17 +75,14 @@ static inline void tile(const uint8_t* w, int64_t rb, const int8_t* xq, const fl
         const __m256 dd = _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + r * nb + b));
         acc[o][r] = _mm256_fmadd_ps(dd, dot<QT>(u, sgn, xq + r * K + b * 32), acc[o][r]);
       }
+      if constexpr (QT != Q8_0 && NR == 1) s[o][0] = std::fma(min_of<QT>(blk), xs[b], s[o][0]);
     }
   }
-  // the minimum terms: per (output, row) one chain in block order, the NO x NR chains interleaved (a single
-  // chain would wait on each fma's latency)
-  float s[NO][NR] = {};
-  if constexpr (QT != Q8_0) {
+  if constexpr (QT != Q8_0 && NR > 1) {
     for (int64_t b = 0; b < nb; b++) {
       #pragma GCC unroll 16
       for (int o = 0; o < NO; o++) {
-        const uint8_t* blk = w + o * rb + b * bs;
-        const float m = QT == Q4_1 ? h2f(blk + 2) : h2f(blk) * -8.0f;
+        const float m = min_of<QT>(w + o * rb + b * bs);
         #pragma GCC unroll 16
         for (int r = 0; r < NR; r++) s[o][r] = std::fma(m, xs[r * nb + b], s[o][r]);
       }
