@@ -47,7 +47,8 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     items = build_prompts(a.prompts, 0.3, a.seed, 1)
-    llm = LLM(model=a.model, max_num_seqs=a.engine_batch, max_model_len=a.max_prompt + a.max_new + 16)
+    llm = LLM(model=a.model, max_num_seqs=a.engine_batch, max_model_len=a.max_prompt + a.max_new + 16,
+              quantization="none")                                   # the shipped recipe's path: float32
     tok = llm.get_tokenizer()
     prompts = [p for p in (prompt_ids(tok, llm.apply_chat_template, it) for it in items) if 2 <= len(p) <= a.max_prompt]
     t = time.perf_counter()

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     a = parse(ap, argv, __file__)
     model = target_or_random(a.model, os.path.join(tempfile.gettempdir(), "peagle-plain-decode"))
     llm = LLM(model, max_num_seqs=max(int(b) for b in a.batches.split(",")), device=a.device, dtype=a.dtype,
-              target_backend=a.target_backend)
+              target_backend=a.target_backend, quantization="none")           # float32, as transformers runs
     hf = HF(model, llm.device, llm.dtype)
     batches = [int(b) for b in a.batches.split(",")]
     ps = prompts(llm, max(max(batches), a.prompts_b1), a.max_prompt_len)

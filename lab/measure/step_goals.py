@@ -109,7 +109,7 @@ def main(argv=None) -> int:
            "runs": runs, "median": med,
            "peagle_ideal_speedup": ideal, "peagle_achieved_speedup": achieved, "peagle_share_of_ideal": achieved / ideal}
     if not a.skip_hf:
-        llm = LLM(model, max_num_seqs=8, device=a.device, dtype=a.dtype)
+        llm = LLM(model, max_num_seqs=8, device=a.device, dtype=a.dtype, quantization="none")   # as HF runs it
         hf = plain_decode.HF(model, llm.device, llm.dtype)
         ps = plain_decode.prompts(llm, max(8, a.hf_prompts_b1), a.max_prompt_len)
         tps, same = plain_decode.measure(llm, hf, ps, [1, 8], a.hf_prompts_b1, a.max_tokens, a.repeats)

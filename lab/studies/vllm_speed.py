@@ -46,7 +46,7 @@ def runs_for(ks: list, heads: dict) -> list:
 def peagle_pass(model: str, heads: dict, runs: list, prompts: list, max_tokens: int, c: int) -> dict:
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     out = {}
-    base = LLM(model, max_num_seqs=c, max_model_len=512)            # the target, loaded once per pass
+    base = LLM(model, max_num_seqs=c, max_model_len=512, quantization="none")   # float32, as vLLM runs it
     for name, m, k in runs:
         spec = None if m is None else {"method": "eagle3", "model": heads[m], "num_speculative_tokens": k,
                                        "parallel_drafting": METHODS[m]}
