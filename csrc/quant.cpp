@@ -8,9 +8,15 @@
 #include <cmath>
 #include <vector>
 
+#include "attend_impl.h"
 #include "quant_kernels.h"
 
 namespace pq = peagle_quant;
+namespace pa = peagle_attend;
+namespace peagle_attend {
+namespace avx2 { void attend(const AttnArgs& a, int64_t idx0, int64_t idx1); }
+namespace generic { void attend(const AttnArgs& a, int64_t idx0, int64_t idx1); }
+}  // namespace peagle_attend
 
 static bool cpu_has_avx2() {
   static const bool ok = [] {
@@ -196,7 +202,47 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
   return q;
 }
 
+// Block- and batch-invariant attention (attend_impl.h): q [B, T, nh, hd]; k, v [B, nkv, S, hd] (any strides but
+// the last); mask None (every key visible) or bool [1 or B, 1, T, S] (True: visible). Returns [B, T, nh * hd].
+// impl: 0 = best for this CPU, 1 = generic, 2 = AVX2.
+torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
+                           double scale, int64_t impl) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+              v.scalar_type() == torch::kFloat32 && q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attend_exact: float32 q [B,T,nh,hd], k/v [B,nkv,S,hd]");
+  auto qc = q.contiguous();
+  const int64_t B = qc.size(0), T = qc.size(1), nh = qc.size(2), hd = qc.size(3), nkv = k.size(1), S = k.size(2);
+  TORCH_CHECK(k.size(0) == B && k.size(3) == hd && v.sizes() == k.sizes() && k.strides() == v.strides() &&
+              k.stride(3) == 1 && nkv > 0 && nh % nkv == 0 && hd % 8 == 0, "attend_exact: k/v shapes or strides");
+  pa::AttnArgs a{};
+  torch::Tensor m;
+  if (mask.has_value() && mask->defined()) {
+    m = mask->to(torch::kBool);
+    TORCH_CHECK(m.dim() == 4 && (m.size(0) == 1 || m.size(0) == B) && m.size(2) == T && m.size(3) == S,
+                "attend_exact: mask [1 or B, 1, T, S]");
+    m = m.expand({B, 1, T, S});
+    if (m.stride(3) != 1) m = m.contiguous();
+    a.mask = m.data_ptr<bool>();
+    a.msb = m.stride(0);
+    a.mst = m.stride(2);
+  }
+  auto out = torch::empty({B, T, nh * hd}, qc.options());
+  a.q = qc.data_ptr<float>();
+  a.k = k.data_ptr<float>();
+  a.v = v.data_ptr<float>();
+  a.out = out.data_ptr<float>();
+  a.B = B; a.T = T; a.nh = nh; a.nkv = nkv; a.hd = hd; a.S = S;
+  a.ksb = k.stride(0); a.ksg = k.stride(1); a.ksj = k.stride(2);
+  a.scale = (float)scale;
+  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA");
+  auto fn = (impl == 2 || (impl == 0 && cpu_has_avx2())) ? pa::avx2::attend : pa::generic::attend;
+  const int64_t n = B * T * nh, grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * hd));
+  at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) { fn(a, i0, i1); });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend_exact", &attend_exact, "attention summed in one fixed order per query (batch/block-invariant)");
   m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
   m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0), batch-invariant");
   m.def("qlinear_a8", &qlinear_a8, "y = q8(x) @ W^T: activations quantized to 8 bits per block (llama.cpp's)");

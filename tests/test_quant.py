@@ -456,3 +456,86 @@ def test_auto_quantization_resolves_per_model_and_machine(qtarget, tiny_gguf, ca
     assert "quantization auto -> none" in capsys.readouterr().err
     assert LLM(tiny_gguf).engine.target.quantization == fast
     assert f"quantization auto -> {fast}" in capsys.readouterr().err
+
+
+# ---- block- and batch-invariant attention (a8 targets) --------------------------------------------------------
+
+ATT_IMPLS = ([1] + ([2] if EXT.has_avx2() else [])) if EXT is not None else []
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+@pytest.mark.parametrize("impl", ATT_IMPLS)
+def test_exact_attention_matches_sdpa_and_is_block_invariant(impl):
+    """attend_exact vs float64 SDPA (GQA, causal block masks, a random tree-like mask), and a query's output is
+    the same bits alone (T=1, no mask, S = its position + 1), inside a block of 4 with a longer span, and next
+    to other rows; the generic and AVX2 builds agree bit for bit."""
+    import torch.nn.functional as F
+
+    from peagle.models.layers import causal_block_mask
+    g = torch.Generator().manual_seed(4)
+    B, nh, nkv, hd, S = 3, 6, 2, 40, 37
+    k = torch.randn(B, nkv, S + 5, hd, generator=g)[:, :, :S]        # a cache view: strided like the engine's
+    v = torch.randn(B, nkv, S + 5, hd, generator=g)[:, :, :S]
+    for T, mask in ((1, None), (4, causal_block_mask(torch.tensor([30, 20, 33]), 4, S)),
+                    (5, torch.rand(B, 1, 5, S, generator=g) < 0.6)):
+        q = torch.randn(B, T, nh, hd, generator=g)
+        got = Q.attend_exact(q, k, v, mask, impl)
+        if mask is not None:
+            mask[..., 0] = True                                         # every query sees a key
+            got = Q.attend_exact(q, k, v, mask, impl)
+        ref = F.scaled_dot_product_attention(q.transpose(1, 2).double(), k.double(), v.double(), attn_mask=mask,
+                                             enable_gqa=True).transpose(1, 2).reshape(B, T, nh * hd)
+        assert torch.allclose(got.double(), ref, atol=2e-6), (T, float((got.double() - ref).abs().max()))
+        if impl == 2:
+            assert torch.equal(got, Q.attend_exact(q, k, v, mask, 1))
+    # invariance: row 1's query at position 21 (second of a block starting at 20)
+    q = torch.randn(B, 4, nh, hd, generator=g)
+    block = Q.attend_exact(q, k, v, causal_block_mask(torch.tensor([30, 20, 33]), 4, S), impl)
+    alone = Q.attend_exact(q[1:2, 1:2], k[1:2, :, :22], v[1:2, :, :22], None, impl)
+    assert torch.equal(block[1, 1], alone[0, 0])
+    assert not torch.equal(Q.attend_exact(q[1:2, 1:2], k[1:2, :, :23], v[1:2, :, :23], None, impl)[0, 0],
+                           alone[0, 0])                                 # negative control: one more key counts
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+def test_a8_target_gives_a_token_the_same_bits_in_any_block(qtarget):
+    """q4a8 forward: the logits and states of a token decoded alone equal (bit for bit) those of the same token
+    as the first of a 3-token verify block, so 8-bit rounding cannot tell plain decoding from verification.
+    Negative control: with SDPA's attention instead (exact off), they differ."""
+    from peagle.models.llama import Transformer
+    t = Transformer.from_pretrained(qtarget, quantization="q4a8")
+    g = torch.Generator().manual_seed(6)
+    prompt, nxt = torch.randint(5, 500, (1, 40), generator=g), torch.randint(5, 500, (1, 3), generator=g)
+
+    def pair():
+        out = []
+        for T in (1, 3):
+            c = t.new_cache(1, 64)
+            t.forward(prompt, c, 0, torch.zeros(1, dtype=torch.long), span=40, s0=0)
+            c.lens[:1] = 40
+            logits, aux = t.forward(nxt[:, :T], c, 0, torch.tensor([40]), aux_ids=(1, 2), span=40 + T)
+            out.append((logits[0, 0], aux[0, 0]))
+        return out
+    (l1, a1), (l3, a3) = pair()
+    assert torch.equal(l1, l3) and torch.equal(a1, a3)
+    t.exact_attention = False
+    (l1, a1), (l3, a3) = pair()
+    assert not (torch.equal(l1, l3) and torch.equal(a1, a3))
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+def test_a8_trees_in_ragged_batches_stay_identical(qtarget):
+    """q4a8 with an oracle tree proposer (deep accepted paths, KV compaction) in continuous batches of 3
+    rows: every output equals plain q4a8 decoding, token for token."""
+    from test_engine_lossless import ids, prompts
+    from test_trees_engine import OracleTreeProposer, tree_llm
+
+    from peagle import LLM, SamplingParams
+    ps = prompts(7, seed=21)
+    full = ids(LLM(qtarget, quantization="q4a8").generate(ps, SamplingParams(temperature=0, max_tokens=40,
+                                                                             ignore_eos=True)))
+    prop = OracleTreeProposer(4, {tuple(p["prompt_token_ids"]): f for p, f in zip(ps, full)}, 0.15, 0)
+    llm = tree_llm(qtarget, prop, 4, 3, 12, quantization="q4a8", max_num_seqs=3)
+    assert ids(llm.generate(ps, SamplingParams(temperature=0, max_tokens=23, ignore_eos=True))) == \
+        [f[:23] for f in full]
+    assert llm.get_metrics()["mean_acceptance_length"] > 1.5

@@ -1,7 +1,8 @@
 """peagle vs llama.cpp on the same GGUF file and thread count (issue 39): SmolLM2-135M-Instruct's packaged
 Q4_1 file, the same prompt token ids, greedy, T new tokens each, decode tokens/s (prompt processing excluded on
-both sides: prefill is timed apart). peagle runs the file's blocks as stored (`--quantization q4`), plain and
-with P-EAGLE K=1; llama.cpp runs through its Python package, built from source into `.venv-llama` (not part of
+both sides: prefill is timed apart). peagle runs the file's blocks as stored, with float32 activations
+(`--quantization q4`) and with 8-bit activations like llama.cpp (`q4a8`, the default there), plain and with
+P-EAGLE K=1; llama.cpp runs through its Python package, built from source into `.venv-llama` (not part of
 `make setup` or `make test`; the study builds it when missing, which takes ~10-20 minutes on 2 cores):
 
     CMAKE_ARGS="-DGGML_NATIVE=ON" python -m venv .venv-llama && \\
@@ -93,32 +94,35 @@ def main(argv=None) -> int:
         raise SystemExit(f"no {LLAMA_PY}: build llama.cpp's Python package first (see this file's docstring)")
     torch.set_num_threads(a.threads)
     gguf = gguf_path()
-    base = LLM(DEFAULT_MODEL, quantization="q4", max_num_seqs=1)
+    q4 = LLM(DEFAULT_MODEL, quantization="q4", max_num_seqs=1)
+    base = LLM(DEFAULT_MODEL, quantization="q4a8", max_num_seqs=1)
     spec = base.with_speculative_config(speculative_config(DEFAULT_PEAGLE_HEAD, 1, True))
     tok = base.get_tokenizer()
     prompts = [encode_prompt(tok, base.engine.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.prompts)]
     prompts = [p[-512:] for p in prompts]
-    runs = {"llama.cpp (Q4_1 file)": [], "peagle q4, plain": [], "peagle q4, P-EAGLE K=1": []}
+    engines = {"peagle q4, plain": q4, "peagle q4a8, plain": base, "peagle q4a8, P-EAGLE K=1": spec}
+    runs = {"llama.cpp (Q4_1 file)": [], **{name: [] for name in engines}}
     outs = {}
     for _ in range(a.rounds):
         for name in runs:
             res = run_llama(gguf, prompts, a.max_new, a.threads) if name.startswith("llama") else \
-                run_peagle(base if "plain" in name else spec, prompts, a.max_new)
+                run_peagle(engines[name], prompts, a.max_new)
             n = sum(len(r["ids"]) for r in res)
             runs[name].append(n / sum(r["decode_s"] for r in res))
             outs[name] = res
-    ref = outs["peagle q4, plain"]
+    refs = [outs["peagle q4, plain"], outs["peagle q4a8, plain"]]
     lines = [f"CPU: {cpu_flags()}; {a.threads} threads; {len(prompts)} {a.dataset} prompts, {a.max_new} new tokens, "
              f"greedy; decode tokens/s, median of {a.rounds} alternating rounds", "",
-             "| engine | decode tok/s | vs llama.cpp | prompts with tokens equal to peagle plain's | mean common prefix "
-             "(tokens) |", "|---|---|---|---|---|"]
+             "| engine | decode tok/s | vs llama.cpp | prompts with tokens equal to peagle q4 / q4a8 plain's | mean "
+             "common prefix with them (tokens) |", "|---|---|---|---|---|"]
     base_rate = statistics.median(runs["llama.cpp (Q4_1 file)"])
     for name, rates in runs.items():
-        same = sum(o["ids"] == r["ids"] for o, r in zip(outs[name], ref))
-        prefix = statistics.mean(next((i for i, (x, y) in enumerate(zip(o["ids"], r["ids"])) if x != y),
-                                      min(len(o["ids"]), len(r["ids"]))) for o, r in zip(outs[name], ref))
+        same = [sum(o["ids"] == r["ids"] for o, r in zip(outs[name], ref)) for ref in refs]
+        prefix = [statistics.mean(next((i for i, (x, y) in enumerate(zip(o["ids"], r["ids"])) if x != y),
+                                       min(len(o["ids"]), len(r["ids"]))) for o, r in zip(outs[name], ref))
+                  for ref in refs]
         lines.append(f"| {name} | {statistics.median(rates):.1f} | {statistics.median(rates) / base_rate:.2f}x | "
-                     f"{same}/{len(prompts)} | {prefix:.1f} |")
+                     f"{same[0]} / {same[1]} of {len(prompts)} | {prefix[0]:.1f} / {prefix[1]:.1f} |")
     lines += ["", f"Regenerate: `.venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts {a.prompts} --max-new "
               f"{a.max_new} --threads {a.threads} --rounds {a.rounds}`"]
     text = "\n".join(lines)

@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .quant import qmm, rope_kv
+from .quant import attend_exact, qmm, rope_kv
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -128,16 +128,18 @@ class BlockCtx:
 
 
 def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: int, nkv: int, hd: int,
-                     q_norm=None, k_norm=None, eps=1e-6, fused: bool = False) -> torch.Tensor:
+                     q_norm=None, k_norm=None, eps=1e-6, fused: bool = False, exact: bool = False) -> torch.Tensor:
     """qkv [B,T,(nh+2nkv)*hd] -> attention output [B,T,nh*hd]; writes this block's k/v into the cache.
-    fused: RoPE and the cache write in one op where the extension has it (quant.rope_kv: the same bits)."""
+    fused: RoPE and the cache write in one op where the extension has it (quant.rope_kv: the same bits).
+    exact: attention summed in one fixed order per query (quant.attend_exact: block- and batch-invariant)."""
     B, T = qkv.shape[:2]
     if fused and q_norm is None:
         cache.reserve(ctx.S)
         q = rope_kv(qkv, ctx.cos, ctx.sin, cache, layer, ctx.b0, ctx.pos_w, nh, nkv)
         if q is not None:
             kc, vc = cache.view(layer, ctx.b0, B, ctx.S)
-            return attend(q, kc, vc, ctx.mask)
+            o = attend_exact(q, kc, vc, ctx.mask) if exact else None
+            return attend(q, kc, vc, ctx.mask) if o is None else o
     qk = qkv[..., : (nh + nkv) * hd].view(B, T, nh + nkv, hd)
     v = qkv[..., (nh + nkv) * hd:].view(B, T, nkv, hd)
     if q_norm is not None:

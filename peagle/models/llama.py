@@ -102,8 +102,12 @@ class Transformer:
         if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
             raise PeagleError(f"embed_tokens shape {tuple(self.embed.shape)} does not match config "
                               f"({cfg.vocab_size}, {cfg.hidden_size})")
-        self.fused = False
+        self.fused = self.exact_attention = False
         if self.quantization != "none":
+            # a token's bits must not depend on its block (plain step, verify block, tree) or its batch: the
+            # kernels are row-invariant, and attention is summed in one fixed order per query (SDPA's blocking
+            # follows T and S). 8-bit activations would turn SDPA's last-bit differences into other tokens.
+            self.exact_attention = True
             if quantizes_activations(self.quantization):
                 for w in self._projections():
                     for p in getattr(w, "parts", None) or [w]:
@@ -242,7 +246,7 @@ class Transformer:
             if i in aux_ids:
                 aux.append(x)
             a = cached_attention(ctx, cache, i, mm(h, L.qkv_w, L.qkv_b), nh, nkv, hd, L.q_norm, L.k_norm, eps,
-                                 fused=True)
+                                 fused=True, exact=self.exact_attention)
             x, h = add_rms_norm(x, mm(a, L.o_w, L.o_b), L.ln2, eps)
             d = mm(silu_mul(mm(h, L.gate_up)), L.down)
             x, h = add_rms_norm(x, d, self.layers[i + 1].ln1 if i + 1 < n else self.norm, eps)

@@ -251,7 +251,7 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     ext = quant_ext.get() if impl >= 0 else None
     x = x if x.dtype == torch.float32 else x.float()
-    if rows > KERNEL_MAX_ROWS:
+    if rows > KERNEL_MAX_ROWS and not (w.act8 and ext is not None):   # a8: the kernel at any row count (exact)
         xd = _act8_dense(x.reshape(rows, w.k)).view(x.shape) if w.act8 else x
         return F.linear(xd, w.dense() if ext is not None else w._fallback_dense())
     if ext is not None and x.device.type == "cpu":
@@ -285,6 +285,20 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
         return ext.silu_mul(gu)
     i = gu.shape[-1] // 2
     return F.silu(gu[..., :i]) * gu[..., i:]
+
+
+def attend_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                 impl: int = 0) -> torch.Tensor | None:
+    """q [B,T,nh,hd], k/v [B,nkv,S,hd], mask None or bool [B|1,1,T,S] -> [B,T,nh*hd]: attention with every
+    query's sums in one fixed order (csrc/attend_impl.h), so a query's output has the same bits alone, in a
+    verify block of any length, in a tree or next to other rows; SDPA's do not (its blocking follows T and S),
+    which 8-bit activations turn into different tokens. None where the extension is missing (the caller runs
+    SDPA: then outputs agree only up to float rounding)."""
+    ext = quant_ext.get()
+    if ext is None or not hasattr(ext, "attend_exact") or q.device.type != "cpu" or q.dtype != torch.float32 \
+            or q.shape[-1] % 8:
+        return None
+    return ext.attend_exact(q, k, v, mask, q.shape[-1] ** -0.5, impl)
 
 
 def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int, b0: int, pos: torch.Tensor,

@@ -1,0 +1,147 @@
+// Attention whose every output depends only on its own query and the keys/values it may see, summed in one
+// fixed order: batch- and block-invariant (a query gives the same bits alone, in a verify block of any length,
+// in a tree, or next to other rows). Included by attend_generic.cpp and by attend_avx2.cpp (compiled for AVX2 +
+// FMA, PEAGLE_ATTEND_AVX2: the lane loops below as intrinsics); both run the same IEEE operations in the same
+// order (fma = one rounding; no contraction, no fast-math), so they agree bit for bit. hd: a multiple of 8.
+//
+// Per (row b, query t, head h): kv head g = h / (nh / nkv); over the visible keys j in ascending order:
+//   s_j = fold8(q . k_j) * scale   (8 lane accumulators over hd, lane l adds elements 8i+l, folded 4+4, 2+2, 1+1)
+//   m = max s_j;  p_j = exp_neg(s_j - m);  l = sum p_j in order;  o = sum p_j * v_j in order (lane-wise fma);
+//   out = o * (1 / l)   (no visible key: zeros).
+// exp_neg is peagle's own e^x for x <= 0 (Cephes' expf polynomial, ~1 ulp) from basic IEEE operations only, so
+// 8 lanes at once and one at a time give the same bits (libm's expf would not vectorize, nor match a vector one).
+#pragma once
+#ifdef PEAGLE_ATTEND_AVX2
+#include <immintrin.h>
+#endif
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace peagle_attend {
+
+struct AttnArgs {
+  const float* q;        // [B, T, nh, hd] contiguous
+  const float* k;        // k[b, g, j, :] at k + b*ksb + g*ksg + j*ksj
+  const float* v;        // same strides as k
+  const bool* mask;      // nullptr: every key < S visible; else mask[b*msb + t*mst + j] (j < S)
+  float* out;            // [B, T, nh * hd]
+  int64_t B, T, nh, nkv, hd, S;
+  int64_t ksb, ksg, ksj, msb, mst;
+  float scale;
+};
+
+static inline float exp_neg(float x) {
+  x = std::fmax(x, -87.0f);                                   // e^-87 ~ 1.6e-38: the smallest normal scale
+  const float n = std::nearbyint(x * 1.44269504088896341f);   // x = n ln2 + r, |r| <= ln2 / 2
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r) + 1.0f;
+  const int32_t bits = ((int32_t)n + 127) << 23;              // 2^n, n in [-126, 0]
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+#ifdef PEAGLE_ATTEND_AVX2
+// The same operations on 8 lanes at once (attend_avx2.cpp).
+static inline __m256 exp_neg8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+// fold8(a . b) over n (a multiple of 8) elements: lane l accumulates elements 8i+l with fma, folded 4+4, 2+2, 1+1.
+static inline float dot8(const float* a, const float* b, int64_t n) {
+#ifdef PEAGLE_ATTEND_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+  return _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
+#else
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < n; i += 8)
+    for (int l = 0; l < 8; l++) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  float v4[4];
+  for (int l = 0; l < 4; l++) v4[l] = acc[l] + acc[l + 4];
+  const float v20 = v4[0] + v4[2], v21 = v4[1] + v4[3];
+  return v20 + v21;
+#endif
+}
+
+// o[i] = fma(p, v[i], o[i]) for i < n (a multiple of 8).
+static inline void axpy(float p, const float* v, float* o, int64_t n) {
+#ifdef PEAGLE_ATTEND_AVX2
+  const __m256 pv = _mm256_set1_ps(p);
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+#else
+  for (int64_t i = 0; i < n; i++) o[i] = std::fma(p, v[i], o[i]);
+#endif
+}
+
+// s[c] = exp_neg(s[c] - m) for c < n.
+static inline void exp_shifted(float* s, int64_t n, float m) {
+  int64_t c = 0;
+#ifdef PEAGLE_ATTEND_AVX2
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(s + c, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv)));
+#endif
+  for (; c < n; c++) s[c] = exp_neg(s[c] - m);
+}
+
+// Queries idx0..idx1-1 of the flattened (b, t, h) range.
+static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
+  std::vector<float> s(a.S), o(a.hd);
+  std::vector<int32_t> vis(a.S);
+  const int64_t group = a.nh / a.nkv;
+  for (int64_t idx = idx0; idx < idx1; idx++) {
+    const int64_t h = idx % a.nh, t = (idx / a.nh) % a.T, b = idx / (a.nh * a.T);
+    const float* q = a.q + idx * a.hd;
+    const int64_t g = h / group;
+    const float* kb = a.k + b * a.ksb + g * a.ksg;
+    const float* vb = a.v + b * a.ksb + g * a.ksg;
+    const bool* mrow = a.mask ? a.mask + b * a.msb + t * a.mst : nullptr;
+    int64_t n = 0;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < a.S; j++) {
+      if (mrow && !mrow[j]) continue;
+      const float sj = dot8(q, kb + j * a.ksj, a.hd) * a.scale;
+      vis[n] = (int32_t)j;
+      s[n++] = sj;
+      m = std::fmax(m, sj);
+    }
+    float* dst = a.out + idx * a.hd;
+    for (int64_t i = 0; i < a.hd; i++) o[i] = 0.0f;
+    exp_shifted(s.data(), n, m);
+    float l = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+      l += s[c];
+      axpy(s[c], vb + vis[c] * a.ksj, o.data(), a.hd);
+    }
+    const float inv = n ? 1.0f / l : 0.0f;
+    for (int64_t i = 0; i < a.hd; i++) dst[i] = o[i] * inv;
+  }
+}
+
+}  // namespace peagle_attend
