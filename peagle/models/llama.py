@@ -25,6 +25,8 @@ from .quant import (
     weights_of,
 )
 
+EXACT_MAX_T = 16        # weight-only quantized targets: fixed-order attention up to this block length
+
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
     """All tensors of an HF directory (sharded or not), floating point ones cast to dtype."""
@@ -103,12 +105,17 @@ class Transformer:
             raise PeagleError(f"embed_tokens shape {tuple(self.embed.shape)} does not match config "
                               f"({cfg.vocab_size}, {cfg.hidden_size})")
         self.fused = self.exact_attention = False
+        self.exact_max_t = None                   # blocks longer than this attend through SDPA (None: no limit)
         if self.quantization != "none":
             # a token's bits must not depend on its block (plain step, verify block, tree) or its batch: the
             # kernels are row-invariant, and attention is summed in one fixed order per query (SDPA's blocking
-            # follows T and S). 8-bit activations would turn SDPA's last-bit differences into other tokens.
+            # follows T and S). 8-bit activations would turn SDPA's last-bit differences into other tokens, so
+            # a8 targets attend exactly in every block; weight-only ones in decode-sized blocks (a long prompt's
+            # prefill is the same block for plain and speculative decoding, and SDPA's is ~3x faster there).
             self.exact_attention = True
+            self.exact_max_t = EXACT_MAX_T
             if quantizes_activations(self.quantization):
+                self.exact_max_t = None
                 for w in self._projections():
                     for p in getattr(w, "parts", None) or [w]:
                         if hasattr(p, "act8"):
@@ -241,12 +248,13 @@ class Transformer:
         c = self.cfg
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
         aux, n = [], len(self.layers)
+        exact = self.exact_attention and (self.exact_max_t is None or x.shape[1] <= self.exact_max_t)
         _, h = add_rms_norm(x, torch.zeros_like(x), self.layers[0].ln1 if n else self.norm, eps)
         for i, L in enumerate(self.layers):
             if i in aux_ids:
                 aux.append(x)
             a = cached_attention(ctx, cache, i, mm(h, L.qkv_w, L.qkv_b), nh, nkv, hd, L.q_norm, L.k_norm, eps,
-                                 fused=True, exact=self.exact_attention)
+                                 fused=True, exact=exact)
             x, h = add_rms_norm(x, mm(a, L.o_w, L.o_b), L.ln2, eps)
             d = mm(silu_mul(mm(h, L.gate_up)), L.down)
             x, h = add_rms_norm(x, d, self.layers[i + 1].ln1 if i + 1 < n else self.norm, eps)
