@@ -92,7 +92,7 @@ def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, m
     tree = spec.tree(k)
     cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
     proposer = cls(head, k, cache_len(mlen, k, tree), draft_sampling=spec.draft_sampling,
-                   dual=getattr(target, "dual_layout", False))
+                   dual=getattr(target, "dual_layout", False), quantization=getattr(target, "quantization", "none"))
     if k_policy is None:
         k_policy = make_policy(spec, target, head, lambda s: measuring_engines(target, head, s, k), k, max_num_seqs,
                                model_dir, target.dtype)

@@ -245,6 +245,8 @@ def test_greedy_speculative_identical_to_plain(qtarget, tmp_path, quantization):
     head = save_random_head(qtarget, str(tmp_path / "p"), layers=1)
     llm = LLM(qtarget, quantization=quantization, speculative_config=_spec(head, 3, True), max_num_seqs=4)
     assert [o.outputs[0].token_ids for o in llm.generate(ps, sp)] == ref
+    lm = llm.engine.proposer.head._lm_head_t                # the head's projections follow the target: Q8_0
+    assert isinstance(lm, Q.QuantWeight) and lm.qtype == Q.Q8_0 and lm.act8 == quantization.endswith("a8")
 
     class Oracle(FakeProposer):          # proposes the plain continuation: long accepted blocks, bonus tokens
         def propose(self, batch, k=None):

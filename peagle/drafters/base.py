@@ -54,12 +54,13 @@ class Proposer:
     context: DraftContext | None = None        # the per-row state: made by the first add_requests, on its device
 
     def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1, draft_sampling: str = "argmax",
-                 dual: bool = False):
-        """dual: keep the head's weights in both layouts, as the target does (its `dual_layout`)."""
+                 dual: bool = False, quantization: str = "none"):
+        """dual: keep the head's weights in both layouts, as the target does (its `dual_layout`). quantization:
+        the head's projections' (DrafterHead.prepare_inference: the target's a8 / weight-only choice as Q8_0)."""
         if draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, got {draft_sampling!r}")
         c = head.config
-        self.head, self.k, self.draft_sampling = head.prepare_inference(dual), k, draft_sampling
+        self.head, self.k, self.draft_sampling = head.prepare_inference(dual, quantization), k, draft_sampling
         w = head.fc.weight
         # no lengths of its own: the engine derives the drafter's valid length (peagle/engine.py)
         self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, rows, w.dtype,

@@ -18,8 +18,8 @@ from .base import DraftBatch, Proposer
 class PEagleProposer(Proposer):
     name = "peagle"
 
-    def __init__(self, head, k, max_len, rows=1, draft_sampling="argmax", dual=False):
-        super().__init__(head, k, max_len, rows, draft_sampling, dual)
+    def __init__(self, head, k, max_len, rows=1, draft_sampling="argmax", dual=False, quantization="none"):
+        super().__init__(head, k, max_len, rows, draft_sampling, dual, quantization)
         if not head.parallel:
             raise ValueError("this head has no mask token / mask_hidden: it was not trained for parallel drafting")
         with torch.no_grad():

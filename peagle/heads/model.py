@@ -144,18 +144,29 @@ class DrafterHead(nn.Module):
         return self.norm(x), x
 
     @torch.no_grad()
-    def prepare_inference(self, dual: bool = False):
+    def prepare_inference(self, dual: bool = False, quantization: str = "none"):
         """Fuse q/k/v and gate/up per layer for the cached inference path (call again after changing weights),
         in layers.Weight's layouts: dual (the target's choice, `dual_layout`) adds the [out, in] copies that
-        products of a few rows (a P-EAGLE pass, EAGLE-3's catch-up rows) run fastest with on this CPU."""
+        products of a few rows (a P-EAGLE pass, EAGLE-3's catch-up rows) run fastest with on this CPU.
+        quantization: the target's; with a quantized float32 CPU target the projections become Q8_0 blocks, with
+        8-bit activations where the target's are (drafts only propose: outputs stay the target's)."""
+        from ..models.quant import Q8_0, QuantWeight, quantizes_activations
+        w0 = self.fc.weight
+        q8 = quantization not in (None, "none") and w0.device.type == "cpu" and w0.dtype == torch.float32
+
+        def weight(w):
+            w = w.detach()
+            if q8 and w.shape[1] % 32 == 0:
+                return QuantWeight.from_float(w, Q8_0, act8=quantizes_activations(quantization))
+            return Weight(w, dual)
         self._fused = []
         for L in self.layers:
             a, m = L.self_attn, L.mlp
-            self._fused.append(tuple(Weight(w.detach(), dual) for w in (
+            self._fused.append(tuple(weight(w) for w in (
                 torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
                 torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight)))
-        self._fc_t = Weight(self.fc.weight.detach(), dual)
-        self._lm_head_t = Weight(self.lm_head.weight.detach(), dual)
+        self._fc_t = weight(self.fc.weight)
+        self._lm_head_t = weight(self.lm_head.weight)
         return self
 
     @torch.no_grad()

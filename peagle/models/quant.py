@@ -132,9 +132,9 @@ class QuantWeight:
         self.act8 = act8              # products quantize the activations to 8 bits first (qmm)
 
     @classmethod
-    def from_float(cls, w: torch.Tensor, qtype: int) -> "QuantWeight":
+    def from_float(cls, w: torch.Tensor, qtype: int, act8: bool = False) -> "QuantWeight":
         """w [out, in] float, quantized now."""
-        return cls(quantize(w, qtype), qtype, *w.shape)
+        return cls(quantize(w, qtype), qtype, *w.shape, act8=act8)
 
     @property
     def shape(self):
