@@ -55,7 +55,7 @@ static inline float exp_neg(float x) {
 static inline __m256 exp_neg8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                                   _MM_FROUND_CUR_DIRECTION);   // as nearbyint: the current mode
   __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
   r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
   __m256 p = _mm256_set1_ps(1.9875691500e-4f);

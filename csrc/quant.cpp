@@ -207,6 +207,7 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
 // impl: 0 = best for this CPU, 1 = generic, 2 = AVX2.
 torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                            double scale, int64_t impl) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "attend_exact: CPU tensors");
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
               v.scalar_type() == torch::kFloat32 && q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "attend_exact: float32 q [B,T,nh,hd], k/v [B,nkv,S,hd]");
@@ -217,7 +218,8 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
   pa::AttnArgs a{};
   torch::Tensor m;
   if (mask.has_value() && mask->defined()) {
-    m = mask->to(torch::kBool);
+    m = *mask;
+    TORCH_CHECK(m.scalar_type() == torch::kBool && m.device().is_cpu(), "attend_exact: a bool CPU mask");
     TORCH_CHECK(m.dim() == 4 && (m.size(0) == 1 || m.size(0) == B) && m.size(2) == T && m.size(3) == S,
                 "attend_exact: mask [1 or B, 1, T, S]");
     m = m.expand({B, 1, T, S});

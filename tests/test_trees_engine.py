@@ -191,11 +191,13 @@ def test_tree_engine_sampling_matches_exact_distribution_and_wrong_verifier_fail
     assert p_bad < 1e-6, (stat, df)
 
 
-def test_auto_k_with_trees_measures_tree_steps_apart_and_stays_identical(target, heads, capsys):
+def test_auto_k_with_trees_measures_tree_steps_apart_and_stays_identical(target, heads, capsys, monkeypatch,
+                                                                         tmp_path):
     """K "auto" with a tree: tree steps get their own cost model, cached apart from the chain's
     (costs-peagle-tree3x8-*); auto picks tree, chain or plain per step and the depth; greedy outputs stay
     identical, and tree steps were verified (while it explores the trees' acceptance, at least)."""
     import os
+    monkeypatch.setenv("PEAGLE_CACHE_DIR", str(tmp_path))     # the flattened models below stay in this test
     ps = prompts(4, seed=13)
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     ref = ids(LLM(target).generate(ps, sp))

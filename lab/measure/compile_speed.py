@@ -55,7 +55,7 @@ def main(argv=None):
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     llms, warm, rates, outs = {}, {}, {"eager": [], "compile": []}, {}
     for mode in rates:
-        llms[mode] = LLM(a.model, speculative_config=spec, compile=mode == "compile")
+        llms[mode] = LLM(a.model, speculative_config=spec, compile=mode == "compile", quantization="none")
         t0 = time.perf_counter()
         timed(llms[mode], prompts, sp)
         warm[mode] = time.perf_counter() - t0

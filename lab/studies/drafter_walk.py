@@ -64,7 +64,7 @@ def main(argv=None):
     enc = Bench(a.target, {})
     prompts = [list(enc.encode(p)) for p in load_dataset(a.dataset, a.prompts)]
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens)
-    outs = [o.outputs[0].token_ids for o in LLM(a.target).generate([{"prompt_token_ids": p} for p in prompts], sp)]
+    outs = [o.outputs[0].token_ids for o in LLM(a.target, quantization="none").generate([{"prompt_token_ids": p} for p in prompts], sp)]
     hit, chain, n = torch.zeros(K), torch.zeros(K), 0
     walk_pos, walk_steps = torch.zeros(K), 0
     with torch.no_grad():
@@ -82,7 +82,7 @@ def main(argv=None):
                 walk_steps += 1
                 walk_pos[:m] += 1
                 ai += m + 1
-    llm = LLM(a.target, speculative_config={"method": "eagle3", "model": a.head, "num_speculative_tokens": K,
+    llm = LLM(a.target, quantization="none", speculative_config={"method": "eagle3", "model": a.head, "num_speculative_tokens": K,
                                             "parallel_drafting": True})
     got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], sp)]
     m = llm.get_metrics()

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     print("Regenerate: `.venv/bin/python " + " ".join([os.path.relpath(__file__)] + list(
         sys.argv[1:] if argv is None else argv)) + "`")
-    llm = LLM(a.model, max_num_seqs=8)
+    llm = LLM(a.model, max_num_seqs=8, quantization="none")
     V = llm.engine.target.cfg.vocab_size
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens)
     rows = []

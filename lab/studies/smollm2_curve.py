@@ -14,7 +14,8 @@ ckpt_to_head.py) and at the end, recorded in docs/training-study/smollm2/part4_c
 
     .venv/bin/python lab/studies/smollm2_curve.py --add-point LABEL EVAL_JSON EAGLE3_STEPS PEAGLE_STEPS
 
-(steps = part-4 optimizer steps behind each evaluated head)."""
+(steps = optimizer steps after part 3 behind each evaluated head: part 4's, then part 4's 2,089 / 1,888 plus
+part 5's for the part-5 study on the larger data set, which was not shipped)."""
 from __future__ import annotations
 
 import argparse

@@ -79,6 +79,10 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     if getattr(a, "quantization", None) == "auto":        # the report's command names what ran
         a.quantization = bench.quantization
         a.command = a.command.replace("--quantization auto", f"--quantization {bench.quantization}")
+    if a.peers and bench.quantization != "none":
+        log(f"peers {','.join(a.peers)} skipped: transformers runs float weights, this sweep {bench.quantization} "
+            "(their tokens could not be compared; --quantization none runs them)")
+        a.peers = []
     methods = list(a.methods)
     if "baseline" not in methods:
         methods.insert(0, "baseline")               # the identity check and the speedups need it

@@ -59,8 +59,9 @@ def run(a) -> int:
         raise PeagleError(f"cannot read the head's config: {e}") from None
     k_max = k_max_for(spec, head_cfg)
     # tune writes vLLM's chain schedule: it measures chains (trees, if asked for, beside them)
+    # float weights: the schedule is for vLLM, which serves the float model
     llm = LLM(model, dtype=a.dtype, device=a.device, seed=a.seed, speculative_config=_fixed(spec, k_max, trees=False),
-              max_num_seqs=min(a.num_prompts, 16))
+              max_num_seqs=min(a.num_prompts, 16), quantization="none")
     eng = llm.engine
     prompts = [encode_prompt(llm.tokenizer, eng.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.num_prompts)]
     prompts = [p for p in prompts if len(p) + a.output_len < eng.max_model_len]

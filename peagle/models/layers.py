@@ -152,7 +152,8 @@ def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: in
     else:
         cache.write(layer, ctx.b0, ctx.pos_w, k, v)
     kc, vc = cache.view(layer, ctx.b0, B, ctx.S)
-    return attend(q, kc, vc, ctx.mask)
+    o = attend_exact(q.contiguous(), kc, vc, ctx.mask) if exact else None
+    return attend(q, kc, vc, ctx.mask) if o is None else o
 
 
 class Weight:

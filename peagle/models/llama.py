@@ -25,7 +25,8 @@ from .quant import (
     weights_of,
 )
 
-EXACT_MAX_T = 16        # weight-only quantized targets: fixed-order attention up to this block length
+EXACT_MAX_T = 65        # weight-only quantized targets: fixed-order attention up to this block length (a tree's
+                        # 64 nodes + root; a longer block is a prompt's prefill, the same for plain and speculative)
 
 
 def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> dict[str, torch.Tensor]:
@@ -115,6 +116,11 @@ class Transformer:
             self.exact_attention = True
             self.exact_max_t = EXACT_MAX_T
             if quantizes_activations(self.quantization):
+                from . import quant_ext
+                if quant_ext.get() is None or cfg.head_dim % 8:
+                    raise PeagleError(f"--quantization {self.quantization} needs peagle's C++ kernels ("
+                                      f"{quant_ext.why_not() or 'head_dim ' + str(cfg.head_dim) + ' is no multiple of 8'}"
+                                      "): without them its outputs would not be exact; use q4 / q8")
                 self.exact_max_t = None
                 for w in self._projections():
                     for p in getattr(w, "parts", None) or [w]:
