@@ -64,7 +64,8 @@ def main(argv=None):
     enc = Bench(a.target, {})
     prompts = [list(enc.encode(p)) for p in load_dataset(a.dataset, a.prompts)]
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens)
-    outs = [o.outputs[0].token_ids for o in LLM(a.target, quantization="none").generate([{"prompt_token_ids": p} for p in prompts], sp)]
+    plain = LLM(a.target, quantization="none")
+    outs = [o.outputs[0].token_ids for o in plain.generate([{"prompt_token_ids": p} for p in prompts], sp)]
     hit, chain, n = torch.zeros(K), torch.zeros(K), 0
     walk_pos, walk_steps = torch.zeros(K), 0
     with torch.no_grad():
