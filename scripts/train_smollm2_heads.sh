@@ -94,6 +94,7 @@ $PY scripts/compact_hs.py data/smol-self data/smol-self-q4 data/smol-self-hs2   
 # part 5 (2026-12-03, a study: not shipped, the part-4 heads are issue 38's last committed version this round):
 # both heads from part 4's weights on the 3x larger data/smol-self-hs2 (6,311 samples, 1.43 M answer tokens),
 # part 4's recipe, side by side, one thread each, MIN5 minutes; snapshots evaluated held-out like part 4's.
+# As run: the clock stopped P-EAGLE at step 1,830 and EAGLE-3 at 1,998 (docs/training-study.md, part 5).
 MIN5=${MIN5:-100}
 COMMON5="--target $T --data data/smol-self-hs2 --max-tokens 1024 --batch-rows 1 --threads 1 --save-dtype bf16 --share-embedding --lr 5e-4 --warmup 20 --epochs 3 --max-minutes $MIN5 --ckpt-every 25 --seed 5"
 $PY -m peagle.cli train --method eagle3 --layers 1 --ttt-steps 7 --ttt-keep 0.7 --init models/smollm2-135m-instruct-eagle3 \
