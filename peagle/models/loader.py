@@ -64,7 +64,7 @@ def resolve_quantization(path: str, quantization: str, kind: str, dtype, device)
 def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quantization: str = "none"):
     """The target for an HF directory (or, native only, a GGUF file); raises PeagleError with the reason when the
     chosen backend cannot run it. quantization: none / q8 / q4 / q8a8 / q4a8 (native only: peagle/models/quant.py)
-    or auto (resolve_quantization; the choice is printed to stderr)."""
+    or auto (resolve_quantization; a quantized choice is printed to stderr)."""
     import sys
 
     import torch
@@ -74,7 +74,8 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
     kind = resolve_backend(path, backend)
     if quantization == "auto":
         quantization, why = resolve_quantization(path, quantization, kind, dtype, device)
-        print(f"peagle: quantization auto -> {quantization} ({why})", file=sys.stderr, flush=True)
+        if quantization != "none":          # float weights stay unannounced, as before auto existed
+            print(f"peagle: quantization auto -> {quantization} ({why})", file=sys.stderr, flush=True)
     quantization = check_quantization(quantization)
     if kind == "native":
         if path.endswith(".gguf"):
