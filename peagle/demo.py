@@ -16,7 +16,7 @@ from .spec_config import speculative_config
 
 PROMPTS = [("chat prompt", "What is the difference between a list and a tuple in Python?"),
            ("code prompt", "Write a Python function that checks whether a string is a palindrome.")]
-K = {"P-EAGLE": 1, "EAGLE-3": 1}      # each head's best static K at c=1 on q4 (docs/benchmarks/smollm2/report.md)
+K = {"P-EAGLE": 1, "EAGLE-3": 1}      # each head's best static K at c=1 on q4a8, the default (docs/benchmarks/smollm2/report.md)
 
 
 def _run(llm, ids, sp, label, repeats=1):
