@@ -13,6 +13,8 @@
 #pragma once
 #ifdef PEAGLE_ATTEND_AVX2
 #include <immintrin.h>
+
+#include "quant_avx2_inline.h"
 #endif
 #include <cmath>
 #include <cstdint>
@@ -33,7 +35,7 @@ struct AttnArgs {
 };
 
 static inline float exp_neg(float x) {
-  x = std::fmax(x, -87.0f);                                   // e^-87 ~ 1.6e-38: the smallest normal scale
+  x = x > -87.0f ? x : -87.0f;                                // e^-87 ~ 1.6e-38: the smallest normal scale
   const float n = std::nearbyint(x * 1.44269504088896341f);   // x = n ln2 + r, |r| <= ln2 / 2
   float r = std::fma(n, -0.693359375f, x);
   r = std::fma(n, 2.12194440e-4f, r);
@@ -53,20 +55,7 @@ static inline float exp_neg(float x) {
 #ifdef PEAGLE_ATTEND_AVX2
 // The same operations on 8 lanes at once (attend_avx2.cpp).
 static inline __m256 exp_neg8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_CUR_DIRECTION);   // as nearbyint: the current mode
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  return peagle_quant::avx2::exp8_clamped(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)));
 }
 #endif
 
@@ -110,6 +99,134 @@ static inline void exp_shifted(float* s, int64_t n, float m) {
   for (; c < n; c++) s[c] = exp_neg(s[c] - m);
 }
 
+#ifdef PEAGLE_ATTEND_AVX2
+// Four keys' dot8 at once (four independent accumulator chains; each key's operations exactly dot8's).
+static inline void dot8x4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3,
+                          int64_t n, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+  }
+  const __m256 acc[4] = {a0, a1, a2, a3};
+  for (int c = 0; c < 4; c++) {
+    const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
+    const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    out[c] = _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
+  }
+}
+
+// o = sum over c of p[c] * v[vis[c]] in order (axpy's fma per element), o held in HD/8 registers.
+template <int HD>
+static inline void weighted_sum(const float* p, const int32_t* vis, int64_t n, const float* vb, int64_t ksj,
+                                float* o) {
+  __m256 acc[HD / 8];
+  #pragma GCC unroll 16
+  for (int i = 0; i < HD / 8; i++) acc[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < n; c++) {
+    const __m256 pv = _mm256_set1_ps(p[c]);
+    const float* v = vb + vis[c] * ksj;
+    #pragma GCC unroll 16
+    for (int i = 0; i < HD / 8; i++) acc[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), acc[i]);
+  }
+  #pragma GCC unroll 16
+  for (int i = 0; i < HD / 8; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+}
+#endif
+
+#ifdef PEAGLE_ATTEND_AVX2
+// Blocked form for hd = HD (64 or 128): the queries that share a kv head (b, g) -- T x group of them, in tasks
+// of up to QB -- meet each chunk of KC keys while it is in L1, instead of every query streaming all keys. Per
+// query the operations and their order are attend_range's: each visible key's dot8 in ascending order, the max,
+// exp_neg, l and o summed over visible keys in ascending order (o: one fma chain per element).
+constexpr int64_t QB = 8, KC = 16;
+
+inline int64_t blocked_tasks(const AttnArgs& a) {
+  return a.B * a.nkv * ((a.T * (a.nh / a.nkv) + QB - 1) / QB);
+}
+
+template <int HD>
+static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task1) {
+  const int64_t group = a.nh / a.nkv, nq_all = a.T * group, per = (nq_all + QB - 1) / QB, S = a.S;
+  std::vector<float> sc(QB * S);
+  for (int64_t task = task0; task < task1; task++) {
+    const int64_t b = task / (a.nkv * per), g = (task / per) % a.nkv, qa = (task % per) * QB;
+    const int64_t nq = nq_all - qa < QB ? nq_all - qa : QB;
+    const float* kb = a.k + b * a.ksb + g * a.ksg;
+    const float* vb = a.v + b * a.ksb + g * a.ksg;
+    int64_t idx[QB];
+    const bool* mrow[QB];
+    for (int64_t i = 0; i < nq; i++) {
+      const int64_t t = (qa + i) / group, h = g * group + (qa + i) % group;
+      idx[i] = (b * a.T + t) * a.nh + h;
+      mrow[i] = a.mask ? a.mask + b * a.msb + t * a.mst : nullptr;
+    }
+    // scores of every key (an invisible key's is computed and never used)
+    for (int64_t j0 = 0; j0 < S; j0 += KC) {
+      const int64_t j1 = j0 + KC < S ? j0 + KC : S;
+      for (int64_t i = 0; i < nq; i++) {
+        const float* q = a.q + idx[i] * HD;
+        float* si = sc.data() + i * S;
+        int64_t j = j0;
+        for (; j + 4 <= j1; j += 4)
+          dot8x4(q, kb + j * a.ksj, kb + (j + 1) * a.ksj, kb + (j + 2) * a.ksj, kb + (j + 3) * a.ksj, HD, si + j);
+        for (; j < j1; j++) si[j] = dot8(q, kb + j * a.ksj, HD);
+        for (j = j0; j < j1; j++) si[j] *= a.scale;
+      }
+    }
+    float l[QB];
+    __m256 o[HD / 8];
+    for (int64_t i = 0; i < nq; i++) {
+      float* si = sc.data() + i * S;
+      const bool* mr = mrow[i];
+      float m = -INFINITY;
+      for (int64_t j = 0; j < S; j++)
+        if (!mr || mr[j]) m = si[j] > m ? si[j] : m;
+      if (mr)
+        for (int64_t j = 0; j < S; j++)
+          if (!mr[j]) si[j] = m;                    // unused; keeps exp's argument in range
+      exp_shifted(si, S, m);
+      float li = 0.0f;
+      for (int64_t j = 0; j < S; j++)
+        if (!mr || mr[j]) li += si[j];
+      l[i] = li;
+    }
+    // o per query, keys chunk by chunk (each chunk's values shared by all the task's queries while in L1)
+    std::vector<float> os(nq * HD, 0.0f);
+    for (int64_t j0 = 0; j0 < S; j0 += KC) {
+      const int64_t j1 = j0 + KC < S ? j0 + KC : S;
+      for (int64_t i = 0; i < nq; i++) {
+        const float* si = sc.data() + i * S;
+        const bool* mr = mrow[i];
+        float* oi = os.data() + i * HD;
+        #pragma GCC unroll 16
+        for (int c = 0; c < HD / 8; c++) o[c] = _mm256_loadu_ps(oi + 8 * c);
+        for (int64_t j = j0; j < j1; j++) {
+          if (mr && !mr[j]) continue;
+          const __m256 pv = _mm256_set1_ps(si[j]);
+          const float* v = vb + j * a.ksj;
+          #pragma GCC unroll 16
+          for (int c = 0; c < HD / 8; c++) o[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * c), o[c]);
+        }
+        #pragma GCC unroll 16
+        for (int c = 0; c < HD / 8; c++) _mm256_storeu_ps(oi + 8 * c, o[c]);
+      }
+    }
+    for (int64_t i = 0; i < nq; i++) {
+      bool any = S > 0 && !mrow[i];
+      for (int64_t j = 0; mrow[i] && j < S && !any; j++) any = mrow[i][j];
+      const float inv = any ? 1.0f / l[i] : 0.0f;
+      float* dst = a.out + idx[i] * HD;
+      const float* oi = os.data() + i * HD;
+      for (int64_t c = 0; c < HD; c++) dst[c] = (any ? oi[c] : 0.0f) * inv;
+    }
+  }
+}
+#endif
+
 // Queries idx0..idx1-1 of the flattened (b, t, h) range.
 static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
   std::vector<float> s(a.S), o(a.hd);
@@ -123,21 +240,31 @@ static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
     const float* vb = a.v + b * a.ksb + g * a.ksg;
     const bool* mrow = a.mask ? a.mask + b * a.msb + t * a.mst : nullptr;
     int64_t n = 0;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < a.S; j++) {
-      if (mrow && !mrow[j]) continue;
-      const float sj = dot8(q, kb + j * a.ksj, a.hd) * a.scale;
-      vis[n] = (int32_t)j;
-      s[n++] = sj;
-      m = std::fmax(m, sj);
+    for (int64_t j = 0; j < a.S; j++)
+      if (!mrow || mrow[j]) vis[n++] = (int32_t)j;
+    int64_t c = 0;
+#ifdef PEAGLE_ATTEND_AVX2
+    for (; c + 4 <= n; c += 4) {
+      dot8x4(q, kb + vis[c] * a.ksj, kb + vis[c + 1] * a.ksj, kb + vis[c + 2] * a.ksj, kb + vis[c + 3] * a.ksj,
+             a.hd, &s[c]);
+      for (int i = 0; i < 4; i++) s[c + i] *= a.scale;
     }
+#endif
+    for (; c < n; c++) s[c] = dot8(q, kb + vis[c] * a.ksj, a.hd) * a.scale;
+    float m = -INFINITY;
+    for (c = 0; c < n; c++) m = s[c] > m ? s[c] : m;   // scores are finite: fmax's value, without its call
     float* dst = a.out + idx * a.hd;
-    for (int64_t i = 0; i < a.hd; i++) o[i] = 0.0f;
     exp_shifted(s.data(), n, m);
     float l = 0.0f;
-    for (int64_t c = 0; c < n; c++) {
-      l += s[c];
-      axpy(s[c], vb + vis[c] * a.ksj, o.data(), a.hd);
+    for (c = 0; c < n; c++) l += s[c];
+#ifdef PEAGLE_ATTEND_AVX2
+    if (a.hd == 64) weighted_sum<64>(s.data(), vis.data(), n, vb, a.ksj, o.data());
+    else if (a.hd == 128) weighted_sum<128>(s.data(), vis.data(), n, vb, a.ksj, o.data());
+    else
+#endif
+    {
+      for (int64_t i = 0; i < a.hd; i++) o[i] = 0.0f;
+      for (c = 0; c < n; c++) axpy(s[c], vb + vis[c] * a.ksj, o.data(), a.hd);
     }
     const float inv = n ? 1.0f / l : 0.0f;
     for (int64_t i = 0; i < a.hd; i++) dst[i] = o[i] * inv;

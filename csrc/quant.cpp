@@ -14,8 +14,9 @@
 namespace pq = peagle_quant;
 namespace pa = peagle_attend;
 namespace peagle_attend {
-namespace avx2 { void attend(const AttnArgs& a, int64_t idx0, int64_t idx1); }
-namespace generic { void attend(const AttnArgs& a, int64_t idx0, int64_t idx1); }
+// attend(a, t0, t1) computes tasks t0..t1-1 of tasks(a) (each path's own split of the queries)
+namespace avx2 { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
+namespace generic { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
 }  // namespace peagle_attend
 
 static bool cpu_has_avx2() {
@@ -65,40 +66,62 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N
   return y.view(sizes);
 }
 
-// y = x @ W^T with x quantized to 8 bits per block of 32 first (quant_kernels.h: llama.cpp's arithmetic).
-torch::Tensor qlinear_a8(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl) {
+// pack_a8's layout of w (quant_kernels.h): what the AVX2 a8 path reads.
+torch::Tensor pack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
+  check_weight(w, qtype, N, K);
+  auto out = torch::empty({(N + 7) / 8, K / 32 * pq::a8_group_block_bytes(qtype)}, torch::kUInt8);
+  pq::pack_a8(qtype, w.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
+  return out;
+}
+
+// y = x @ W^T with x quantized to 8 bits per block of 32 first (quant_kernels.h: llama.cpp's arithmetic). The
+// scalar path reads w (GGUF's blocks), the AVX2 path packed (pack_a8 of w); both give the same bits.
+torch::Tensor qlinear_a8(torch::Tensor x, torch::Tensor w, torch::Tensor packed, int64_t qtype, int64_t N,
+                         int64_t K, int64_t impl) {
   check_weight(w, qtype, N, K);
   check_input(x, K);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, K}).contiguous();
-  const int64_t M = x2.size(0), nb = K / 32;
+  const int64_t M = x2.size(0), nb = K / 32, G = (N + 7) / 8;
   sizes.back() = N;
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y.view(sizes);
   TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA+F16C");
-  pq::LinearA8Fn fn = (impl == 2 || (impl == 0 && cpu_has_avx2())) ? pq::avx2::linear_rows_a8
-                                                                     : pq::scalar::linear_rows_a8;
+  const bool vec = impl == 2 || (impl == 0 && cpu_has_avx2());
+  if (vec)
+    TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 2 &&
+                packed.size(0) == G && packed.size(1) == nb * pq::a8_group_block_bytes(qtype),
+                "packed is not pack_a8 of this weight");
   std::vector<int8_t> xq(M * K);
   std::vector<float> xd(M * nb), xs(M * nb);
-  pq::quantize_act(x2.data_ptr<float>(), M, K, xq.data(), xd.data(), xs.data());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
+  (vec ? pq::avx2::quantize_act : pq::quantize_act)(x2.data_ptr<float>(), M, K, xq.data(), xd.data(), xs.data());
   float* yp = y.data_ptr<float>();
-  const int64_t rb = w.size(1);
-  const int64_t groups = (N + 3) / 4, grain = std::max<int64_t>(1, 4096 / K);
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    fn(qtype, wp, rb, xq.data(), xd.data(), xs.data(), M, K, yp, N, 4 * g0, std::min(4 * g1, N));
-  });
+  if (vec) {
+    const uint8_t* pp = packed.data_ptr<uint8_t>();
+    at::parallel_for(0, G, std::max<int64_t>(1, 2048 / K), [&](int64_t g0, int64_t g1) {
+      pq::avx2::linear_groups_a8(qtype, pp, xq.data(), xd.data(), xs.data(), M, K, yp, N, g0, g1);
+    });
+  } else {
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    const int64_t rb = w.size(1);
+    at::parallel_for(0, N, std::max<int64_t>(1, 8192 / K), [&](int64_t n0, int64_t n1) {
+      pq::scalar::linear_rows_a8(qtype, wp, rb, xq.data(), xd.data(), xs.data(), M, K, yp, N, n0, n1);
+    });
+  }
   return y.view(sizes);
 }
 
 // The 8-bit activations the a8 products use: (xq int8 [M, K], xd [M, K/32], xs [M, K/32]) (tests).
-std::vector<torch::Tensor> quantize_act(torch::Tensor x) {
+std::vector<torch::Tensor> quantize_act(torch::Tensor x, int64_t impl) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.size(1) % 32 == 0, "quantize_act: [M, K%32]");
   auto xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1);
   auto q = torch::empty({M, K}, torch::kInt8);
   auto d = torch::empty({M, K / 32}, torch::kFloat32), s = torch::empty({M, K / 32}, torch::kFloat32);
-  pq::quantize_act(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>());
+  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA+F16C");
+  const bool vec = impl == 2 || (impl == 0 && cpu_has_avx2());
+  (vec ? pq::avx2::quantize_act : pq::quantize_act)(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(),
+                                                    d.data_ptr<float>(), s.data_ptr<float>());
   return {q, d, s};
 }
 
@@ -153,10 +176,15 @@ torch::Tensor silu_mul(torch::Tensor gu) {
   auto out = torch::empty(sizes, g.options());
   const float* gp = g.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  const bool vec = cpu_has_avx2();
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       const float *a = gp + r * 2 * I, *b = a + I;
       float* o = op + r * I;
+      if (vec) {
+        pq::avx2::silu_mul(a, b, o, I);
+        continue;
+      }
       for (int64_t i = 0; i < I; i++) o[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
     }
   });
@@ -237,8 +265,10 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
   a.ksb = k.stride(0); a.ksg = k.stride(1); a.ksj = k.stride(2);
   a.scale = (float)scale;
   TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA");
-  auto fn = (impl == 2 || (impl == 0 && cpu_has_avx2())) ? pa::avx2::attend : pa::generic::attend;
-  const int64_t n = B * T * nh, grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, S * hd));
+  const bool vec = impl == 2 || (impl == 0 && cpu_has_avx2());
+  auto fn = vec ? pa::avx2::attend : pa::generic::attend;
+  const int64_t n = (vec ? pa::avx2::tasks : pa::generic::tasks)(a);
+  const int64_t grain = std::max<int64_t>(1, 16384 * n / std::max<int64_t>(1, B * T * nh * S * hd));
   at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) { fn(a, i0, i1); });
   return out;
 }
@@ -248,7 +278,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
   m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0), batch-invariant");
   m.def("qlinear_a8", &qlinear_a8, "y = q8(x) @ W^T: activations quantized to 8 bits per block (llama.cpp's)");
-  m.def("quantize_act", &quantize_act, "x's 8-bit blocks as the a8 products use them");
+  m.def("pack_a8", &pack_a8, "w's blocks reordered for the AVX2 a8 products (groups of 8 outputs)");
+  m.def("quantize_act", &quantize_act, "x's 8-bit blocks as the a8 products use them", py::arg("x"),
+        py::arg("impl") = 0);
   m.def("dequantize", &dequantize, "the float32 weight the kernels use");
   m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");

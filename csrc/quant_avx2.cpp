@@ -193,5 +193,30 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
   return linear_rows_t<Q8_0>(w, row_bytes, x, M, K, y, N, n0, n1, buf);
 }
 
+// e^x for any x (clamped to [-87, 88]), 8 lanes.
+static inline __m256 exp8(__m256 x) {
+  return exp8_clamped(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f)));
+}
+
+// o = a / (1 + e^-a) * b elementwise (the tail through one padded vector: every element takes the same ops).
+void silu_mul(const float* a, const float* b, float* o, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 av = _mm256_loadu_ps(a + i);
+    const __m256 e = exp8(_mm256_xor_ps(av, neg));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(av, _mm256_add_ps(one, e)), _mm256_loadu_ps(b + i)));
+  }
+  if (i < n) {
+    alignas(32) float ta[8] = {0}, tb[8] = {0}, to[8];
+    std::memcpy(ta, a + i, (n - i) * 4);
+    std::memcpy(tb, b + i, (n - i) * 4);
+    const __m256 av = _mm256_load_ps(ta);
+    const __m256 e = exp8(_mm256_xor_ps(av, neg));
+    _mm256_store_ps(to, _mm256_mul_ps(_mm256_div_ps(av, _mm256_add_ps(one, e)), _mm256_load_ps(tb)));
+    std::memcpy(o + i, to, (n - i) * 4);
+  }
+}
+
 }  // namespace avx2
 }  // namespace peagle_quant

@@ -28,6 +28,8 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
 void dequant_row(int qtype, const uint8_t* row, int64_t K, float* dst);
 }  // namespace scalar
 namespace avx2 {
+// silu(a) * b elementwise with peagle's own vector e^x (batch-invariant: every element the same ops).
+void silu_mul(const float* a, const float* b, float* o, int64_t n);
 void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
                  float* y, int64_t N, int64_t n0, int64_t n1, float* buf);
 }  // namespace avx2
@@ -35,21 +37,34 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
 
 // ---- 8-bit activations (llama.cpp's arithmetic: GGUF weights times activations quantized to 8 bits) ----------
 // Each activation row is quantized per block of 32 (quantize_act, shared by both paths): xd[b] = amax/127,
-// xq = nearbyint(x * (1/xd)) in [-127, 127], xs[b] = xd[b] * sum(xq of the block). A block's integer dot product
-// is exact; lane j (j = 0..7) adds the integer sum of weights 4j..4j+3 of every block in order with one fused
-// multiply-add by the block's scale (d_w * xd[b], one rounding); Q4_1's minimum term (and Q4_0's, as m = -8 d)
-// is summed apart over the blocks in order, fma(m_w[b], xs[b], s); y = fold(lanes) + s. Row-wise: batch-invariant.
+// xq = nearbyint(x * (1/xd)) in [-127, 127], xs[b] = xd[b] * sum(xq of the block). Per output and row, block b's
+// integer dot product p_b (unsigned nibbles or signed Q8_0 weights times xq) is exact; then, blocks in order,
+// acc = fma(d_w[b] * xd[b], (float)p_b, acc) (the product rounded once, then one fused multiply-add); Q4_1's
+// minimum term (and Q4_0's, as m = -8 d) is summed apart over the blocks in order, s = fma(m_w[b], xs[b], s);
+// y = acc + s (Q8_0: y = acc). Row-wise: batch-invariant.
 void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, float* xs);
 
-using LinearA8Fn = void (*)(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
-                            const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1);
+// The AVX2 path reads the weights repacked (pack_a8) so that a vector lane is an output: groups of 8 outputs
+// (the last one padded with zero blocks), per group its blocks in order, per block ("group-block"): the 8
+// outputs' fp16 d (16 B), Q4_1 their fp16 m (16 B), then the weights in rows of 32 bytes, row c holding bytes
+// 4c..4c+3 of each output in turn (output o at bytes 4o..4o+3): Q4 4 rows of GGUF's nibble bytes (low nibble:
+// weight j, high: weight j + 16), Q8_0 8 rows of its int8 weights. Same bytes as GGUF's blocks, reordered.
+constexpr int a8_group_block_bytes(int qtype) {
+  return qtype == Q4_0 ? 16 + 128 : qtype == Q4_1 ? 32 + 128 : 16 + 256;
+}
+// w [N, nb * block bytes] -> out [ceil(N/8), nb * a8_group_block_bytes].
+void pack_a8(int qtype, const uint8_t* w, int64_t N, int64_t K, uint8_t* out);
+
 namespace scalar {
+// Outputs n0..n1-1 of every row, from GGUF's blocks (w, row_bytes apart).
 void linear_rows_a8(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
                     const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1);
 }  // namespace scalar
 namespace avx2 {
-void linear_rows_a8(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
-                    const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1);
+void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, float* xs);
+// Groups g0..g1-1 (outputs 8 g0 .. min(8 g1, N) - 1) of every row, from pack_a8's layout.
+void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
+                      int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
 }  // namespace avx2
 
 }  // namespace peagle_quant

@@ -68,47 +68,62 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
   }
 }
 
-// 8-bit activations (quant_kernels.h): one lane at a time, the AVX2 path's order.
+// 8-bit activations (quant_kernels.h): one output and row at a time, the AVX2 path's operations and order.
 void linear_rows_a8(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,
                     const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
   const int64_t nb = K / 32;
   const int bs = block_bytes(qtype);
-  int8_t wq[32];
+  int32_t wq[32];
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t* row = w + n * row_bytes;
     for (int64_t r = 0; r < M; r++) {
-      float a[8] = {0}, s = 0.0f, v4[4];
+      float acc = 0.0f, s = 0.0f;
       for (int64_t b = 0; b < nb; b++) {
         const uint8_t* blk = row + b * bs;
         const float d = half_to_float(blk);
-        float m = 0.0f;
         if (qtype == Q8_0) {
-          std::memcpy(wq, blk + 2, 32);
+          for (int j = 0; j < 32; j++) wq[j] = (int8_t)blk[2 + j];
         } else {
           const int off = qtype == Q4_1 ? 4 : 2;
           for (int j = 0; j < 16; j++) {
-            wq[j] = (int8_t)(blk[off + j] & 15);
-            wq[j + 16] = (int8_t)(blk[off + j] >> 4);
+            wq[j] = blk[off + j] & 15;
+            wq[j + 16] = blk[off + j] >> 4;
           }
-          m = qtype == Q4_1 ? half_to_float(blk + 2) : d * -8.0f;
         }
         const int8_t* xb = xq + r * K + b * 32;
-        const float dd = d * xd[r * nb + b];
-        for (int l = 0; l < 8; l++) {
-          int32_t p = 0;
-          for (int i = 4 * l; i < 4 * l + 4; i++) p += (int32_t)wq[i] * (int32_t)xb[i];
-          a[l] = std::fma(dd, (float)p, a[l]);
-        }
-        if (qtype != Q8_0) s = std::fma(m, xs[r * nb + b], s);
+        int32_t p = 0;
+        for (int j = 0; j < 32; j++) p += wq[j] * (int32_t)xb[j];
+        acc = std::fma(d * xd[r * nb + b], (float)p, acc);
       }
-      for (int l = 0; l < 4; l++) v4[l] = a[l] + a[l + 4];
-      const float v20 = v4[0] + v4[2], v21 = v4[1] + v4[3];
-      y[r * N + n] = (v20 + v21) + s;
+      if (qtype != Q8_0)
+        for (int64_t b = 0; b < nb; b++) {
+          const uint8_t* blk = row + b * bs;
+          const float m = qtype == Q4_1 ? half_to_float(blk + 2) : half_to_float(blk) * -8.0f;
+          s = std::fma(m, xs[r * nb + b], s);
+        }
+      y[r * N + n] = qtype == Q8_0 ? acc : acc + s;
     }
   }
 }
 
 }  // namespace scalar
+
+void pack_a8(int qtype, const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
+  const int64_t nb = K / 32, G = (N + 7) / 8;
+  const int bs = block_bytes(qtype), gb = a8_group_block_bytes(qtype), dsz = qtype == Q4_1 ? 32 : 16;
+  const int off = qtype == Q4_1 ? 4 : 2, rows = qtype == Q8_0 ? 8 : 4;
+  std::memset(out, 0, (size_t)(G * nb * gb));
+  for (int64_t g = 0; g < G; g++)
+    for (int64_t b = 0; b < nb; b++) {
+      uint8_t* o = out + (g * nb + b) * gb;
+      for (int j = 0; j < 8 && 8 * g + j < N; j++) {
+        const uint8_t* blk = w + (8 * g + j) * nb * bs + b * bs;
+        std::memcpy(o + 2 * j, blk, 2);                               // d
+        if (qtype == Q4_1) std::memcpy(o + 16 + 2 * j, blk + 2, 2);   // m
+        for (int c = 0; c < rows; c++) std::memcpy(o + dsz + 32 * c + 4 * j, blk + off + 4 * c, 4);
+      }
+    }
+}
 
 void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, float* xs) {
   const int64_t nb = K / 32;

@@ -113,10 +113,12 @@ def test_8bit_activations_match_their_reference(qtype, impl):
     for m in (1, 2, 3, 5, 16, 33):
         x = torch.randn(m, w.k, generator=g)
         x[0, :32] = 0.0                                                       # an all-zero block: scale 0
+        if m > 1:                                                             # ties: x / xd = k + 1/2 exactly
+            x[1, 32:64] = torch.tensor([127.0] + [k + 0.5 for k in range(-16, 15)])
         xq, xd = Q.quantize_act_torch(x)
-        if EXT is not None:
-            q2, d2, s2 = EXT.quantize_act(x)
-            assert torch.equal(q2, xq) and torch.equal(d2, xd)
+        for ext_impl in IMPLS[1:]:                                            # the scalar and AVX2 paths
+            q2, d2, s2 = EXT.quantize_act(x, ext_impl)
+            assert torch.equal(q2, xq) and torch.equal(d2, xd), ext_impl
             assert torch.equal(s2, xd * xq.reshape(m, -1, 32).sum(-1).float())
         xa = (xq.double().reshape(m, -1, 32) * xd.double()[..., None]).reshape(m, -1)
         ref = xa @ W.t()
@@ -170,6 +172,13 @@ def test_fused_ops_match_torch():
     assert torch.allclose(n, torch.nn.functional.rms_norm(x + h, (64,), wt, 1e-5), atol=1e-5)
     gu = torch.randn(3, 2, 80, generator=g)
     assert torch.allclose(Q.silu_mul(gu), torch.nn.functional.silu(gu[..., :40]) * gu[..., 40:], atol=1e-6)
+    # every range the own exp meets (e^-a past float's range both ways), a tail of 5, and batch invariance
+    a = torch.cat([torch.linspace(-120, 120, 37), torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.5, -88.5])])
+    gu = torch.cat([a, torch.randn(a.numel(), generator=g)]).reshape(1, -1)
+    ref = torch.nn.functional.silu(gu[:, :43].double()) * gu[:, 43:].double()
+    got = Q.silu_mul(gu)
+    assert torch.allclose(got.double(), ref, rtol=2e-6, atol=1e-30), (got.double() - ref).abs().max()
+    assert torch.equal(Q.silu_mul(gu.repeat(3, 1))[1:2], got)
 
 
 @pytest.mark.skipif(EXT is None, reason="needs the built extension")

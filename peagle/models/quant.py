@@ -119,7 +119,7 @@ def dequantize(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
 class QuantWeight:
     """A projection's weight [out, in] in GGUF blocks (see the module docstring); `mm` in layers.py takes it
     like a layers.Weight. `shape` is [in, out] as Weight's (its io layout)."""
-    __slots__ = ("data", "qtype", "n", "k", "_dense", "act8")
+    __slots__ = ("data", "qtype", "n", "k", "_dense", "act8", "_packed")
     quantized = True
 
     def __init__(self, data: torch.Tensor, qtype: int, n: int, k: int, act8: bool = False):
@@ -129,6 +129,7 @@ class QuantWeight:
             raise ValueError(f"{NAMES[qtype]} data of shape {tuple(data.shape)} is not a [{n}, {k}] weight")
         self.data, self.qtype, self.n, self.k = data.contiguous(), qtype, n, k
         self._dense = None
+        self._packed = None
         self.act8 = act8              # products quantize the activations to 8 bits first (qmm)
 
     @classmethod
@@ -155,6 +156,12 @@ class QuantWeight:
     def dense(self) -> torch.Tensor:
         """float32 [out, in], recomputed each call (cached only on the fallback path, see _fallback_dense)."""
         return dequantize(self.data, self.qtype, self.n, self.k)
+
+    def packed_a8(self, ext) -> torch.Tensor:
+        """The blocks reordered for the AVX2 a8 products (csrc/quant_kernels.h, pack_a8), made once."""
+        if self._packed is None:
+            self._packed = ext.pack_a8(self.data, self.qtype, self.n, self.k)
+        return self._packed
 
     def _fallback_dense(self) -> torch.Tensor:
         if self._dense is None:      # no kernel: decode would dequantize every weight every step otherwise
@@ -255,7 +262,9 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
         xd = _act8_dense(x.reshape(rows, w.k)).view(x.shape) if w.act8 else x
         return F.linear(xd, w.dense() if ext is not None else w._fallback_dense())
     if ext is not None and x.device.type == "cpu":
-        return (ext.qlinear_a8 if w.act8 else ext.qlinear)(x, w.data, w.qtype, w.n, w.k, impl)
+        if w.act8:
+            return ext.qlinear_a8(x, w.data, w.packed_a8(ext), w.qtype, w.n, w.k, impl)
+        return ext.qlinear(x, w.data, w.qtype, w.n, w.k, impl)
     # fallback: one row at a time (the same matrix-vector product whatever the batch: batch-invariant)
     W = w._fallback_dense()
     x2 = x.reshape(rows, w.k)
