@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <vector>
 
 namespace peagle_attend {
@@ -118,23 +119,6 @@ static inline void dot8x4(const float* q, const float* k0, const float* k1, cons
     out[c] = _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
   }
 }
-
-// o = sum over c of p[c] * v[vis[c]] in order (axpy's fma per element), o held in HD/8 registers.
-template <int HD>
-static inline void weighted_sum(const float* p, const int32_t* vis, int64_t n, const float* vb, int64_t ksj,
-                                float* o) {
-  __m256 acc[HD / 8];
-  #pragma GCC unroll 16
-  for (int i = 0; i < HD / 8; i++) acc[i] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < n; c++) {
-    const __m256 pv = _mm256_set1_ps(p[c]);
-    const float* v = vb + vis[c] * ksj;
-    #pragma GCC unroll 16
-    for (int i = 0; i < HD / 8; i++) acc[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * i), acc[i]);
-  }
-  #pragma GCC unroll 16
-  for (int i = 0; i < HD / 8; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
-}
 #endif
 
 #ifdef PEAGLE_ATTEND_AVX2
@@ -151,7 +135,7 @@ inline int64_t blocked_tasks(const AttnArgs& a) {
 template <int HD>
 static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task1) {
   const int64_t group = a.nh / a.nkv, nq_all = a.T * group, per = (nq_all + QB - 1) / QB, S = a.S;
-  std::vector<float> sc(QB * S);
+  std::vector<float> sc(QB * S), os(QB * HD);
   for (int64_t task = task0; task < task1; task++) {
     const int64_t b = task / (a.nkv * per), g = (task / per) % a.nkv, qa = (task % per) * QB;
     const int64_t nq = nq_all - qa < QB ? nq_all - qa : QB;
@@ -195,7 +179,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       l[i] = li;
     }
     // o per query, keys chunk by chunk (each chunk's values shared by all the task's queries while in L1)
-    std::vector<float> os(nq * HD, 0.0f);
+    std::fill(os.begin(), os.begin() + nq * HD, 0.0f);
     for (int64_t j0 = 0; j0 < S; j0 += KC) {
       const int64_t j1 = j0 + KC < S ? j0 + KC : S;
       for (int64_t i = 0; i < nq; i++) {
@@ -257,15 +241,8 @@ static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
     exp_shifted(s.data(), n, m);
     float l = 0.0f;
     for (c = 0; c < n; c++) l += s[c];
-#ifdef PEAGLE_ATTEND_AVX2
-    if (a.hd == 64) weighted_sum<64>(s.data(), vis.data(), n, vb, a.ksj, o.data());
-    else if (a.hd == 128) weighted_sum<128>(s.data(), vis.data(), n, vb, a.ksj, o.data());
-    else
-#endif
-    {
-      for (int64_t i = 0; i < a.hd; i++) o[i] = 0.0f;
-      for (c = 0; c < n; c++) axpy(s[c], vb + vis[c] * a.ksj, o.data(), a.hd);
-    }
+    for (int64_t i = 0; i < a.hd; i++) o[i] = 0.0f;
+    for (c = 0; c < n; c++) axpy(s[c], vb + vis[c] * a.ksj, o.data(), a.hd);
     const float inv = n ? 1.0f / l : 0.0f;
     for (int64_t i = 0; i < a.hd; i++) dst[i] = o[i] * inv;
   }
