@@ -8,24 +8,15 @@
 #include <cmath>
 #include <vector>
 
-#include "attend_impl.h"
+#include "ops.h"
 #include "quant_kernels.h"
 
 namespace pq = peagle_quant;
 namespace pa = peagle_attend;
-namespace peagle_attend {
-// attend(a, t0, t1) computes tasks t0..t1-1 of tasks(a) (each path's own split of the queries)
-namespace avx2 { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
-namespace generic { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
-}  // namespace peagle_attend
+namespace po = peagle_ops;
 
-static bool cpu_has_avx2() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  }();
-  return ok;
-}
+static bool cpu_has_avx2() { return po::has_avx2(); }
+void bind_forward(py::module& m);   // forward.cpp
 
 static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K) {
   TORCH_CHECK(qtype == pq::Q4_0 || qtype == pq::Q4_1 || qtype == pq::Q8_0, "unsupported qtype ", qtype);
@@ -47,22 +38,9 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N
   check_input(x, K);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, K}).contiguous();
-  const int64_t M = x2.size(0);
   sizes.back() = N;
-  auto y = torch::empty({M, N}, x.options());
-  if (M == 0) return y.view(sizes);
-  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA+F16C");
-  pq::LinearFn fn = (impl == 2 || (impl == 0 && cpu_has_avx2())) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const float* xp = x2.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t rb = w.size(1);
-  // tasks of whole groups of 4 outputs (an output is computed whole by one thread: the split changes nothing)
-  const int64_t groups = (N + 3) / 4, grain = std::max<int64_t>(1, 4096 / K);
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    std::vector<float> buf(4 * K);
-    fn(qtype, wp, rb, xp, M, K, yp, N, 4 * g0, std::min(4 * g1, N), buf.data());
-  });
+  auto y = torch::empty({x2.size(0), N}, x.options());
+  po::qlinear(x2.data_ptr<float>(), x2.size(0), K, w.data_ptr<uint8_t>(), (int)qtype, N, impl, y.data_ptr<float>());
   return y.view(sizes);
 }
 
@@ -82,32 +60,17 @@ torch::Tensor qlinear_a8(torch::Tensor x, torch::Tensor w, torch::Tensor packed,
   check_input(x, K);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, K}).contiguous();
-  const int64_t M = x2.size(0), nb = K / 32, G = (N + 7) / 8;
+  const int64_t M = x2.size(0), nb = K / 32;
   sizes.back() = N;
   auto y = torch::empty({M, N}, x.options());
-  if (M == 0) return y.view(sizes);
-  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA+F16C");
-  const bool vec = impl == 2 || (impl == 0 && cpu_has_avx2());
-  if (vec)
+  if (po::use_avx2(impl))
     TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 2 &&
-                packed.size(0) == G && packed.size(1) == nb * pq::a8_group_block_bytes(qtype),
+                packed.size(0) == (N + 7) / 8 && packed.size(1) == nb * pq::a8_group_block_bytes(qtype),
                 "packed is not pack_a8 of this weight");
   std::vector<int8_t> xq(M * K);
   std::vector<float> xd(M * nb), xs(M * nb);
-  (vec ? pq::avx2::quantize_act : pq::quantize_act)(x2.data_ptr<float>(), M, K, xq.data(), xd.data(), xs.data());
-  float* yp = y.data_ptr<float>();
-  if (vec) {
-    const uint8_t* pp = packed.data_ptr<uint8_t>();
-    at::parallel_for(0, G, std::max<int64_t>(1, 2048 / K), [&](int64_t g0, int64_t g1) {
-      pq::avx2::linear_groups_a8(qtype, pp, xq.data(), xd.data(), xs.data(), M, K, yp, N, g0, g1);
-    });
-  } else {
-    const uint8_t* wp = w.data_ptr<uint8_t>();
-    const int64_t rb = w.size(1);
-    at::parallel_for(0, N, std::max<int64_t>(1, 8192 / K), [&](int64_t n0, int64_t n1) {
-      pq::scalar::linear_rows_a8(qtype, wp, rb, xq.data(), xd.data(), xs.data(), M, K, yp, N, n0, n1);
-    });
-  }
+  po::qlinear_a8(x2.data_ptr<float>(), M, K, w.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), (int)qtype, N, impl,
+                 {xq.data(), xd.data(), xs.data()}, y.data_ptr<float>());
   return y.view(sizes);
 }
 
@@ -145,24 +108,8 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor h, torch:
   const int64_t H = x.size(-1);
   auto xc = x.contiguous(), hc = h.contiguous(), wc = weight.contiguous();
   auto res = torch::empty_like(xc), out = torch::empty_like(xc);
-  const int64_t R = xc.numel() / H;
-  const float *xp = xc.data_ptr<float>(), *hp = hc.data_ptr<float>(), *wp = wc.data_ptr<float>();
-  float *rp = res.data_ptr<float>(), *op = out.data_ptr<float>();
-  const float e = (float)eps;
-  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-      const float *a = xp + r * H, *b = hp + r * H;
-      float* s = rp + r * H;
-      double ss = 0.0;
-      for (int64_t i = 0; i < H; i++) {
-        s[i] = a[i] + b[i];
-        ss += (double)s[i] * (double)s[i];
-      }
-      const float inv = (float)(1.0 / std::sqrt(ss / (double)H + (double)e));
-      float* o = op + r * H;
-      for (int64_t i = 0; i < H; i++) o[i] = (s[i] * inv) * wp[i];
-    }
-  });
+  po::add_rms_norm(xc.data_ptr<float>(), hc.data_ptr<float>(), wc.data_ptr<float>(), xc.numel() / H, H, (float)eps,
+                   res.data_ptr<float>(), out.data_ptr<float>());
   return {res, out};
 }
 
@@ -170,24 +117,11 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor h, torch:
 torch::Tensor silu_mul(torch::Tensor gu) {
   TORCH_CHECK(gu.scalar_type() == torch::kFloat32 && gu.size(-1) % 2 == 0, "silu_mul: float32 [..., 2I]");
   auto g = gu.contiguous();
-  const int64_t I = g.size(-1) / 2, R = g.numel() / (2 * I);
+  const int64_t I = g.size(-1) / 2;
   auto sizes = g.sizes().vec();
   sizes.back() = I;
   auto out = torch::empty(sizes, g.options());
-  const float* gp = g.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const bool vec = cpu_has_avx2();
-  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-      const float *a = gp + r * 2 * I, *b = a + I;
-      float* o = op + r * I;
-      if (vec) {
-        pq::avx2::silu_mul(a, b, o, I);
-        continue;
-      }
-      for (int64_t i = 0; i < I; i++) o[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
-    }
-  });
+  po::silu_mul(g.data_ptr<float>(), g.numel() / (2 * I), I, out.data_ptr<float>());
   return out;
 }
 
@@ -206,27 +140,11 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
   auto c = cos.contiguous(), sn = sin.contiguous(), p = pos.to(torch::kLong).contiguous();
   TORCH_CHECK(c.numel() == B * T * hd && sn.numel() == B * T * hd && p.numel() == B * T, "rope_kv: cos/sin/pos");
   auto q = torch::empty({B, T, nh, hd}, qkv.options());
-  const float *xp = qkv.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = sn.data_ptr<float>();
   const int64_t* pp = p.data_ptr<int64_t>();
-  float *qp = q.data_ptr<float>(), *kp = kc.data_ptr<float>(), *vp = vc.data_ptr<float>();
-  const int64_t W = (nh + 2 * nkv) * hd;
   for (int64_t bt = 0; bt < B * T; bt++)
     TORCH_CHECK(pp[bt] >= 0 && pp[bt] < cap, "rope_kv: position ", pp[bt], " outside the cache's ", cap);
-  at::parallel_for(0, B * T, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t bt = r0; bt < r1; bt++) {
-      const float *x = xp + bt * W, *cs = cp + bt * hd, *sv = sp + bt * hd;
-      const int64_t b = bt / T;
-      for (int64_t h = 0; h < nh + nkv; h++) {
-        const float* xh = x + h * hd;
-        float* o = h < nh ? qp + (bt * nh + h) * hd : kp + (((b0 + b) * nkv + (h - nh)) * cap + pp[bt]) * hd;
-        for (int64_t i = 0; i < half; i++) o[i] = xh[i] * cs[i] + (-xh[i + half]) * sv[i];
-        for (int64_t i = half; i < hd; i++) o[i] = xh[i] * cs[i] + xh[i - half] * sv[i];
-      }
-      for (int64_t h = 0; h < nkv; h++)
-        std::copy(x + (nh + nkv + h) * hd, x + (nh + nkv + h + 1) * hd,
-                  vp + (((b0 + b) * nkv + h) * cap + pp[bt]) * hd);
-    }
-  });
+  po::rope_kv(qkv.data_ptr<float>(), c.data_ptr<float>(), sn.data_ptr<float>(), pp, B, T, nh, nkv, hd,
+              kc.data_ptr<float>(), vc.data_ptr<float>(), cap, b0, q.data_ptr<float>());
   return q;
 }
 
@@ -264,12 +182,7 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
   a.B = B; a.T = T; a.nh = nh; a.nkv = nkv; a.hd = hd; a.S = S;
   a.ksb = k.stride(0); a.ksg = k.stride(1); a.ksj = k.stride(2);
   a.scale = (float)scale;
-  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA");
-  const bool vec = impl == 2 || (impl == 0 && cpu_has_avx2());
-  auto fn = vec ? pa::avx2::attend : pa::generic::attend;
-  const int64_t n = (vec ? pa::avx2::tasks : pa::generic::tasks)(a);
-  const int64_t grain = std::max<int64_t>(1, 16384 * n / std::max<int64_t>(1, B * T * nh * S * hd));
-  at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) { fn(a, i0, i1); });
+  po::attend(a, impl);
   return out;
 }
 
@@ -285,4 +198,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
   m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
+  bind_forward(m);
 }

@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=TARGET_DIR, help="HF directory or .gguf file")
     ap.add_argument("--quantizations", default="none,q8,q4")
     ap.add_argument("--unfused", action="store_true", help="also run each quantized target without fused small ops")
+    ap.add_argument("--op-by-op", action="store_true",
+                    help="also run each quantized target op by op from Python (the C++ layer runner off)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--blocks", default="1,2,4,8", help="tokens per forward: 1 = the plain step, more = verify(T)")
     ap.add_argument("--rounds", type=int, default=7)
@@ -119,6 +121,11 @@ def main(argv=None) -> int:
             twin = copy.copy(configs[q])
             twin.fused = False
             configs[q + " unfused"] = twin
+        if a.op_by_op and q != "none":
+            import copy
+            twin = copy.copy(configs[q])
+            twin.runner = False
+            configs[q + " op by op"] = twin
     gen = torch.Generator().manual_seed(0)
     ctx_toks = torch.randint(20, 40000, (1, a.context), generator=gen)
     caches = {}
@@ -128,7 +135,7 @@ def main(argv=None) -> int:
         caches[key] = c
     start = torch.full((1,), a.context)
     times = {(key, T): [] for key in configs for T in blocks}
-    proj = {key: math.inf for key in configs if "unfused" not in key}
+    proj = {key: math.inf for key in configs if " " not in key}
     for _ in range(a.rounds):
         for key, t in configs.items():
             for T in blocks:
@@ -176,7 +183,7 @@ def main(argv=None) -> int:
             ref = None
             base = None
             for key, t in configs.items():
-                if "unfused" in key:
+                if " " in key:            # the same arithmetic as its fused / runner twin
                     continue
                 ppl, agree, am, n = perplexity(t, texts, ref)
                 if ref is None:

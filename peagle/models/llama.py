@@ -106,6 +106,7 @@ class Transformer:
             raise PeagleError(f"embed_tokens shape {tuple(self.embed.shape)} does not match config "
                               f"({cfg.vocab_size}, {cfg.hidden_size})")
         self.fused = self.exact_attention = False
+        self.runner, self._stack = True, None     # runner: the C++ layer runner where it applies (_layer_stack)
         self.exact_max_t = None                   # blocks longer than this attend through SDPA (None: no limit)
         if self.quantization != "none":
             # a token's bits must not depend on its block (plain step, verify block, tree) or its batch: the
@@ -255,6 +256,15 @@ class Transformer:
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
         aux, n = [], len(self.layers)
         exact = self.exact_attention and (self.exact_max_t is None or x.shape[1] <= self.exact_max_t)
+        stack = self._layer_stack() if exact else None
+        if stack is not None and (stack.act8 or x.shape[0] * x.shape[1] <= KERNEL_MAX_ROWS) \
+                and all(k is not None and k.dtype == torch.float32 for k in cache.k):
+            cache.reserve(ctx.S)
+            h, a = stack.run.forward(x, cache.k, cache.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask, ctx.b0, ctx.S,
+                                     list(aux_ids))
+            if logits_at is not None:
+                h = h[torch.arange(h.shape[0], device=h.device), logits_at.to(h.device)]
+            return mm(h, self.lm_head_t).float(), (a if a.shape[-1] else None)
         _, h = add_rms_norm(x, torch.zeros_like(x), self.layers[0].ln1 if n else self.norm, eps)
         for i, L in enumerate(self.layers):
             if i in aux_ids:
@@ -270,8 +280,35 @@ class Transformer:
             h = h[torch.arange(h.shape[0], device=h.device), logits_at.to(h.device)]
         return mm(h, self.lm_head_t).float(), (torch.cat(aux, -1) if aux else None)
 
+    def _layer_stack(self):
+        """The C++ runner of the layers (csrc/forward.cpp: the same ops as the loop of _forward_fused, one call
+        per forward), made once; None where it does not apply (no extension, runner off, a float or mixed-type
+        projection, biases, q/k norms). Its `act8` says whether products quantize the activations."""
+        if self._stack is None:
+            self._stack = _StackOrNone(self)
+        return self._stack if self._stack.run is not None and self.runner else None
+
     @torch.no_grad()
     def final_logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits over vocabulary ids `rows` (all if None) from final residuals h (aux id L)."""
         w = self.lm_head if rows is None else self.lm_head[rows]
         return F.linear(rms_norm(h.to(self.device).float(), self.norm.float(), self.cfg.rms_norm_eps), w.float())
+
+
+class _StackOrNone:
+    """Transformer._layer_stack's record: `run` an extension LayerStack over the target's weights, or None."""
+
+    def __init__(self, t: Transformer):
+        from . import quant_ext
+        self.run, self.act8 = None, False
+        ext, c = quant_ext.get(), t.cfg
+        ws = [getattr(L, n) for L in t.layers for n in ("qkv_w", "o_w", "gate_up", "down")]
+        if ext is None or not hasattr(ext, "LayerStack") or not t.layers or c.head_dim % 8 \
+                or not all(isinstance(w, QuantWeight) for w in ws) or len({w.act8 for w in ws}) != 1 \
+                or any(L.qkv_b is not None or L.o_b is not None or L.q_norm is not None for L in t.layers):
+            return
+        self.act8 = ws[0].act8
+        norms = [n for L in t.layers for n in (L.ln1, L.ln2)] + [t.norm]
+        self.run = ext.LayerStack([w.data for w in ws], [w.packed_a8(ext) for w in ws] if self.act8 else [],
+                                  [w.qtype for w in ws], [n.float().contiguous() for n in norms],
+                                  c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, 0)

@@ -1,0 +1,168 @@
+// A quantized target's layers in one call (peagle/models/llama.py, Transformer._forward_fused): the same ops in
+// the same order on the same bits (ops.h), without a Python round trip and a fresh tensor per op. Built once per
+// target with its weights (LayerStack); forward() takes a block's embeddings, positions and the KV cache.
+//
+// Per layer i (h: the normed residual, x: the residual stream; the first h is rms_norm(x + 0) with ln1 of 0):
+//   qkv = h @ Wqkv; q = rope(q), cache <- rope(k), v; a = attend(q, cache); x, h = x + a @ Wo, norm2(.)
+//   gu = h @ Wgu; d = silu(gu[:I]) * gu[I:] @ Wdown; x, h = x + d, norm1 of layer i + 1 (the last: final norm)
+// Returns the final h [B, T, H] and the residual entering each layer of aux_ids ([B, T, n * H], layer order).
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops.h"
+#include "quant_kernels.h"
+
+namespace pq = peagle_quant;
+namespace po = peagle_ops;
+
+namespace {
+
+struct Proj {
+  torch::Tensor w, packed;   // GGUF blocks [N, K/32 * block bytes]; pack_a8 of them (a8 only)
+  int qtype;
+  int64_t N, K;
+};
+
+class LayerStack {
+ public:
+  // w: 4 per layer (qkv, o, gate_up, down); packed: the same count (act8) or empty (weight-only); norms: 2 per
+  // layer (ln1, ln2) and the final norm.
+  LayerStack(std::vector<torch::Tensor> w, std::vector<torch::Tensor> packed, std::vector<int64_t> qtypes,
+             std::vector<torch::Tensor> norms, int64_t nh, int64_t nkv, int64_t hd, double eps, int64_t impl)
+      : nh_(nh), nkv_(nkv), hd_(hd), eps_((float)eps), impl_(impl), act8_(!packed.empty()) {
+    const int64_t n = (int64_t)w.size() / 4;
+    TORCH_CHECK(n >= 1 && (int64_t)w.size() == 4 * n && (int64_t)qtypes.size() == 4 * n &&
+                    (packed.empty() || packed.size() == w.size()) && (int64_t)norms.size() == 2 * n + 1,
+                "LayerStack: 4 weights, 4 qtypes, (4 packed) and 2 norms per layer, then the final norm");
+    H_ = norms[0].numel();
+    for (size_t j = 0; j < w.size(); j++) {
+      const int qt = (int)qtypes[j], bb = pq::block_bytes(qt);
+      TORCH_CHECK(bb > 0 && w[j].scalar_type() == torch::kUInt8 && w[j].dim() == 2 && w[j].is_contiguous() &&
+                      w[j].size(1) % bb == 0, "LayerStack: weight ", j, " is not GGUF blocks");
+      Proj p{w[j], act8_ ? packed[j] : torch::Tensor(), qt, w[j].size(0), w[j].size(1) / bb * 32};
+      if (act8_)
+        TORCH_CHECK(p.packed.scalar_type() == torch::kUInt8 && p.packed.is_contiguous() &&
+                        p.packed.numel() == (p.N + 7) / 8 * (p.K / 32) * pq::a8_group_block_bytes(qt),
+                    "LayerStack: packed ", j, " is not pack_a8 of its weight");
+      proj_.push_back(p);
+    }
+    for (int64_t i = 0; i < n; i++) {
+      const Proj &qkv = proj_[4 * i], &o = proj_[4 * i + 1], &gu = proj_[4 * i + 2], &dn = proj_[4 * i + 3];
+      TORCH_CHECK(qkv.K == H_ && qkv.N == (nh + 2 * nkv) * hd && o.K == nh * hd && o.N == H_ && gu.K == H_ &&
+                      gu.N % 2 == 0 && dn.K == gu.N / 2 && dn.N == H_, "LayerStack: layer ", i, " shapes");
+    }
+    for (auto& t : norms) {
+      TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.numel() == H_, "LayerStack: norms of ", H_, " floats");
+      norms_.push_back(t.contiguous());
+    }
+    I_ = proj_[2].N / 2;
+  }
+
+  std::vector<torch::Tensor> forward(torch::Tensor x, std::vector<torch::Tensor> kc, std::vector<torch::Tensor> vc,
+                                     torch::Tensor cos, torch::Tensor sin, torch::Tensor pos,
+                                     c10::optional<torch::Tensor> mask, int64_t b0, int64_t S,
+                                     std::vector<int64_t> aux_ids) {
+    const int64_t n = (int64_t)proj_.size() / 4;
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 3 && x.size(2) == H_, "forward: x [B, T, H]");
+    TORCH_CHECK((int64_t)kc.size() == n && (int64_t)vc.size() == n, "forward: one k and one v cache per layer");
+    const int64_t B = x.size(0), T = x.size(1), M = B * T, H = H_, I = I_, hd = hd_;
+    auto xc = x.contiguous(), c = cos.contiguous(), sn = sin.contiguous(), p = pos.to(torch::kLong).contiguous();
+    TORCH_CHECK(c.scalar_type() == torch::kFloat32 && sn.scalar_type() == torch::kFloat32 && c.numel() == M * hd &&
+                    sn.numel() == M * hd && p.numel() == M, "forward: cos/sin [B, T, hd], pos [B, T]");
+    const int64_t cap = kc[0].size(2);
+    for (int64_t i = 0; i < n; i++)
+      TORCH_CHECK(kc[i].scalar_type() == torch::kFloat32 && kc[i].is_contiguous() && vc[i].is_contiguous() &&
+                      kc[i].sizes() == vc[i].sizes() && kc[i].dim() == 4 && kc[i].size(1) == nkv_ &&
+                      kc[i].size(2) == cap && kc[i].size(3) == hd && b0 + B <= kc[i].size(0),
+                  "forward: caches [rows, nkv, cap, hd] float32");
+    TORCH_CHECK(S >= 1 && S <= cap, "forward: span ", S, " outside the cache's ", cap);
+    const int64_t* pp = p.data_ptr<int64_t>();
+    for (int64_t j = 0; j < M; j++)
+      TORCH_CHECK(pp[j] >= 0 && pp[j] < cap, "forward: position ", pp[j], " outside the cache's ", cap);
+    torch::Tensor m;
+    peagle_attend::AttnArgs a{};
+    if (mask.has_value() && mask->defined()) {
+      m = *mask;
+      TORCH_CHECK(m.scalar_type() == torch::kBool && m.dim() == 4 && (m.size(0) == 1 || m.size(0) == B) &&
+                      m.size(2) == T && m.size(3) == S, "forward: mask [1 or B, 1, T, S] bool");
+      m = m.expand({B, 1, T, S});
+      if (m.stride(3) != 1) m = m.contiguous();
+      a.mask = m.data_ptr<bool>();
+      a.msb = m.stride(0);
+      a.mst = m.stride(2);
+    }
+    std::vector<bool> want(n + 1, false);
+    int64_t naux = 0;
+    for (int64_t id : aux_ids)
+      if (id >= 0 && id <= n && !want[id]) want[id] = true, naux++;
+
+    const int64_t Wq = (nh_ + 2 * nkv_) * hd, A = nh_ * hd, Kmax = std::max({H, A, I});
+    auto res = torch::empty({B, T, H}, xc.options()), h = torch::empty({B, T, H}, xc.options());
+    auto aux = torch::empty({B, T, naux * H}, xc.options());
+    std::vector<float> buf(M * (Wq + A + A + H + 2 * I + I + H));
+    float *qkv = buf.data(), *q = qkv + M * Wq, *att = q + M * A, *o = att + M * A, *gu = o + M * H,
+          *act = gu + M * 2 * I, *zeros = act + M * I;
+    std::fill(zeros, zeros + M * H, 0.0f);
+    std::vector<int8_t> xq(M * Kmax);
+    std::vector<float> xd(M * Kmax / 32), xs(M * Kmax / 32);
+    const po::Act8 s8{xq.data(), xd.data(), xs.data()};
+    float *xr = res.data_ptr<float>(), *hp = h.data_ptr<float>(), *ap = aux.data_ptr<float>();
+    auto prod = [&](const Proj& w, const float* in, float* out) {
+      if (act8_)
+        po::qlinear_a8(in, M, w.K, w.w.data_ptr<uint8_t>(), w.packed.data_ptr<uint8_t>(), w.qtype, w.N, impl_, s8,
+                       out);
+      else
+        po::qlinear(in, M, w.K, w.w.data_ptr<uint8_t>(), w.qtype, w.N, impl_, out);
+    };
+    int64_t slot = 0;
+    auto keep = [&](int64_t i) {   // the residual entering layer i into its aux slot
+      if (!want[i]) return;
+      for (int64_t r = 0; r < M; r++) std::copy(xr + r * H, xr + (r + 1) * H, ap + (r * naux + slot) * H);
+      slot++;
+    };
+    po::add_rms_norm(xc.data_ptr<float>(), zeros, norms_[0].data_ptr<float>(), M, H, eps_, xr, hp);
+    a.q = q;
+    a.out = att;
+    a.B = B; a.T = T; a.nh = nh_; a.nkv = nkv_; a.hd = hd; a.S = S;
+    a.ksb = nkv_ * cap * hd; a.ksg = cap * hd; a.ksj = hd;
+    a.scale = (float)std::pow((double)hd, -0.5);   // Python's hd ** -0.5 (quant.attend_exact)
+    for (int64_t i = 0; i < n; i++) {
+      keep(i);
+      float *kp = kc[i].data_ptr<float>(), *vp = vc[i].data_ptr<float>();
+      prod(proj_[4 * i], hp, qkv);
+      po::rope_kv(qkv, c.data_ptr<float>(), sn.data_ptr<float>(), pp, B, T, nh_, nkv_, hd, kp, vp, cap, b0, q);
+      a.k = kp + b0 * a.ksb;
+      a.v = vp + b0 * a.ksb;
+      po::attend(a, impl_);
+      prod(proj_[4 * i + 1], att, o);
+      po::add_rms_norm(xr, o, norms_[2 * i + 1].data_ptr<float>(), M, H, eps_, xr, hp);
+      prod(proj_[4 * i + 2], hp, gu);
+      po::silu_mul(gu, M, I, act);
+      prod(proj_[4 * i + 3], act, o);
+      po::add_rms_norm(xr, o, norms_[i + 1 < n ? 2 * i + 2 : 2 * n].data_ptr<float>(), M, H, eps_, xr, hp);
+    }
+    keep(n);
+    return {h, aux};
+  }
+
+ private:
+  std::vector<Proj> proj_;
+  std::vector<torch::Tensor> norms_;
+  int64_t nh_, nkv_, hd_, H_ = 0, I_ = 0;
+  float eps_;
+  int64_t impl_;
+  bool act8_;
+};
+
+}  // namespace
+
+void bind_forward(py::module& m) {
+  py::class_<LayerStack>(m, "LayerStack")
+      .def(py::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<int64_t>,
+                    std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>())
+      .def("forward", &LayerStack::forward, py::call_guard<py::gil_scoped_release>(),
+           "the layers over a block: (final normed h [B, T, H], aux residuals [B, T, n * H])");
+}

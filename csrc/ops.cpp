@@ -1,0 +1,125 @@
+// peagle's CPU ops on raw buffers (ops.h): how each splits its work over threads and which path it takes.
+#include "ops.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "quant_kernels.h"
+
+namespace pq = peagle_quant;
+namespace pa = peagle_attend;
+namespace peagle_attend {
+// attend(a, t0, t1) computes tasks t0..t1-1 of tasks(a) (each path's own split of the queries)
+namespace avx2 { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
+namespace generic { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
+}  // namespace peagle_attend
+
+namespace peagle_ops {
+
+bool has_avx2() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+bool use_avx2(int64_t impl) {
+  TORCH_CHECK(impl != 2 || has_avx2(), "this CPU has no AVX2+FMA+F16C");
+  return impl == 2 || (impl == 0 && has_avx2());
+}
+
+void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y) {
+  if (M == 0) return;
+  pq::LinearFn fn = use_avx2(impl) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
+  const int64_t rb = K / 32 * pq::block_bytes(qtype);
+  // tasks of whole groups of 4 outputs (an output is computed whole by one thread: the split changes nothing)
+  const int64_t groups = (N + 3) / 4, grain = std::max<int64_t>(1, 4096 / K);
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    std::vector<float> buf(4 * K);
+    fn(qtype, w, rb, x, M, K, y, N, 4 * g0, std::min(4 * g1, N), buf.data());
+  });
+}
+
+void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* packed, int qtype, int64_t N,
+                int64_t impl, Act8 s, float* y) {
+  if (M == 0) return;
+  const bool vec = use_avx2(impl);
+  (vec ? pq::avx2::quantize_act : pq::quantize_act)(x, M, K, s.xq, s.xd, s.xs);
+  if (vec) {
+    at::parallel_for(0, (N + 7) / 8, std::max<int64_t>(1, 2048 / K), [&](int64_t g0, int64_t g1) {
+      pq::avx2::linear_groups_a8(qtype, packed, s.xq, s.xd, s.xs, M, K, y, N, g0, g1);
+    });
+  } else {
+    const int64_t rb = K / 32 * pq::block_bytes(qtype);
+    at::parallel_for(0, N, std::max<int64_t>(1, 8192 / K), [&](int64_t n0, int64_t n1) {
+      pq::scalar::linear_rows_a8(qtype, w, rb, s.xq, s.xd, s.xs, M, K, y, N, n0, n1);
+    });
+  }
+}
+
+void add_rms_norm(const float* x, const float* h, const float* w, int64_t R, int64_t H, float eps, float* res,
+                  float* out) {
+  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float *a = x + r * H, *b = h + r * H;
+      float* s = res + r * H;
+      double ss = 0.0;
+      for (int64_t i = 0; i < H; i++) {
+        s[i] = a[i] + b[i];
+        ss += (double)s[i] * (double)s[i];
+      }
+      const float inv = (float)(1.0 / std::sqrt(ss / (double)H + (double)eps));
+      float* o = out + r * H;
+      for (int64_t i = 0; i < H; i++) o[i] = (s[i] * inv) * w[i];
+    }
+  });
+}
+
+void silu_mul(const float* gu, int64_t R, int64_t I, float* out) {
+  const bool vec = has_avx2();
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float *a = gu + r * 2 * I, *b = a + I;
+      float* o = out + r * I;
+      if (vec) {
+        pq::avx2::silu_mul(a, b, o, I);
+        continue;
+      }
+      for (int64_t i = 0; i < I; i++) o[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+    }
+  });
+}
+
+void rope_kv(const float* qkv, const float* cos, const float* sin, const int64_t* pos, int64_t B, int64_t T,
+             int64_t nh, int64_t nkv, int64_t hd, float* kc, float* vc, int64_t cap, int64_t b0, float* q) {
+  const int64_t W = (nh + 2 * nkv) * hd, half = hd / 2;
+  at::parallel_for(0, B * T, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t bt = r0; bt < r1; bt++) {
+      const float *x = qkv + bt * W, *cs = cos + bt * hd, *sv = sin + bt * hd;
+      const int64_t b = bt / T;
+      for (int64_t h = 0; h < nh + nkv; h++) {
+        const float* xh = x + h * hd;
+        float* o = h < nh ? q + (bt * nh + h) * hd : kc + (((b0 + b) * nkv + (h - nh)) * cap + pos[bt]) * hd;
+        for (int64_t i = 0; i < half; i++) o[i] = xh[i] * cs[i] + (-xh[i + half]) * sv[i];
+        for (int64_t i = half; i < hd; i++) o[i] = xh[i] * cs[i] + xh[i - half] * sv[i];
+      }
+      for (int64_t h = 0; h < nkv; h++)
+        std::copy(x + (nh + nkv + h) * hd, x + (nh + nkv + h + 1) * hd, vc + (((b0 + b) * nkv + h) * cap + pos[bt]) * hd);
+    }
+  });
+}
+
+void attend(const pa::AttnArgs& a, int64_t impl) {
+  const bool vec = use_avx2(impl);
+  auto fn = vec ? pa::avx2::attend : pa::generic::attend;
+  const int64_t n = (vec ? pa::avx2::tasks : pa::generic::tasks)(a);
+  const int64_t grain = std::max<int64_t>(1, 16384 * n / std::max<int64_t>(1, a.B * a.T * a.nh * a.S * a.hd));
+  at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) { fn(a, i0, i1); });
+}
+
+}  // namespace peagle_ops

@@ -1,0 +1,42 @@
+// peagle's CPU ops on raw float32 buffers, each parallelised over its independent outputs (at::parallel_for):
+// the quantized products (quant_kernels.h), the fused small ops and the exact attention (attend_impl.h). The
+// Python bindings (quant.cpp) and the whole-forward runner (forward.cpp) call the same functions, so a token
+// gets the same bits whichever of them runs it. impl: 0 = best for this CPU, 1 = scalar / generic, 2 = AVX2.
+#pragma once
+#include <cstdint>
+
+#include "attend_impl.h"
+
+namespace peagle_ops {
+
+bool has_avx2();
+bool use_avx2(int64_t impl);   // impl 2 without AVX2 raises
+
+// y[M, N] = x[M, K] @ W^T, W GGUF blocks [N, K/32 * block bytes] (weight-only: float activations).
+void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y);
+
+// Scratch of the 8-bit activations of M rows of K features (quant_kernels.h: quantize_act).
+struct Act8 {
+  int8_t* xq;   // [M * K]
+  float* xd;    // [M * K/32]
+  float* xs;    // [M * K/32]
+};
+// y = q8(x) @ W^T: the scalar path reads w (GGUF's blocks), the AVX2 one packed (pack_a8 of w); same bits.
+void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* packed, int qtype, int64_t N,
+                int64_t impl, Act8 s, float* y);
+
+// res = x + h, out = rms_norm(res) * w, R rows of H (res may be x itself).
+void add_rms_norm(const float* x, const float* h, const float* w, int64_t R, int64_t H, float eps, float* res,
+                  float* out);
+// out[r, :I] = silu(gu[r, :I]) * gu[r, I:], R rows of gu [2I].
+void silu_mul(const float* gu, int64_t R, int64_t I, float* out);
+
+// RoPE of q and k (rotate-half) and the k/v cache write. qkv [B*T, (nh + 2 nkv) * hd]; cos, sin [B*T, hd];
+// pos [B*T] (< cap, checked by the caller); kc, vc [rows, nkv, cap, hd]; q out [B*T, nh, hd].
+void rope_kv(const float* qkv, const float* cos, const float* sin, const int64_t* pos, int64_t B, int64_t T,
+             int64_t nh, int64_t nkv, int64_t hd, float* kc, float* vc, int64_t cap, int64_t b0, float* q);
+
+// attend_impl.h over all of a's queries.
+void attend(const peagle_attend::AttnArgs& a, int64_t impl);
+
+}  // namespace peagle_ops

@@ -1,0 +1,104 @@
+"""csrc/forward.cpp (the C++ layer runner of quantized targets): a forward through it gives the same logits,
+auxiliary states and KV cache, bit for bit, as the per-op Python loop it replaces (llama.Transformer's
+_forward_fused), for plain steps, verify blocks, ragged prefills and tree masks; it is really the path taken;
+and it stays off where it does not apply."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peagle.models import quant_ext
+
+EXT = quant_ext.get()
+pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "LayerStack"), reason="needs the built extension")
+
+
+@pytest.fixture(scope="module")
+def qtarget(tmp_path_factory):
+    from tiny import save_tiny
+    return save_tiny("llama", str(tmp_path_factory.mktemp("fr") / "llama"), intermediate_size=128)
+
+
+def _run(t, runner: bool, steps):
+    """steps: (tokens [B,T], b0, start [B], kwargs) applied in order to one cache -> outputs and the cache."""
+    t.runner = runner
+    c = t.new_cache(3, 64)
+    outs = [t.forward(tok, c, b0, start, **kw) for tok, b0, start, kw in steps]
+    return outs, c
+
+
+def _tree(TreeAttn, parents, start):
+    """A TreeAttn of per-row parent lists (-1: the root) for blocks starting at start [B]."""
+    B, W = len(parents), len(parents[0])
+    anc = torch.zeros(B, W, W, dtype=torch.bool)
+    depth = torch.zeros(B, W, dtype=torch.long)
+    for b, ps in enumerate(parents):
+        for i in range(W):
+            j = i
+            while j >= 0:
+                anc[b, i, j] = True
+                depth[b, i] += j != i
+                j = ps[j]
+    return TreeAttn(pos=start[:, None] + depth, base=start, anc=anc)
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("quantization", ["q4a8", "q8a8", "q4", "q8"])
+def test_runner_matches_the_python_loop_bit_for_bit(qtarget, quantization, monkeypatch):
+    from peagle.models import llama
+    from peagle.tree import TreeAttn
+    t = llama.Transformer.from_pretrained(qtarget, quantization=quantization)
+    g = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randint(5, 500, s, generator=g)
+    tree = _tree(TreeAttn, [[-1, 0, 0, 1], [-1, 0, 1, 2]], torch.tensor([30, 21]))
+    steps = [
+        (r(2, 30), 0, torch.tensor([0, 0]), dict(span=30, s0=0)),                 # prefill, one slice
+        (r(1, 21), 2, torch.tensor([0]), dict(aux_ids=(0, 1, 2))),                # another row, aux states
+        (r(2, 1), 0, torch.tensor([30, 21]), dict(span=31)),                      # ragged decode (mask)
+        (r(1, 1), 0, torch.tensor([31]), dict(span=32, s0=31, aux_ids=(2, 1))),   # plain step, no mask
+        (r(2, 4), 0, torch.tensor([30, 21]), dict(span=34, tree=tree)),           # trees
+        (r(2, 5), 0, torch.tensor([31, 22]), dict(logits_at=torch.tensor([4, 2]), span=36)),   # verify block
+    ]
+    ref, cref = _run(t, False, steps)
+    assert t._layer_stack() is None
+    with monkeypatch.context() as m:                 # the runner must not fall back to the Python ops
+        m.setattr(llama, "cached_attention", lambda *a, **k: pytest.fail("the Python loop ran"))
+        got, cgot = _run(t, True, steps)
+    assert t._layer_stack() is not None and t._layer_stack().act8 == quantization.endswith("a8")
+    for (lg, ax), (lg2, ax2) in zip(ref, got):
+        assert torch.equal(lg, lg2) and _same(ax, ax2)
+    for i in range(t.cfg.num_hidden_layers):
+        assert torch.equal(cref.k[i], cgot.k[i]) and torch.equal(cref.v[i], cgot.v[i])
+    # negative control: one layer's norm weight scaled by 1 % changes the runner's output
+    t2 = llama.Transformer.from_pretrained(qtarget, quantization=quantization)
+    t2.layers[1].ln2.mul_(1.01)
+    bad, _ = _run(t2, True, steps)
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(bad, got))
+
+
+def test_runner_stays_off_where_it_does_not_apply(qtarget):
+    from peagle.models import llama
+    from peagle.models.quant import QuantStack
+    t = llama.Transformer.from_pretrained(qtarget, quantization="q4a8")
+    t.layers[0].o_w = QuantStack([t.layers[0].o_w])     # a mixed-type projection: the Python loop runs it
+    assert t._layer_stack() is None
+    f = llama.Transformer.from_pretrained(qtarget, quantization="none")
+    assert not f.fused
+
+
+def test_runner_refuses_bad_positions(qtarget):
+    from peagle.models import llama
+    t = llama.Transformer.from_pretrained(qtarget, quantization="q4a8")
+    st = t._layer_stack()
+    x = torch.zeros(1, 1, t.cfg.hidden_size)
+    c = t.new_cache(1, 16)
+    cos = torch.zeros(1, 1, t.cfg.head_dim)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        st.run.forward(x, c.k, c.v, cos, cos, torch.tensor([[16]]), None, 0, 1, [])
+    with pytest.raises(RuntimeError, match="one k and one v cache per layer"):
+        st.run.forward(x, c.k[:1], c.v[:1], cos, cos, torch.tensor([[0]]), None, 0, 1, [])
