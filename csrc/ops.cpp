@@ -80,6 +80,19 @@ void add_rms_norm(const float* x, const float* h, const float* w, int64_t R, int
   });
 }
 
+void rms_norm(const float* x, const float* w, int64_t R, int64_t H, float eps, float* out) {
+  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float* a = x + r * H;
+      double ss = 0.0;
+      for (int64_t i = 0; i < H; i++) ss += (double)a[i] * (double)a[i];
+      const float inv = (float)(1.0 / std::sqrt(ss / (double)H + (double)eps));
+      float* o = out + r * H;
+      for (int64_t i = 0; i < H; i++) o[i] = (a[i] * inv) * w[i];
+    }
+  });
+}
+
 void silu_mul(const float* gu, int64_t R, int64_t I, float* out) {
   const bool vec = has_avx2();
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {

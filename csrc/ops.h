@@ -28,6 +28,8 @@ void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const ui
 // res = x + h, out = rms_norm(res) * w, R rows of H (res may be x itself).
 void add_rms_norm(const float* x, const float* h, const float* w, int64_t R, int64_t H, float eps, float* res,
                   float* out);
+// out = rms_norm(x) * w, R rows of H (the sums of squares as add_rms_norm's).
+void rms_norm(const float* x, const float* w, int64_t R, int64_t H, float eps, float* out);
 // out[r, :I] = silu(gu[r, :I]) * gu[r, I:], R rows of gu [2I].
 void silu_mul(const float* gu, int64_t R, int64_t I, float* out);
 

@@ -113,6 +113,17 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor h, torch:
   return {res, out};
 }
 
+// rms_norm(x) * weight per row of x [..., H] float32.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
+              weight.numel() == x.size(-1), "rms_norm: float32 x [..., H], weight [H]");
+  const int64_t H = x.size(-1);
+  auto xc = x.contiguous(), wc = weight.contiguous();
+  auto out = torch::empty_like(xc);
+  po::rms_norm(xc.data_ptr<float>(), wc.data_ptr<float>(), xc.numel() / H, H, (float)eps, out.data_ptr<float>());
+  return out;
+}
+
 // silu(gu[..., :I]) * gu[..., I:] for gu [..., 2I] float32.
 torch::Tensor silu_mul(torch::Tensor gu) {
   TORCH_CHECK(gu.scalar_type() == torch::kFloat32 && gu.size(-1) % 2 == 0, "silu_mul: float32 [..., 2I]");
@@ -196,6 +207,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("impl") = 0);
   m.def("dequantize", &dequantize, "the float32 weight the kernels use");
   m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");
+  m.def("rms_norm", &rms_norm, "rms_norm(x) * w");
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
   m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
   bind_forward(m);

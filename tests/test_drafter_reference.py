@@ -91,3 +91,38 @@ def test_runtime_k_changes_and_catch_up_match_uncached_reference(tiny_dirs, tmp_
             assert got.shape == (1, k)
             ref = reference(head, x, aux, n, k, parallel)
             assert torch.equal(got[0], ref), (parallel, n, k, got, ref)
+
+
+def test_fused_ops_path_of_quantized_heads_matches_the_torch_ops(tiny_dirs, tmp_path):
+    """With a quantized target the head's cached pass runs the extension's fused ops (_forward_cached_fused):
+    on the same Q8_0 weights it gives what the torch ops give, to float rounding (the RMSNorm sums and the
+    attention's order differ in the last bits); negative control: a norm weight changed by 5 % is seen."""
+    import pytest
+
+    from peagle.cache import KVCache
+    from peagle.models import quant_ext
+    if quant_ext.get() is None:
+        pytest.skip("needs the built extension")
+    t, head, x, aux = setup(tiny_dirs, tmp_path, True)
+    for quantization in ("q8", "q4a8"):
+        head.prepare_inference(quantization=quantization)
+        assert head._fused_ops
+        hid = head.combine(aux)
+
+        def run(fused):
+            head._fused_ops = fused
+            c = KVCache(2, head.config.num_key_value_heads, head.config.head_dim, 64, 1, lens=False)
+            with torch.no_grad():
+                a = head._forward_cached(x[:, :20], hid[:, :20], c, 0, torch.tensor([0]))
+                b = head._forward_cached(x[:, 20:23], hid[:, 20:23], c, 0, torch.tensor([20]))
+            return [torch.cat([n, p], -1) for n, p in (a, b)]
+        ref, got = run(False), run(True)
+        for r, g in zip(ref, got):
+            assert torch.allclose(r, g, rtol=1e-3, atol=1e-3 * float(r.abs().max())), (quantization, (r - g).abs().max())
+        w = head.layers[1].post_attention_layernorm.weight
+        with torch.no_grad():
+            w.mul_(1.05)
+        bad = run(True)
+        with torch.no_grad():
+            w.div_(1.05)
+        assert not torch.allclose(ref[1], bad[1], rtol=1e-3, atol=1e-3 * float(ref[1].abs().max()))

@@ -167,6 +167,10 @@ class DrafterHead(nn.Module):
                 torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight)))
         self._fc_t = weight(self.fc.weight)
         self._lm_head_t = weight(self.lm_head.weight)
+        from ..models import quant_ext
+        # quantized targets: the extension's fused small ops (drafts only propose, so the few last bits these
+        # change cannot change an output; float targets keep the torch ops vLLM's parity checks measured)
+        self._fused_ops = q8 and quant_ext.get() is not None and self.config.head_dim % 8 == 0
         return self
 
     @torch.no_grad()
@@ -182,12 +186,31 @@ class DrafterHead(nn.Module):
         if tree is not None:
             tree.apply(ctx, rope)
         emb = F.embedding(ids, self.embed_tokens.weight)
+        if getattr(self, "_fused_ops", False):
+            return self._forward_cached_fused(emb, hidden, ctx, cache)
         x = hidden
         for i, (L, (qkv_w, o_w, gu_w, d_w)) in enumerate(zip(self.layers, self._fused)):
             resid, a_in = L.attn_input(x, emb)
             x = resid + mm(cached_attention(ctx, cache, i, mm(a_in, qkv_w), nh, nkv, hd), o_w)
             x = x + swiglu(rms_norm(x, L.post_attention_layernorm.weight, eps), gu_w, d_w, inter)
         return rms_norm(x, self.norm.weight, eps), x
+
+    def _forward_cached_fused(self, emb, x, ctx, cache):
+        """_forward_cached's layers with the extension's ops (quant.py): RoPE + cache write and exact attention in
+        one op each, each residual add with the RMSNorm after it, SiLU * mul. Returns (normed, prenorm)."""
+        from ..models import quant as Q
+        c = self.config
+        eps, nh, nkv, hd, n = c.rms_norm_eps, c.num_attention_heads, c.num_key_value_heads, c.head_dim, len(self.layers)
+        L0 = self.layers[0]
+        hn = Q.rms_norm(x, L0.hidden_norm.weight, eps)                # layer 0 attends over [norm(emb) || norm(h)]
+        resid = hn if L0.norm_before_residual else x
+        a_in = torch.cat([Q.rms_norm(emb, L0.input_layernorm.weight, eps), hn], -1)
+        for i, (L, (qkv_w, o_w, gu_w, d_w)) in enumerate(zip(self.layers, self._fused)):
+            a = cached_attention(ctx, cache, i, mm(a_in, qkv_w), nh, nkv, hd, fused=True, exact=True)
+            x, h = Q.add_rms_norm(resid, mm(a, o_w), L.post_attention_layernorm.weight, eps)
+            nxt = self.layers[i + 1].input_layernorm.weight if i + 1 < n else self.norm.weight
+            resid, a_in = Q.add_rms_norm(x, mm(Q.silu_mul(mm(h, gu_w)), d_w), nxt, eps)
+        return a_in, resid
 
     def draft_logits(self, normed):
         if not self.training and getattr(self, "_lm_head_t", None) is not None and not torch.is_grad_enabled():

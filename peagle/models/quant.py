@@ -287,6 +287,15 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: fl
     return s, F.rms_norm(s, (s.shape[-1],), weight, eps)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) * weight in one op (the extension's: add_rms_norm's sums; else torch's)."""
+    ext = quant_ext.get()
+    if ext is not None and hasattr(ext, "rms_norm") and x.device.type == "cpu" and x.dtype == torch.float32 \
+            and weight.dtype == torch.float32:
+        return ext.rms_norm(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     """silu(gu[..., :I]) * gu[..., I:]."""
     ext = quant_ext.get()
