@@ -81,6 +81,24 @@ def test_runner_matches_the_python_loop_bit_for_bit(qtarget, quantization, monke
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(bad, got))
 
 
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+@pytest.mark.parametrize("quantization", ["q4a8", "q8"])
+def test_runner_scalar_and_avx2_paths_agree_bit_for_bit(qtarget, quantization):
+    """The runner built on the scalar kernels (impl 1) computes the AVX2 runner's bits (a verify block with a
+    mask after a prefill)."""
+    from peagle.models import llama
+    t = llama.Transformer.from_pretrained(qtarget, quantization=quantization)
+    g = torch.Generator().manual_seed(4)
+    x = t.embed[torch.randint(5, 500, (1, 20), generator=g)]
+    outs = []
+    for impl in (0, 1):
+        st = llama._StackOrNone(t, impl)
+        c = t.new_cache(1, 32)
+        ctx = llama.BlockCtx(t.rope, torch.tensor([0]), 20)
+        outs.append(st.run.forward(x, c.k, c.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask, 0, ctx.S, [1]) + c.k + c.v)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
 def test_runner_stays_off_where_it_does_not_apply(qtarget):
     from peagle.models import llama
     from peagle.models.quant import QuantStack

@@ -298,7 +298,8 @@ class Transformer:
 class _StackOrNone:
     """Transformer._layer_stack's record: `run` an extension LayerStack over the target's weights, or None."""
 
-    def __init__(self, t: Transformer):
+    def __init__(self, t: Transformer, impl: int = 0):
+        """impl: the extension's paths (0 best for this CPU, 1 scalar, 2 AVX2: tests)."""
         from . import quant_ext
         self.run, self.act8 = None, False
         ext, c = quant_ext.get(), t.cfg
@@ -311,4 +312,4 @@ class _StackOrNone:
         norms = [n for L in t.layers for n in (L.ln1, L.ln2)] + [t.norm]
         self.run = ext.LayerStack([w.data for w in ws], [w.packed_a8(ext) for w in ws] if self.act8 else [],
                                   [w.qtype for w in ws], [n.float().contiguous() for n in norms],
-                                  c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, 0)
+                                  c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, impl)
