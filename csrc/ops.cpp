@@ -127,6 +127,19 @@ void rope_kv(const float* qkv, const float* cos, const float* sin, const int64_t
   });
 }
 
+void compact_kv(float* k, float* v, int64_t nkv, int64_t cap, int64_t hd, int64_t b0, int64_t B,
+                const int64_t* start, const int64_t* path, int64_t W) {
+  std::vector<float> tmp(W * hd);
+  for (float* store : {k, v})
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t g = 0; g < nkv; g++) {
+        float* base = store + ((b0 + b) * nkv + g) * cap * hd + start[b] * hd;
+        for (int64_t i = 0; i < W; i++) std::copy(base + path[b * W + i] * hd, base + (path[b * W + i] + 1) * hd,
+                                                  tmp.data() + i * hd);
+        std::copy(tmp.begin(), tmp.end(), base);
+      }
+}
+
 void attend(const pa::AttnArgs& a, int64_t impl) {
   const bool vec = use_avx2(impl);
   auto fn = vec ? pa::avx2::attend : pa::generic::attend;

@@ -38,6 +38,11 @@ void silu_mul(const float* gu, int64_t R, int64_t I, float* out);
 void rope_kv(const float* qkv, const float* cos, const float* sin, const int64_t* pos, int64_t B, int64_t T,
              int64_t nh, int64_t nkv, int64_t hd, float* kc, float* vc, int64_t cap, int64_t b0, float* q);
 
+// Per row b < B (cache row b0 + b) and every kv head: the entries at slots start[b] + path[b, i] moved to
+// start[b] + i, i < W (a row's W sources are read before its writes). k, v: one layer's [rows, nkv, cap, hd].
+void compact_kv(float* k, float* v, int64_t nkv, int64_t cap, int64_t hd, int64_t b0, int64_t B,
+                const int64_t* start, const int64_t* path, int64_t W);
+
 // attend_impl.h over all of a's queries.
 void attend(const peagle_attend::AttnArgs& a, int64_t impl);
 

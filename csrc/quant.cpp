@@ -159,6 +159,29 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
   return q;
 }
 
+// The KV compaction after a tree step (peagle/tree.py, compact_kv) over every layer in one call: per layer k, v
+// [rows, nkv, cap, hd] float32 contiguous; rows b0..b0+B-1; start [B], path [B, W] int64 (slots checked).
+void compact_kv(std::vector<torch::Tensor> ks, std::vector<torch::Tensor> vs, int64_t b0, torch::Tensor start,
+                torch::Tensor path) {
+  TORCH_CHECK(ks.size() == vs.size() && path.dim() == 2 && start.dim() == 1 && start.size(0) == path.size(0),
+              "compact_kv: k and v per layer, start [B], path [B, W]");
+  auto st = start.to(torch::kLong).contiguous(), pt = path.to(torch::kLong).contiguous();
+  const int64_t B = pt.size(0), W = pt.size(1);
+  const int64_t *sp = st.data_ptr<int64_t>(), *pp = pt.data_ptr<int64_t>();
+  for (size_t l = 0; l < ks.size(); l++) {
+    auto &k = ks[l], &v = vs[l];
+    TORCH_CHECK(k.scalar_type() == torch::kFloat32 && k.is_contiguous() && v.is_contiguous() && k.dim() == 4 &&
+                k.sizes() == v.sizes() && v.scalar_type() == torch::kFloat32 && b0 + B <= k.size(0),
+                "compact_kv: caches [rows, nkv, cap, hd] float32");
+    const int64_t cap = k.size(2);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < W; i++)
+        TORCH_CHECK(sp[b] >= 0 && sp[b] + std::max(i, pp[b * W + i]) < cap && pp[b * W + i] >= 0,
+                    "compact_kv: slot outside the cache");
+    po::compact_kv(k.data_ptr<float>(), v.data_ptr<float>(), k.size(1), cap, k.size(3), b0, B, sp, pp, W);
+  }
+}
+
 // Block- and batch-invariant attention (attend_impl.h): q [B, T, nh, hd]; k, v [B, nkv, S, hd] (any strides but
 // the last); mask None (every key visible) or bool [1 or B, 1, T, S] (True: visible). Returns [B, T, nh * hd].
 // impl: 0 = best for this CPU, 1 = generic, 2 = AVX2.
@@ -208,6 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "the float32 weight the kernels use");
   m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");
   m.def("rms_norm", &rms_norm, "rms_norm(x) * w");
+  m.def("compact_kv", &compact_kv, "a tree step's KV compaction over every layer");
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
   m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
   bind_forward(m);

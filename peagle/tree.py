@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .models import quant_ext
+
 MAX_NODES = 64
 
 
@@ -182,6 +184,12 @@ def compact_kv(cache, b0: int, start: torch.Tensor, path: torch.Tensor):
     path is increasing along each row's accepted part and repeats its last node after it, so sources are
     read before any destination is written (advanced indexing gathers first)."""
     B, W = path.shape
+    ext = quant_ext.get()
+    layers = [i for i, t in enumerate(cache.k) if t is not None]
+    if ext is not None and hasattr(ext, "compact_kv") and all(
+            cache.k[i].device.type == "cpu" and cache.k[i].dtype == torch.float32 for i in layers):
+        ext.compact_kv([cache.k[i] for i in layers], [cache.v[i] for i in layers], b0, start, path)  # one call
+        return
     rows = torch.arange(b0, b0 + B, device=path.device)[:, None]
     src = start[:, None] + path
     dst = start[:, None] + torch.arange(W, device=path.device)[None]

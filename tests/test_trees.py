@@ -303,3 +303,42 @@ def test_tree_forward_past_a_sliding_window_matches_each_path(family_dirs, famil
                 assert ok or broken, (family, b, j)
                 bad += not ok
     assert bool(bad) == broken
+
+
+def test_compact_kv_extension_matches_the_torch_copies():
+    """The extension's one-call compaction (every layer) leaves the cache bit-identical to the torch path's
+    indexed copies, for ragged rows, paths that stop early (last node repeated) and rows b0 > 0; negative
+    control: another path leaves another cache."""
+    from peagle.cache import KVCache
+    from peagle.models import quant_ext
+    if quant_ext.get() is None:
+        pytest.skip("needs the built extension")
+    g = torch.Generator().manual_seed(9)
+
+    def cache():
+        c = KVCache(3, 2, 8, 40, 4)
+        for store in (c.k, c.v):
+            for t in store:
+                t.copy_(torch.randn(t.shape, generator=g))
+        return c
+    orig = cache()
+
+    def copy():
+        c = KVCache(3, 2, 8, 40, 4)
+        for s, d in zip(orig.k + orig.v, c.k + c.v):
+            d.copy_(s)
+        return c
+    a, b, c = copy(), copy(), copy()
+    start = torch.tensor([5, 11, 0])
+    path = torch.tensor([[0, 2, 5, 6], [0, 1, 1, 1], [0, 3, 3, 3]])
+    compact_kv(a, 1, start, path)
+    saved = quant_ext._mod
+    try:
+        quant_ext._mod = None                          # the torch path
+        compact_kv(b, 1, start, path)
+    finally:
+        quant_ext._mod = saved
+    assert all(torch.equal(x, y) for x, y in zip(a.k + a.v, b.k + b.v))
+    assert not all(torch.equal(x, y) for x, y in zip(a.k + a.v, orig.k + orig.v))
+    compact_kv(c, 1, start, torch.tensor([[0, 1, 5, 6], [0, 1, 1, 1], [0, 3, 3, 3]]))
+    assert not all(torch.equal(x, y) for x, y in zip(a.k + a.v, c.k + c.v))
