@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import PeagleError
+from ..models import quant as Q
 from ..models.layers import BlockCtx, Rope, Weight, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
 from .config import HeadConfig, is_parallel_head
 from .format import validate_head
@@ -150,14 +151,13 @@ class DrafterHead(nn.Module):
         products of a few rows (a P-EAGLE pass, EAGLE-3's catch-up rows) run fastest with on this CPU.
         quantization: the target's; with a quantized float32 CPU target the projections become Q8_0 blocks, with
         8-bit activations where the target's are (drafts only propose: outputs stay the target's)."""
-        from ..models.quant import Q8_0, QuantWeight, quantizes_activations
         w0 = self.fc.weight
         q8 = quantization not in (None, "none") and w0.device.type == "cpu" and w0.dtype == torch.float32
 
         def weight(w):
             w = w.detach()
             if q8 and w.shape[1] % 32 == 0:
-                return QuantWeight.from_float(w, Q8_0, act8=quantizes_activations(quantization))
+                return Q.QuantWeight.from_float(w, Q.Q8_0, act8=Q.quantizes_activations(quantization))
             return Weight(w, dual)
         self._fused = []
         for L in self.layers:
@@ -198,7 +198,6 @@ class DrafterHead(nn.Module):
     def _forward_cached_fused(self, emb, x, ctx, cache):
         """_forward_cached's layers with the extension's ops (quant.py): RoPE + cache write and exact attention in
         one op each, each residual add with the RMSNorm after it, SiLU * mul. Returns (normed, prenorm)."""
-        from ..models import quant as Q
         c = self.config
         eps, nh, nkv, hd, n = c.rms_norm_eps, c.num_attention_heads, c.num_key_value_heads, c.head_dim, len(self.layers)
         L0 = self.layers[0]
