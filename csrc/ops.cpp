@@ -37,11 +37,12 @@ void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, 
   if (M == 0) return;
   pq::LinearFn fn = use_avx2(impl) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
   const int64_t rb = K / 32 * pq::block_bytes(qtype);
-  // tasks of whole groups of 4 outputs (an output is computed whole by one thread: the split changes nothing)
-  const int64_t groups = (N + 3) / 4, grain = std::max<int64_t>(1, 4096 / K);
+  // tasks of whole groups of 4 outputs (F32: 8, its kernel's group); an output is computed whole by one thread,
+  // so the split changes nothing
+  const int64_t G = qtype == pq::F32 ? 8 : 4, groups = (N + G - 1) / G, grain = std::max<int64_t>(1, 16384 / (G * K));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     std::vector<float> buf(4 * K);
-    fn(qtype, w, rb, x, M, K, y, N, 4 * g0, std::min(4 * g1, N), buf.data());
+    fn(qtype, w, rb, x, M, K, y, N, G * g0, std::min(G * g1, N), buf.data());
   });
 }
 

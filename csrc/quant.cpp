@@ -18,8 +18,10 @@ namespace po = peagle_ops;
 static bool cpu_has_avx2() { return po::has_avx2(); }
 void bind_forward(py::module& m);   // forward.cpp
 
-static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K) {
-  TORCH_CHECK(qtype == pq::Q4_0 || qtype == pq::Q4_1 || qtype == pq::Q8_0, "unsupported qtype ", qtype);
+// F32 rows (qtype 0) are weights of the float-activation products only (qlinear, dequantize), not of a8 ones.
+static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool f32_ok = true) {
+  TORCH_CHECK(qtype == pq::Q4_0 || qtype == pq::Q4_1 || qtype == pq::Q8_0 || (f32_ok && qtype == pq::F32),
+              "unsupported qtype ", qtype);
   TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32, got ", K);
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.dim() == 2,
               "w must be a contiguous 2-D uint8 CPU tensor");
@@ -46,7 +48,7 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N
 
 // pack_a8's layout of w (quant_kernels.h): what the AVX2 a8 path reads.
 torch::Tensor pack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
-  check_weight(w, qtype, N, K);
+  check_weight(w, qtype, N, K, false);
   auto out = torch::empty({(N + 7) / 8, K / 32 * pq::a8_group_block_bytes(qtype)}, torch::kUInt8);
   pq::pack_a8(qtype, w.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
   return out;
@@ -56,7 +58,7 @@ torch::Tensor pack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
 // scalar path reads w (GGUF's blocks), the AVX2 path packed (pack_a8 of w); both give the same bits.
 torch::Tensor qlinear_a8(torch::Tensor x, torch::Tensor w, torch::Tensor packed, int64_t qtype, int64_t N,
                          int64_t K, int64_t impl) {
-  check_weight(w, qtype, N, K);
+  check_weight(w, qtype, N, K, false);
   check_input(x, K);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, K}).contiguous();
@@ -223,7 +225,7 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_exact", &attend_exact, "attention summed in one fixed order per query (batch/block-invariant)");
   m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
-  m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0), batch-invariant");
+  m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0) or float32 rows (F32), batch-invariant");
   m.def("qlinear_a8", &qlinear_a8, "y = q8(x) @ W^T: activations quantized to 8 bits per block (llama.cpp's)");
   m.def("pack_a8", &pack_a8, "w's blocks reordered for the AVX2 a8 products (groups of 8 outputs)");
   m.def("quantize_act", &quantize_act, "x's 8-bit blocks as the a8 products use them", py::arg("x"),

@@ -1,9 +1,10 @@
 // peagle's weight-only quantized linear kernels: y[M, N] = x[M, K] @ W^T, W stored as GGUF blocks of 32
-// (Q4_0, Q4_1, Q8_0, llama.cpp's byte layout), x and y float32.
+// (Q4_0, Q4_1, Q8_0, llama.cpp's byte layout) or as plain float32 rows (F32: a "block" is 32 floats, 128 B,
+// taken as they are), x and y float32.
 //
 // Batch invariance: y[r, n] depends only on x[r, :] and W[n, :], never on M, on r, or on which thread computes
 // it. Per output channel the kernel dequantizes the row of W into float32 (Q4_0: d*(q-8), Q4_1: fma(d, q, m),
-// Q8_0: d*q, d and m read exactly from fp16), then every activation row takes the same dot product: 8 lane
+// Q8_0: d*q, d and m read exactly from fp16; F32 as stored), then every activation row takes the same dot product: 8 lane
 // accumulators (lane l adds w[8i+l]*x[8i+l] for i = 0, 1, ... in order, each with one fused multiply-add),
 // folded at the end in one fixed tree (4+4, 2+2, 1+1). The scalar path performs the
 // same IEEE operations in the same order as the AVX2 path, so both give bit-identical results.
@@ -12,10 +13,13 @@
 
 namespace peagle_quant {
 
-enum QType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };   // GGML's type ids
+enum QType : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };   // GGML's type ids
 
 inline int block_bytes(int qtype) {
-  return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0;
+  return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : qtype == F32 ? 128 : 0;
+}
+constexpr int block_bytes_c(int qtype) {
+  return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 128;
 }
 
 // Outputs n0..n1-1 of every row: y[r*N + n] = dot(x[r, :], W[n, :]). buf: 4*K floats of scratch.

@@ -30,6 +30,10 @@ static inline float half_to_float(const uint8_t* p) {
 }
 
 void dequant_row(int qtype, const uint8_t* row, int64_t K, float* dst) {
+  if (qtype == F32) {
+    std::memcpy(dst, row, K * sizeof(float));
+    return;
+  }
   const int bs = block_bytes(qtype);
   for (int64_t b = 0; b < K / 32; b++, row += bs, dst += 32) {
     if (qtype == Q4_0) {

@@ -87,7 +87,10 @@ def test_step_creates_no_tensor_without_an_explicit_device(target, head, tmp_pat
 
 def test_engine_on_meta_reads_the_device_once_per_step(target, head, monkeypatch):
     """Everything on "meta": any host read (int(), .item(), bool(), .tolist()) raises, so a step that
-    completes read the device only through Engine._to_host, whose calls are counted."""
+    completes read the device only through Engine._to_host, whose calls are counted. The target runs torch's
+    products, as off the CPU (a CPU float32 target's kernels read host memory)."""
+    from peagle.models import llama
+    monkeypatch.setattr(llama, "F32_KERNEL", False)
     llm = LLM(target, device="cpu", speculative_config=spec(head, 3))
     e = llm.engine
     meta = torch.device("meta")

@@ -48,7 +48,7 @@ def _same(a, b) -> bool:
     return torch.equal(a, b)
 
 
-@pytest.mark.parametrize("quantization", ["q4a8", "q8a8", "q4", "q8"])
+@pytest.mark.parametrize("quantization", ["q4a8", "q8a8", "q4", "q8", "none"])
 def test_runner_matches_the_python_loop_bit_for_bit(qtarget, quantization, monkeypatch):
     from peagle.models import llama
     from peagle.tree import TreeAttn
@@ -82,7 +82,7 @@ def test_runner_matches_the_python_loop_bit_for_bit(qtarget, quantization, monke
 
 
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
-@pytest.mark.parametrize("quantization", ["q4a8", "q8"])
+@pytest.mark.parametrize("quantization", ["q4a8", "q8", "none"])
 def test_runner_scalar_and_avx2_paths_agree_bit_for_bit(qtarget, quantization):
     """The runner built on the scalar kernels (impl 1) computes the AVX2 runner's bits (a verify block with a
     mask after a prefill)."""
@@ -99,14 +99,15 @@ def test_runner_scalar_and_avx2_paths_agree_bit_for_bit(qtarget, quantization):
     assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
-def test_runner_stays_off_where_it_does_not_apply(qtarget):
+def test_runner_stays_off_where_it_does_not_apply(qtarget, monkeypatch):
     from peagle.models import llama
     from peagle.models.quant import QuantStack
     t = llama.Transformer.from_pretrained(qtarget, quantization="q4a8")
     t.layers[0].o_w = QuantStack([t.layers[0].o_w])     # a mixed-type projection: the Python loop runs it
     assert t._layer_stack() is None
+    monkeypatch.setattr(llama, "F32_KERNEL", False)       # float32 through torch's products: no runner
     f = llama.Transformer.from_pretrained(qtarget, quantization="none")
-    assert not f.fused
+    assert not f.fused and not f.f32_kernel and f._layer_stack() is None
 
 
 def test_runner_refuses_bad_positions(qtarget):

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.profiler import profile
 
-from peagle.models import layers
+from peagle.models import layers, llama
 from peagle.models.layers import OI_MAX_ROWS, Weight, mm
 from peagle.models.llama import Transformer
 
@@ -37,8 +37,10 @@ def _attention_kernels(model, T):
 
 
 @pytest.mark.parametrize("T", [2, 4])
-def test_verification_block_takes_the_fused_attention_kernel(tiny_dirs, T):
-    """A verify block of T tokens in the two-layout target reaches SDPA's fused CPU kernel, as one token does."""
+def test_verification_block_takes_the_fused_attention_kernel(tiny_dirs, T, monkeypatch):
+    """A verify block of T tokens in the two-layout target on torch's products (the path off the CPU float32
+    kernels, e.g. a GPU's) reaches SDPA's fused CPU kernel, as one token does."""
+    monkeypatch.setattr(llama, "F32_KERNEL", False)
     model = Transformer.from_pretrained(tiny_dirs["llama"], layout="dual")
     kernels = _attention_kernels(model, T)
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels

@@ -1,8 +1,10 @@
-"""peagle's native target vs transformers on tiny random models of each supported family."""
+"""peagle's native target vs transformers on tiny random models of each supported family, float32 through
+peagle's kernels and runner (the CPU default where the extension is built) and through torch's products."""
 import pytest
 import torch
 from tiny import FAMILIES
 
+from peagle.models import llama, quant_ext
 from peagle.models.llama import Transformer
 
 
@@ -11,12 +13,15 @@ def hf(path):
     return tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+@pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("layout", ["io", "dual"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_and_aux_match_transformers_batched_with_padding(tiny_dirs, family, layout):
+def test_logits_and_aux_match_transformers_batched_with_padding(tiny_dirs, family, layout, kernel, monkeypatch):
     path = tiny_dirs[family]
+    monkeypatch.setattr(llama, "F32_KERNEL", kernel)
     ref, ours = hf(path), Transformer.from_pretrained(path, layout=layout)
     assert ours.dual_layout == (layout == "dual")
+    assert ours.f32_kernel == (kernel and quant_ext.get() is not None)
     g = torch.Generator().manual_seed(1)
     lens = [3, 17, 40, 9]
     T = max(lens)

@@ -15,12 +15,16 @@ from peagle.models import quant_ext
 EXT = quant_ext.get()
 IMPLS = [-1] + ([1] + ([2] if EXT.has_avx2() else []) if EXT is not None else [])
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+KTYPES = TYPES + [Q.F32]      # F32: a float32 target's rows through the same kernels (no 8-bit activations)
+KTYPES_ACT8 = [(q, a) for q in KTYPES for a in (False, True) if not (a and q == Q.F32)]
 
 
 def random_blocks(qtype, n, k, seed=0, act8=False):
     """Random valid blocks (scales of either sign, every code) of a [n, k] weight (act8: its products quantize
     the activations to 8 bits)."""
     g = torch.Generator().manual_seed(seed)
+    if qtype == Q.F32:
+        return Q.QuantWeight.from_float(torch.randn(n, k, generator=g) * 0.1, Q.F32)
     nb = k // 32
     d = ((torch.rand(n, nb, 1, generator=g) - 0.5) * 0.2).half().view(torch.uint8).reshape(n, nb, 2)
     if qtype == Q.Q4_0:
@@ -54,7 +58,7 @@ def test_dequantize_is_exact_and_matches_gguf(qtype):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("qtype", KTYPES)
 def test_kernel_matches_dequantized_reference(qtype, impl):
     w = random_blocks(qtype, 70, 160, seed=qtype)
     W = Q.dequantize_torch(w.data, qtype, w.n, w.k).double()
@@ -69,9 +73,8 @@ def test_kernel_matches_dequantized_reference(qtype, impl):
     assert torch.equal(Q.qmm(x3, w, impl), Q.qmm(x3.reshape(6, -1), w, impl).view(2, 3, -1))
 
 
-@pytest.mark.parametrize("act8", [False, True])
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("qtype,act8", KTYPES_ACT8)
 def test_batch_invariance_bit_identical(qtype, impl, act8):
     """A row's output is the same bits at M = 1..5, 8, 9, 16 (the kernel's one-row, few-row and scratch paths)
     and in any position of the batch; with float32 and with 8-bit activations."""
@@ -92,8 +95,7 @@ def test_batch_invariance_bit_identical(qtype, impl, act8):
 
 
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
-@pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("act8", [False, True])
+@pytest.mark.parametrize("qtype,act8", KTYPES_ACT8)
 def test_scalar_and_avx2_paths_agree_bit_for_bit(qtype, act8):
     w = random_blocks(qtype, 45, 224, seed=9, act8=act8)
     for m in (1, 2, 3, 4, 7, 8, 9):
@@ -127,6 +129,17 @@ def test_8bit_activations_match_their_reference(qtype, impl):
         assert torch.allclose(y.double(), ref, rtol=1e-5, atol=tol), (m, impl)
         off = float((x.double() @ W.t() - ref).abs().max())
         assert off > 100 * tol, (m, off, tol)
+
+
+def test_f32_rows_are_the_weight_itself_and_refuse_8bit_activations():
+    W = torch.randn(40, 64)
+    w = Q.QuantWeight.from_float(W, Q.F32)
+    assert w.nbytes == W.numel() * 4 and torch.equal(w.dense(), W) and w.dense().data_ptr() == w.data.data_ptr()
+    with pytest.raises(ValueError, match="8-bit"):
+        Q.QuantWeight.from_float(W, Q.F32, act8=True)
+    if EXT is not None:
+        with pytest.raises(RuntimeError, match="unsupported qtype"):
+            EXT.pack_a8(w.data, Q.F32, w.n, w.k)
 
 
 def test_many_rows_take_dequantize_then_gemm():
@@ -380,8 +393,8 @@ def test_gguf_blocks_load_as_stored_and_match_transformers(tiny_gguf, qtarget):
         want = model(ids).logits
     got, _ = t.forward(ids, t.new_cache(1, 16), 0, torch.zeros(1, dtype=torch.long))
     assert torch.allclose(got, want, atol=2e-4, rtol=1e-4)
-    f32 = Transformer.from_gguf(tiny_gguf, quantization="none")
-    assert not any(getattr(w, "quantized", False) for w in f32._projections())
+    f32 = Transformer.from_gguf(tiny_gguf, quantization="none")       # read as float32: no block kept as stored
+    assert all(getattr(w, "qtype", Q.F32) == Q.F32 for w in f32._projections())
 
 
 def test_packaged_gguf_table_agrees_with_the_default_target():

@@ -100,6 +100,9 @@ def main(argv=None) -> int:
     ap.add_argument("--unfused", action="store_true", help="also run each quantized target without fused small ops")
     ap.add_argument("--op-by-op", action="store_true",
                     help="also run each quantized target op by op from Python (the C++ layer runner off)")
+    ap.add_argument("--torch-f32", action="store_true",
+                    help="also run float32 through torch's MKL / oneDNN products (llama.F32_KERNEL off: the path "
+                         "before peagle's F32 kernel)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--blocks", default="1,2,4,8", help="tokens per forward: 1 = the plain step, more = verify(T)")
     ap.add_argument("--rounds", type=int, default=7)
@@ -126,6 +129,14 @@ def main(argv=None) -> int:
             twin = copy.copy(configs[q])
             twin.runner = False
             configs[q + " op by op"] = twin
+        if a.torch_f32 and q == "none":
+            from peagle.models import llama
+            llama.F32_KERNEL = False
+            try:
+                configs["none torch"] = Transformer.from_pretrained(a.model) if not a.model.endswith(".gguf") \
+                    else Transformer.from_gguf(a.model)
+            finally:
+                llama.F32_KERNEL = True
     gen = torch.Generator().manual_seed(0)
     ctx_toks = torch.randint(20, 40000, (1, a.context), generator=gen)
     caches = {}

@@ -12,6 +12,7 @@ from .config import ModelConfig
 from .files import iter_safetensors, safetensors_files
 from .layers import BlockCtx, Rope, Weight, cached_attention, calibrate_layout, mm, rms_norm, swiglu
 from .quant import (
+    F32,
     FOR_QUANTIZATION,
     KERNEL_MAX_ROWS,
     NAMES,
@@ -25,6 +26,8 @@ from .quant import (
     weights_of,
 )
 
+F32_KERNEL = True       # CPU float32 targets run their projections through peagle's kernel (F32 rows; False: torch's
+                        # MKL / oneDNN products, for A/B runs: lab/measure/cpu_step.py)
 EXACT_MAX_T = 65        # weight-only quantized targets: fixed-order attention up to this block length (a tree's
                         # 64 nodes + root; a longer block is a prompt's prefill, the same for plain and speculative)
 
@@ -73,10 +76,16 @@ class Transformer:
         the same weights, activations quantized to 8 bits in every product, llama.cpp's arithmetic): the projections
         in `quants` (QuantWeights by HF name, a GGUF file's blocks as stored) are used as they are, the other
         float projections quantized now (q8: Q8_0, q4: Q4_1; the LM head Q8_0 in both, as llama.cpp keeps it).
-        The embedding, norms and `lm_head` stay float32 (lookups, drafters, final_logits)."""
+        The embedding, norms and `lm_head` stay float32 (lookups, drafters, final_logits).
+        none on the CPU in float32 with peagle's C++ kernels (F32_KERNEL): the projections as F32 rows through the
+        same batch-invariant kernels and layer runner as q8 / q4 (one pass over each weight per step, any row
+        count summed in one order); elsewhere torch's products (layers.Weight)."""
+        from . import quant_ext
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.quantization = check_quantization(quantization)
-        quants = quants or {}
+        self.f32_kernel = (self.quantization == "none" and F32_KERNEL and self.device.type == "cpu"
+                           and dtype == torch.float32 and quant_ext.get() is not None)
+        quants = {} if self.quantization == "none" else (quants or {})
         if self.quantization != "none" and (dtype != torch.float32 or self.device.type != "cpu"):
             raise PeagleError(f"--quantization {self.quantization} runs on the CPU in float32 (got {self.device.type}, "
                               f"{str(dtype).replace('torch.', '')})")
@@ -90,14 +99,14 @@ class Transformer:
             self.lm_head = head
             # both layouts first; the [out, in] copies are dropped again where they do not pay (layers.Weight)
             dual = layout == "dual" or (layout == "auto" and self.device.type == "cpu" and dtype == torch.float32)
-            if self.quantization == "none":
+            if self.quantization == "none" and not self.f32_kernel:
                 self.lm_head_t = Weight(head, dual)                  # oi is the [V, H] matrix itself (no copy)
                 self.layers = [Layer(weights, i, cfg, dual) for i in range(cfg.num_hidden_layers)]
             else:
                 hq = "model.embed_tokens.weight" if (cfg.tie_word_embeddings or "lm_head.weight" not in weights) \
                     else "lm_head.weight"
-                self.lm_head_t = self._linear(weights, quants, [hq], Q8_0)
-                qt = FOR_QUANTIZATION[self.quantization]
+                self.lm_head_t = self._linear(weights, quants, [hq], F32 if self.f32_kernel else Q8_0)
+                qt = F32 if self.f32_kernel else FOR_QUANTIZATION[self.quantization]
                 self.layers = [Layer(weights, i, cfg, lin=lambda names: self._linear(weights, quants, names, qt))
                                for i in range(cfg.num_hidden_layers)]
         except KeyError as e:
@@ -108,7 +117,7 @@ class Transformer:
         self.fused = self.exact_attention = False
         self.runner, self._stack = True, None     # runner: the C++ layer runner where it applies (_layer_stack)
         self.exact_max_t = None                   # blocks longer than this attend through SDPA (None: no limit)
-        if self.quantization != "none":
+        if self.quantization != "none" or self.f32_kernel:
             # a token's bits must not depend on its block (plain step, verify block, tree) or its batch: the
             # kernels are row-invariant, and attention is summed in one fixed order per query (SDPA's blocking
             # follows T and S). 8-bit activations would turn SDPA's last-bit differences into other tokens, so
@@ -117,7 +126,6 @@ class Transformer:
             self.exact_attention = True
             self.exact_max_t = EXACT_MAX_T
             if quantizes_activations(self.quantization):
-                from . import quant_ext
                 if quant_ext.get() is None or cfg.head_dim % 8:
                     raise PeagleError(f"--quantization {self.quantization} needs peagle's C++ kernels ("
                                       f"{quant_ext.why_not() or 'head_dim ' + str(cfg.head_dim) + ' is no multiple of 8'}"
@@ -135,7 +143,7 @@ class Transformer:
             self.layout_gain = calibrate_layout([L.gate_up for L in self.layers]) if dual else 1.0
             self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
             self.precision = f"{str(dtype).replace('torch.', '')} weights"
-        if self.quantization == "none" and dual and not self.dual_layout:
+        if self.quantization == "none" and not self.f32_kernel and dual and not self.dual_layout:
             for w in [self.lm_head_t] + [getattr(L, n) for L in self.layers for n in ("qkv_w", "o_w", "gate_up", "down")]:
                 w.single()
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings + 64,

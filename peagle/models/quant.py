@@ -22,10 +22,11 @@ import torch.nn.functional as F
 
 from . import quant_ext
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8                      # GGML's type ids
+F32, Q4_0, Q4_1, Q8_0 = 0, 2, 3, 8                 # GGML's type ids
 BLOCK = 32
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
-NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}     # GGUF's quantized blocks (what a file keeps as stored)
+KERNEL_BYTES = {**BLOCK_BYTES, F32: 128}         # what the kernels take: F32 rows as "blocks" of 32 floats
+NAMES = {F32: "F32", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
 QUANTIZATIONS = ("none", "q8", "q4", "q8a8", "q4a8")
 FOR_QUANTIZATION = {"q8": Q8_0, "q4": Q4_1, "q8a8": Q8_0, "q4a8": Q4_1}   # what a float weight is quantized to at load
 KERNEL_MAX_ROWS = 128   # products of more rows (prefill) dequantize, then one float GEMM
@@ -84,6 +85,8 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(w: torch.Tensor, qtype: int) -> torch.Tensor:
+    if qtype == F32:        # the float32 rows themselves, as bytes (no copy where w is float32 and contiguous)
+        return w.detach().float().contiguous().view(torch.uint8)
     if qtype == Q8_0:
         return quantize_q8_0(w)
     if qtype == Q4_1:
@@ -95,8 +98,10 @@ def quantize(w: torch.Tensor, qtype: int) -> torch.Tensor:
 
 def dequantize_torch(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
     """float32 [N, K]: the kernels' weights exactly (Q4_1's d*q+m in float64 is exact, then rounded once like
-    the kernels' fused multiply-add)."""
-    b = data.reshape(N, K // BLOCK, BLOCK_BYTES[qtype])
+    the kernels' fused multiply-add); F32: the rows themselves (a view)."""
+    if qtype == F32:
+        return data.view(torch.float32).view(N, K)
+    b = data.reshape(N, K // BLOCK, KERNEL_BYTES[qtype])
     d = b[..., 0:2].contiguous().view(torch.float16).double()
     if qtype == Q8_0:
         return (d * b[..., 2:].contiguous().view(torch.int8).double()).float().reshape(N, K)
@@ -111,21 +116,22 @@ def dequantize_torch(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Te
 
 def dequantize(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
     ext = quant_ext.get()
-    if ext is not None and data.device.type == "cpu":
+    if ext is not None and data.device.type == "cpu" and qtype != F32:
         return ext.dequantize(data.contiguous(), qtype, N, K)
     return dequantize_torch(data, qtype, N, K)
 
 
 class QuantWeight:
-    """A projection's weight [out, in] in GGUF blocks (see the module docstring); `mm` in layers.py takes it
-    like a layers.Weight. `shape` is [in, out] as Weight's (its io layout)."""
+    """A projection's weight [out, in] in GGUF blocks (see the module docstring), or float32 rows (F32: a CPU
+    float32 target's projections through the same kernels); `mm` in layers.py takes it like a layers.Weight.
+    `shape` is [in, out] as Weight's (its io layout)."""
     __slots__ = ("data", "qtype", "n", "k", "_dense", "act8", "_packed")
     quantized = True
 
     def __init__(self, data: torch.Tensor, qtype: int, n: int, k: int, act8: bool = False):
-        if qtype not in BLOCK_BYTES:
-            raise ValueError(f"unsupported block type {qtype}")
-        if k % BLOCK or tuple(data.shape) != (n, k // BLOCK * BLOCK_BYTES[qtype]):
+        if qtype not in KERNEL_BYTES or (act8 and qtype == F32):
+            raise ValueError(f"unsupported block type {qtype}" + (" with 8-bit activations" if act8 else ""))
+        if k % BLOCK or tuple(data.shape) != (n, k // BLOCK * KERNEL_BYTES[qtype]):
             raise ValueError(f"{NAMES[qtype]} data of shape {tuple(data.shape)} is not a [{n}, {k}] weight")
         self.data, self.qtype, self.n, self.k = data.contiguous(), qtype, n, k
         self._dense = None
