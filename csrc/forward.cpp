@@ -1,4 +1,4 @@
-// A quantized (or CPU float32: F32 rows) target's layers in one call (peagle/models/llama.py, Transformer._forward_fused): the same ops in
+// A quantized (or CPU float32: F32) target's layers in one call (peagle/models/llama.py, Transformer._forward_fused): the same ops in
 // the same order on the same bits (ops.h), without a Python round trip and a fresh tensor per op. Built once per
 // target with its weights (LayerStack); forward() takes a block's embeddings, positions and the KV cache.
 //
@@ -42,7 +42,7 @@ class LayerStack {
       const int qt = (int)qtypes[j], bb = pq::block_bytes(qt);
       TORCH_CHECK(bb > 0 && w[j].scalar_type() == torch::kUInt8 && w[j].dim() == 2 && w[j].is_contiguous() &&
                       w[j].size(1) % bb == 0 && !(act8_ && qt == pq::F32),
-                  "LayerStack: weight ", j, " is not GGUF blocks (or F32 rows without 8-bit activations)");
+                  "LayerStack: weight ", j, " is not GGUF blocks (or F32 without 8-bit activations)");
       Proj p{w[j], act8_ ? packed[j] : torch::Tensor(), qt, w[j].size(0), w[j].size(1) / bb * 32};
       if (act8_)
         TORCH_CHECK(p.packed.scalar_type() == torch::kUInt8 && p.packed.is_contiguous() &&

@@ -18,15 +18,16 @@ namespace po = peagle_ops;
 static bool cpu_has_avx2() { return po::has_avx2(); }
 void bind_forward(py::module& m);   // forward.cpp
 
-// F32 rows (qtype 0) are weights of the float-activation products only (qlinear, dequantize), not of a8 ones.
+// F32 (qtype 0, packed by 8) is a weight of the float-activation product (qlinear) only.
 static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool f32_ok = true) {
   TORCH_CHECK(qtype == pq::Q4_0 || qtype == pq::Q4_1 || qtype == pq::Q8_0 || (f32_ok && qtype == pq::F32),
               "unsupported qtype ", qtype);
   TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32, got ", K);
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.dim() == 2,
               "w must be a contiguous 2-D uint8 CPU tensor");
-  TORCH_CHECK(w.size(0) == N && w.size(1) == K / 32 * pq::block_bytes(qtype), "w has shape ", w.sizes(),
-              ", expected [", N, ", ", K / 32 * pq::block_bytes(qtype), "]");
+  const int64_t rows = pq::stored_rows((int)qtype, N);
+  TORCH_CHECK(w.size(0) == rows && w.size(1) == K / 32 * pq::block_bytes(qtype), "w has shape ", w.sizes(),
+              ", expected [", rows, ", ", K / 32 * pq::block_bytes(qtype), "]");
 }
 
 static void check_input(const torch::Tensor& x, int64_t K) {
@@ -92,7 +93,7 @@ std::vector<torch::Tensor> quantize_act(torch::Tensor x, int64_t impl) {
 
 // The float32 weight [N, K] the kernels compute with (bit-exact).
 torch::Tensor dequantize(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
-  check_weight(w, qtype, N, K);
+  check_weight(w, qtype, N, K, false);
   auto out = torch::empty({N, K}, torch::kFloat32);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
@@ -225,7 +226,7 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_exact", &attend_exact, "attention summed in one fixed order per query (batch/block-invariant)");
   m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
-  m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0) or float32 rows (F32), batch-invariant");
+  m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0) or float32 packed by 8 (F32), batch-invariant");
   m.def("qlinear_a8", &qlinear_a8, "y = q8(x) @ W^T: activations quantized to 8 bits per block (llama.cpp's)");
   m.def("pack_a8", &pack_a8, "w's blocks reordered for the AVX2 a8 products (groups of 8 outputs)");
   m.def("quantize_act", &quantize_act, "x's 8-bit blocks as the a8 products use them", py::arg("x"),

@@ -3,6 +3,7 @@
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "quant_avx2_inline.h"
@@ -172,27 +173,56 @@ static void outputs(const uint8_t* w, int64_t row_bytes, const float* x, int64_t
   if (M - r == 1) tile<NO, 1>(buf, x + r * K, K, y + r * N, N);
 }
 
-// F32 rows: nothing to dequantize. Up to 8 activation rows, groups of 8 outputs (their rows, 8 x 4K bytes, stay
-// in L1) take one activation row at a time (tile<8, 1>: 8 accumulators, the weights streamed once, re-read from L1
-// per row); more rows, 4 outputs x 3 rows per register tile (tile<4, 3>: 7 loads per 12 FMAs instead of 9 per 8).
-// Measured on a 2-core AMD EPYC Zen 3 (the 49152 x 576 LM head, interleaved): 1-8 rows 8x1 as fast or faster,
-// 16-64 rows 4x3 15-25 % faster. Either way each (row, output) sum is the same FMA chain in the same order.
+// F32, packed by 8 (quant_kernels.h). Up to 8 activation rows, a group's 8 outputs against one activation row at a
+// time (8 accumulators; the group, 8 x 4K bytes, is read from memory once as one stream and from L1 for further
+// rows); more rows, 4 outputs x 3 rows per register tile (7 loads per 12 FMAs instead of 9 per 8). Measured on
+// a 2-core AMD EPYC Zen 3 (the 49152 x 576 LM head, interleaved): 1-8 rows 8x1 as fast or faster, 16-64 rows
+// 4x3 15-25 % faster. Per (row, output) the same FMA chain, chunk by chunk in order, either way.
 constexpr int64_t F32_TILE_ROWS = 8;
-static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
-                            int64_t n1) {
-  int64_t n = n0;
-  if (M > F32_TILE_ROWS) {   // many rows: 4 outputs x 3 rows per register tile (fewer loads per FMA)
-    for (; n + 4 <= n1; n += 4) {
-      int64_t r = 0;
-      for (; r + 3 <= M; r += 3) tile<4, 3>(w + n * K, x + r * K, K, y + r * N + n, N);
-      if (M - r == 2) tile<4, 2>(w + n * K, x + r * K, K, y + r * N + n, N);
-      if (M - r == 1) tile<4, 1>(w + n * K, x + r * K, K, y + r * N + n, N);
+
+template <int NO, int NR>
+static inline void tile_p(const float* g, int o0, const float* x, int64_t K, float* y, int64_t N, int nv) {
+  __m256 acc[NR][NO];
+  #pragma GCC unroll 16
+  for (int r = 0; r < NR; r++)
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const float* c = g + 8 * k + 8 * o0;      // chunk k/8 of the group: 64 floats
+    __m256 wv[NO];
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++) wv[o] = _mm256_loadu_ps(c + 8 * o);
+    #pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) {
+      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+      #pragma GCC unroll 16
+      for (int o = 0; o < NO; o++) acc[r][o] = _mm256_fmadd_ps(wv[o], xv, acc[r][o]);
     }
   }
-  for (; n + 8 <= n1; n += 8)
-    for (int64_t r = 0; r < M; r++) tile<8, 1>(w + n * K, x + r * K, K, y + r * N + n, N);
-  for (; n < n1; n++)
-    for (int64_t r = 0; r < M; r++) tile<1, 1>(w + n * K, x + r * K, K, y + r * N + n, N);
+  #pragma GCC unroll 16
+  for (int r = 0; r < NR; r++)
+    #pragma GCC unroll 16
+    for (int o = 0; o < NO; o++)
+      if (o < nv) y[r * N + o] = fold(acc[r][o]);
+}
+
+// Outputs n0..n1-1 (n0 a multiple of 8) of every row.
+static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
+                            int64_t n1) {
+  for (int64_t n = n0; n < n1; n += 8) {
+    const float* g = w + n * K;                // group n/8
+    const int nv = (int)std::min<int64_t>(8, n1 - n);
+    if (M > F32_TILE_ROWS) {
+      for (int h = 0; h < 8 && h < nv; h += 4) {
+        int64_t r = 0;
+        for (; r + 3 <= M; r += 3) tile_p<4, 3>(g, h, x + r * K, K, y + r * N + n + h, N, nv - h);
+        if (M - r == 2) tile_p<4, 2>(g, h, x + r * K, K, y + r * N + n + h, N, nv - h);
+        if (M - r == 1) tile_p<4, 1>(g, h, x + r * K, K, y + r * N + n + h, N, nv - h);
+      }
+    } else {
+      for (int64_t r = 0; r < M; r++) tile_p<8, 1>(g, 0, x + r * K, K, y + r * N + n, N, nv);
+    }
+  }
 }
 
 template <int QT>

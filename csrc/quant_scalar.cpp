@@ -30,10 +30,6 @@ static inline float half_to_float(const uint8_t* p) {
 }
 
 void dequant_row(int qtype, const uint8_t* row, int64_t K, float* dst) {
-  if (qtype == F32) {
-    std::memcpy(dst, row, K * sizeof(float));
-    return;
-  }
   const int bs = block_bytes(qtype);
   for (int64_t b = 0; b < K / 32; b++, row += bs, dst += 32) {
     if (qtype == Q4_0) {
@@ -64,10 +60,19 @@ static inline float dot(const float* w, const float* x, int64_t K) {
   return v20 + v21;
 }
 
+// Output n's weights of an F32 tensor packed by 8 (quant_kernels.h), gathered into dst [K].
+static void f32_row(const float* w, int64_t n, int64_t K, float* dst) {
+  const float* g = w + (n / 8) * 8 * K + 8 * (n % 8);
+  for (int64_t c = 0; c < K / 8; c++) std::memcpy(dst + 8 * c, g + 64 * c, 8 * sizeof(float));
+}
+
 void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
                  float* y, int64_t N, int64_t n0, int64_t n1, float* buf) {
   for (int64_t n = n0; n < n1; n++) {
-    dequant_row(qtype, w + n * row_bytes, K, buf);
+    if (qtype == F32)
+      f32_row((const float*)w, n, K, buf);
+    else
+      dequant_row(qtype, w + n * row_bytes, K, buf);
     for (int64_t r = 0; r < M; r++) y[r * N + n] = dot(buf, x + r * K, K);
   }
 }

@@ -88,8 +88,8 @@ def test_batch_invariance_bit_identical(qtype, impl, act8):
             assert torch.equal(got, alone[start:start + m]), (m, start)
     perm = torch.randperm(16, generator=g)
     assert torch.equal(Q.qmm(rows[perm], w, impl), alone[perm])
-    # larger calls still run the same per-row arithmetic up to KERNEL_MAX_ROWS; a8 products at any row count
-    n = 9 if act8 and impl >= 0 else 5                   # 144 rows: past KERNEL_MAX_ROWS
+    # larger calls still run the same per-row arithmetic up to KERNEL_MAX_ROWS; a8 and F32 products at any count
+    n = 9 if (act8 or qtype == Q.F32) and impl >= 0 else 5          # 144 rows: past KERNEL_MAX_ROWS
     many = torch.cat([rows] * n)
     assert torch.equal(Q.qmm(many, w, impl), torch.cat([alone] * n))
 
@@ -131,10 +131,14 @@ def test_8bit_activations_match_their_reference(qtype, impl):
         assert off > 100 * tol, (m, off, tol)
 
 
-def test_f32_rows_are_the_weight_itself_and_refuse_8bit_activations():
-    W = torch.randn(40, 64)
+def test_f32_packs_the_weight_by_8_and_refuses_8bit_activations():
+    W = torch.randn(43, 64)                         # 43 outputs: the last group of 8 padded with zero rows
     w = Q.QuantWeight.from_float(W, Q.F32)
-    assert w.nbytes == W.numel() * 4 and torch.equal(w.dense(), W) and w.dense().data_ptr() == w.data.data_ptr()
+    assert tuple(w.data.shape) == (48, 256) and torch.equal(w.dense(), W)
+    f = w.data.view(torch.float32).reshape(-1)
+    assert torch.equal(f[64 * 3 + 8 * 2: 64 * 3 + 8 * 3], W[2, 24:32])           # group 0, chunk 3, output 2
+    assert torch.equal(f[8 * 64 + 8 * 1: 8 * 64 + 8 * 2], W[9, 0:8])             # group 1, chunk 0, output 1
+    assert f[5 * 8 * 64:].view(8, 8, 8)[:, 3:].abs().sum() == 0                  # padding rows 43..47
     with pytest.raises(ValueError, match="8-bit"):
         Q.QuantWeight.from_float(W, Q.F32, act8=True)
     if EXT is not None:

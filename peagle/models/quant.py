@@ -84,9 +84,25 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
     return _pack([d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8), packed], w.shape[0])
 
 
+def pack_f32(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] float -> F32 packed by 8 (csrc/quant_kernels.h), as bytes [ceil(N/8)*8, 4K]: per group of 8
+    outputs (zero rows pad the last), per chunk of 8 inputs, the 8 outputs' floats side by side."""
+    N, K = w.shape
+    G = (N + 7) // 8
+    p = torch.zeros(G * 8, K, dtype=torch.float32)
+    p[:N] = w.detach()
+    return p.view(G, 8, K // 8, 8).transpose(1, 2).contiguous().view(G * 8, K).view(torch.uint8)
+
+
+def unpack_f32(data: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """pack_f32's inverse: float32 [N, K]."""
+    G = data.shape[0] // 8
+    return data.view(torch.float32).view(G, K // 8, 8, 8).transpose(1, 2).reshape(G * 8, K)[:N]
+
+
 def quantize(w: torch.Tensor, qtype: int) -> torch.Tensor:
-    if qtype == F32:        # the float32 rows themselves, as bytes (no copy where w is float32 and contiguous)
-        return w.detach().float().contiguous().view(torch.uint8)
+    if qtype == F32:        # the float32 weights themselves, reordered (pack_f32)
+        return pack_f32(w)
     if qtype == Q8_0:
         return quantize_q8_0(w)
     if qtype == Q4_1:
@@ -98,9 +114,9 @@ def quantize(w: torch.Tensor, qtype: int) -> torch.Tensor:
 
 def dequantize_torch(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
     """float32 [N, K]: the kernels' weights exactly (Q4_1's d*q+m in float64 is exact, then rounded once like
-    the kernels' fused multiply-add); F32: the rows themselves (a view)."""
+    the kernels' fused multiply-add); F32: the weights unpacked (unpack_f32)."""
     if qtype == F32:
-        return data.view(torch.float32).view(N, K)
+        return unpack_f32(data, N, K)
     b = data.reshape(N, K // BLOCK, KERNEL_BYTES[qtype])
     d = b[..., 0:2].contiguous().view(torch.float16).double()
     if qtype == Q8_0:
@@ -122,8 +138,8 @@ def dequantize(data: torch.Tensor, qtype: int, N: int, K: int) -> torch.Tensor:
 
 
 class QuantWeight:
-    """A projection's weight [out, in] in GGUF blocks (see the module docstring), or float32 rows (F32: a CPU
-    float32 target's projections through the same kernels); `mm` in layers.py takes it like a layers.Weight.
+    """A projection's weight [out, in] in GGUF blocks (see the module docstring), or float32 (F32, packed by 8:
+    pack_f32; a CPU float32 target's projections through the same kernels); `mm` in layers.py takes it like a layers.Weight.
     `shape` is [in, out] as Weight's (its io layout)."""
     __slots__ = ("data", "qtype", "n", "k", "_dense", "act8", "_packed")
     quantized = True
@@ -131,7 +147,8 @@ class QuantWeight:
     def __init__(self, data: torch.Tensor, qtype: int, n: int, k: int, act8: bool = False):
         if qtype not in KERNEL_BYTES or (act8 and qtype == F32):
             raise ValueError(f"unsupported block type {qtype}" + (" with 8-bit activations" if act8 else ""))
-        if k % BLOCK or tuple(data.shape) != (n, k // BLOCK * KERNEL_BYTES[qtype]):
+        rows = (n + 7) // 8 * 8 if qtype == F32 else n            # F32: packed by 8 (pack_f32)
+        if k % BLOCK or tuple(data.shape) != (rows, k // BLOCK * KERNEL_BYTES[qtype]):
             raise ValueError(f"{NAMES[qtype]} data of shape {tuple(data.shape)} is not a [{n}, {k}] weight")
         self.data, self.qtype, self.n, self.k = data.contiguous(), qtype, n, k
         self._dense = None
@@ -264,6 +281,13 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     ext = quant_ext.get() if impl >= 0 else None
     x = x if x.dtype == torch.float32 else x.float()
+    if rows > KERNEL_MAX_ROWS and w.qtype == F32 and ext is not None and x.device.type == "cpu":
+        # F32 keeps no unpacked copy: the kernel in blocks of KERNEL_MAX_ROWS rows (each block's activations stay
+        # in L2; at 128 rows within ~10 % of oneDNN's GEMM here), so prefill is batch-invariant too
+        x2 = x.reshape(rows, w.k)
+        y = torch.cat([ext.qlinear(x2[i:i + KERNEL_MAX_ROWS], w.data, F32, w.n, w.k, impl)
+                       for i in range(0, rows, KERNEL_MAX_ROWS)])
+        return y.view(*x.shape[:-1], w.n)
     if rows > KERNEL_MAX_ROWS and not (w.act8 and ext is not None):   # a8: the kernel at any row count (exact)
         xd = _act8_dense(x.reshape(rows, w.k)).view(x.shape) if w.act8 else x
         return F.linear(xd, w.dense() if ext is not None else w._fallback_dense())
