@@ -5,7 +5,9 @@ bandwidth and the time one read of the weights takes (the bound a weight-bound p
 Every configuration and block size is interleaved in each round; the minimum over --rounds is reported (the
 machine's other load only ever adds time). Layouts: "io" = x @ W[in,out] for every product; "dual" = also
 W[out,in] @ x^T for products of several rows; "packed" = oneDNN's packed weights for those instead
-(peagle.models.layers.Weight; the default where it measures faster).
+(peagle.models.layers.Weight; the default where it measures faster). These are torch's products: float32 targets run
+here with llama.F32_KERNEL off (on the CPU, peagle's own F32 kernel is the default since 2026-12-03; it is
+measured against these in lab/measure/cpu_step.py --torch-f32).
 
     .venv/bin/python lab/measure/precision.py --out docs/benchmarks/precision.md
 """
@@ -24,6 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from peagle.default_target import TARGET_DIR
+from peagle.models import llama
 from peagle.models.layers import Weight
 from peagle.models.llama import Transformer
 from peagle.paths import portable_path
@@ -68,6 +71,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     blocks = [int(b) for b in a.blocks.split(",")]
     configs = {}
+    llama.F32_KERNEL = False              # torch's products and layouts are what this study compares
     for dt in a.dtypes.split(","):
         t = Transformer.from_pretrained(a.model, getattr(torch, dt))
         if t.dual_layout:
