@@ -6,14 +6,17 @@ Layout: a weight [out N, in K] is a uint8 tensor [N, K/32 * block bytes], row n 
   Q4_0 (18 B): fp16 d, 16 B of nibbles; w[j] = d * (lo(q[j]) - 8), w[j+16] = d * (hi(q[j]) - 8)
   Q4_1 (20 B): fp16 d, fp16 m, 16 B of nibbles; w[j] = d * lo(q[j]) + m (one rounding), w[j+16] with hi
   Q8_0 (34 B): fp16 d, 32 int8; w[j] = d * q[j]
+A CPU float32 target's projections take the same kernels as F32 (GGML type 0), packed by 8 (pack_f32: per
+group of 8 outputs, per chunk of 8 inputs, the outputs' floats side by side; [ceil(N/8)*8, 4K] bytes).
 `--quantization q8` quantizes a float checkpoint to Q8_0 at load, `q4` to Q4_1 (llama.cpp's reference
 quantizers); a GGUF file's Q4_0/Q4_1/Q8_0 tensors are taken as stored (peagle/models/gguf_target.py).
 
 Products (:func:`qmm`): up to KERNEL_MAX_ROWS rows through the C++ kernel (csrc/, each weight byte read once
 per call for all rows; batch-invariant: a row's result does not depend on the other rows or their number), more
-rows (prefill) dequantize and run one float GEMM. Without the extension (peagle/models/quant_ext.py) the torch
-fallback computes the same products from the same float weights (bit-exact dequantization, summation order
-differs: equal to ~1e-6 relative), one row at a time so it stays batch-invariant too."""
+rows (prefill) dequantize and run one float GEMM (a8 and F32: the kernel at any row count). Without the
+extension (peagle/models/quant_ext.py) the torch fallback computes the same products from the same float
+weights (bit-exact dequantization, summation order differs: equal to ~1e-6 relative), one row at a time so it
+stays batch-invariant too."""
 from __future__ import annotations
 
 import numpy as np
