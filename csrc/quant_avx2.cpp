@@ -50,7 +50,7 @@ static inline __attribute__((always_inline)) void dequant_block(const uint8_t* b
 // one accumulator: lanes l of chunks 0..3 of each block, in order (the same order as tile() below).
 template <int QT, int NO>
 static inline void row_fused(const uint8_t* w, int64_t row_bytes, const float* x, int64_t K, float* y) {
-  constexpr int bs = block_bytes_c(QT);
+  constexpr int bs = block_bytes(QT);
   __m256 acc[NO], wv[4];
   #pragma GCC unroll 16
   for (int o = 0; o < NO; o++) acc[o] = _mm256_setzero_ps();
@@ -68,7 +68,7 @@ static inline void row_fused(const uint8_t* w, int64_t row_bytes, const float* x
 
 template <int QT>
 static void dequant_row(const uint8_t* row, int64_t K, float* dst) {
-  constexpr int bs = block_bytes_c(QT);
+  constexpr int bs = block_bytes(QT);
   __m256 w[4];
   for (int64_t k = 0; k < K; k += 32, row += bs) {
     dequant_block<QT>(row, w);
@@ -79,8 +79,10 @@ static void dequant_row(const uint8_t* row, int64_t K, float* dst) {
 
 // NO dequantized outputs (buf rows, K apart) against NR activation rows: NO*NR accumulators, each a
 // (row, output) pair's, chunk by chunk in order.
-template <int NO, int NR>
-static inline void tile(const float* buf, const float* x, int64_t K, float* y, int64_t N) {
+template <int NO, int NR, bool PACKED = false>
+static inline void tile(const float* buf, const float* x, int64_t K, float* y, int64_t N, int nv = NO) {
+  // PACKED: buf is output 0's first chunk in an F32 group packed by 8 (quant_kernels.h): chunk k/8 of output o
+  // at buf + 8k + 8o; else buf holds NO rows K apart. Only the first nv outputs are stored (a padded group).
   __m256 acc[NR][NO];
   #pragma GCC unroll 16
   for (int r = 0; r < NR; r++)
@@ -89,7 +91,7 @@ static inline void tile(const float* buf, const float* x, int64_t K, float* y, i
   for (int64_t k = 0; k < K; k += 8) {
     __m256 wv[NO];
     #pragma GCC unroll 16
-    for (int o = 0; o < NO; o++) wv[o] = _mm256_loadu_ps(buf + o * K + k);
+    for (int o = 0; o < NO; o++) wv[o] = _mm256_loadu_ps(PACKED ? buf + 8 * k + 8 * o : buf + o * K + k);
     #pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {
       const __m256 xv = _mm256_loadu_ps(x + r * K + k);
@@ -100,7 +102,8 @@ static inline void tile(const float* buf, const float* x, int64_t K, float* y, i
   #pragma GCC unroll 16
   for (int r = 0; r < NR; r++)
     #pragma GCC unroll 16
-    for (int o = 0; o < NO; o++) y[r * N + o] = fold(acc[r][o]);
+    for (int o = 0; o < NO; o++)
+      if (o < nv) y[r * N + o] = fold(acc[r][o]);
 }
 
 // NR rows (2..8), NO outputs: each block dequantized in registers once per output and multiplied into every
@@ -109,7 +112,7 @@ static inline void tile(const float* buf, const float* x, int64_t K, float* y, i
 // more than the scratch round trip (docs/benchmarks/cpu-step.md).
 template <int QT, int NO, int NR>
 static inline void rows_fused(const uint8_t* w, int64_t row_bytes, const float* x, int64_t K, float* y, int64_t N) {
-  constexpr int bs = block_bytes_c(QT);
+  constexpr int bs = block_bytes(QT);
   __m256 acc[NO][NR], wv[4];
   #pragma GCC unroll 16
   for (int o = 0; o < NO; o++)
@@ -180,32 +183,6 @@ static void outputs(const uint8_t* w, int64_t row_bytes, const float* x, int64_t
 // 4x3 15-25 % faster. Per (row, output) the same FMA chain, chunk by chunk in order, either way.
 constexpr int64_t F32_TILE_ROWS = 8;
 
-template <int NO, int NR>
-static inline void tile_p(const float* g, int o0, const float* x, int64_t K, float* y, int64_t N, int nv) {
-  __m256 acc[NR][NO];
-  #pragma GCC unroll 16
-  for (int r = 0; r < NR; r++)
-    #pragma GCC unroll 16
-    for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    const float* c = g + 8 * k + 8 * o0;      // chunk k/8 of the group: 64 floats
-    __m256 wv[NO];
-    #pragma GCC unroll 16
-    for (int o = 0; o < NO; o++) wv[o] = _mm256_loadu_ps(c + 8 * o);
-    #pragma GCC unroll 16
-    for (int r = 0; r < NR; r++) {
-      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
-      #pragma GCC unroll 16
-      for (int o = 0; o < NO; o++) acc[r][o] = _mm256_fmadd_ps(wv[o], xv, acc[r][o]);
-    }
-  }
-  #pragma GCC unroll 16
-  for (int r = 0; r < NR; r++)
-    #pragma GCC unroll 16
-    for (int o = 0; o < NO; o++)
-      if (o < nv) y[r * N + o] = fold(acc[r][o]);
-}
-
 // Outputs n0..n1-1 (n0 a multiple of 8) of every row.
 static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
                             int64_t n1) {
@@ -215,12 +192,12 @@ static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K
     if (M > F32_TILE_ROWS) {
       for (int h = 0; h < 8 && h < nv; h += 4) {
         int64_t r = 0;
-        for (; r + 3 <= M; r += 3) tile_p<4, 3>(g, h, x + r * K, K, y + r * N + n + h, N, nv - h);
-        if (M - r == 2) tile_p<4, 2>(g, h, x + r * K, K, y + r * N + n + h, N, nv - h);
-        if (M - r == 1) tile_p<4, 1>(g, h, x + r * K, K, y + r * N + n + h, N, nv - h);
+        for (; r + 3 <= M; r += 3) tile<4, 3, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h);
+        if (M - r == 2) tile<4, 2, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h);
+        if (M - r == 1) tile<4, 1, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h);
       }
     } else {
-      for (int64_t r = 0; r < M; r++) tile_p<8, 1>(g, 0, x + r * K, K, y + r * N + n, N, nv);
+      for (int64_t r = 0; r < M; r++) tile<8, 1, true>(g, x + r * K, K, y + r * N + n, N, nv);
     }
   }
 }

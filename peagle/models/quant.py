@@ -87,14 +87,19 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
     return _pack([d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8), packed], w.shape[0])
 
 
+def stored_rows(qtype: int, n: int) -> int:
+    """Rows of a weight tensor of n outputs (F32: padded to a multiple of 8; csrc/quant_kernels.h's twin)."""
+    return (n + 7) // 8 * 8 if qtype == F32 else n
+
+
 def pack_f32(w: torch.Tensor) -> torch.Tensor:
     """w [N, K] float -> F32 packed by 8 (csrc/quant_kernels.h), as bytes [ceil(N/8)*8, 4K]: per group of 8
     outputs (zero rows pad the last), per chunk of 8 inputs, the 8 outputs' floats side by side."""
     N, K = w.shape
-    G = (N + 7) // 8
-    p = torch.zeros(G * 8, K, dtype=torch.float32)
+    R = stored_rows(F32, N)
+    p = torch.zeros(R, K, dtype=torch.float32)
     p[:N] = w.detach()
-    return p.view(G, 8, K // 8, 8).transpose(1, 2).contiguous().view(G * 8, K).view(torch.uint8)
+    return p.view(R // 8, 8, K // 8, 8).transpose(1, 2).contiguous().view(R, K).view(torch.uint8)
 
 
 def unpack_f32(data: torch.Tensor, N: int, K: int) -> torch.Tensor:
@@ -150,8 +155,7 @@ class QuantWeight:
     def __init__(self, data: torch.Tensor, qtype: int, n: int, k: int, act8: bool = False):
         if qtype not in KERNEL_BYTES or (act8 and qtype == F32):
             raise ValueError(f"unsupported block type {qtype}" + (" with 8-bit activations" if act8 else ""))
-        rows = (n + 7) // 8 * 8 if qtype == F32 else n            # F32: packed by 8 (pack_f32)
-        if k % BLOCK or tuple(data.shape) != (rows, k // BLOCK * KERNEL_BYTES[qtype]):
+        if k % BLOCK or tuple(data.shape) != (stored_rows(qtype, n), k // BLOCK * KERNEL_BYTES[qtype]):
             raise ValueError(f"{NAMES[qtype]} data of shape {tuple(data.shape)} is not a [{n}, {k}] weight")
         self.data, self.qtype, self.n, self.k = data.contiguous(), qtype, n, k
         self._dense = None
@@ -284,14 +288,8 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     ext = quant_ext.get() if impl >= 0 else None
     x = x if x.dtype == torch.float32 else x.float()
-    if rows > KERNEL_MAX_ROWS and w.qtype == F32 and ext is not None and x.device.type == "cpu":
-        # F32 keeps no unpacked copy: the kernel in blocks of KERNEL_MAX_ROWS rows (each block's activations stay
-        # in L2; at 128 rows within ~10 % of oneDNN's GEMM here), so prefill is batch-invariant too
-        x2 = x.reshape(rows, w.k)
-        y = torch.cat([ext.qlinear(x2[i:i + KERNEL_MAX_ROWS], w.data, F32, w.n, w.k, impl)
-                       for i in range(0, rows, KERNEL_MAX_ROWS)])
-        return y.view(*x.shape[:-1], w.n)
-    if rows > KERNEL_MAX_ROWS and not (w.act8 and ext is not None):   # a8: the kernel at any row count (exact)
+    # a8 and F32 (no unpacked copy kept; the kernel takes its rows in blocks): the kernel at any row count
+    if rows > KERNEL_MAX_ROWS and not ((w.act8 or w.qtype == F32) and ext is not None and x.device.type == "cpu"):
         xd = _act8_dense(x.reshape(rows, w.k)).view(x.shape) if w.act8 else x
         return F.linear(xd, w.dense() if ext is not None else w._fallback_dense())
     if ext is not None and x.device.type == "cpu":
