@@ -28,14 +28,28 @@ bool has_avx2() {
   return ok;
 }
 
+bool has_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+  }();
+  return ok;
+}
+
 bool use_avx2(int64_t impl) {
   TORCH_CHECK(impl != 2 || has_avx2(), "this CPU has no AVX2+FMA+F16C");
-  return impl == 2 || (impl == 0 && has_avx2());
+  TORCH_CHECK(impl != 3 || has_avx512(), "this CPU has no AVX-512 F/VL/BW/DQ + VNNI");
+  return impl >= 2 || (impl == 0 && has_avx2());
 }
+
+bool use_avx512(int64_t impl) { return use_avx2(impl) && (impl == 3 || (impl == 0 && has_avx512())); }
 
 void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y) {
   if (M == 0) return;
-  pq::LinearFn fn = use_avx2(impl) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
+  pq::LinearFn fn = use_avx512(impl) ? pq::avx512::linear_rows
+                    : use_avx2(impl) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
   const int64_t rb = K / 32 * pq::block_bytes(qtype);
   // tasks of whole groups of 4 outputs (F32: 8, its kernel's group); an output is computed whole by one thread,
   // so the split changes nothing
@@ -56,8 +70,9 @@ void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const ui
   const bool vec = use_avx2(impl);
   (vec ? pq::avx2::quantize_act : pq::quantize_act)(x, M, K, s.xq, s.xd, s.xs);
   if (vec) {
+    auto fn = use_avx512(impl) ? pq::avx512::linear_groups_a8 : pq::avx2::linear_groups_a8;
     at::parallel_for(0, (N + 7) / 8, std::max<int64_t>(1, 2048 / K), [&](int64_t g0, int64_t g1) {
-      pq::avx2::linear_groups_a8(qtype, packed, s.xq, s.xd, s.xs, M, K, y, N, g0, g1);
+      fn(qtype, packed, s.xq, s.xd, s.xs, M, K, y, N, g0, g1);
     });
   } else {
     const int64_t rb = K / 32 * pq::block_bytes(qtype);

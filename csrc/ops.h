@@ -1,7 +1,8 @@
 // peagle's CPU ops on raw float32 buffers, each parallelised over its independent outputs (at::parallel_for):
 // the quantized products (quant_kernels.h), the fused small ops and the exact attention (attend_impl.h). The
 // Python bindings (quant.cpp) and the whole-forward runner (forward.cpp) call the same functions, so a token
-// gets the same bits whichever of them runs it. impl: 0 = best for this CPU, 1 = scalar / generic, 2 = AVX2.
+// gets the same bits whichever of them runs it. impl: 0 = best for this CPU, 1 = scalar / generic, 2 = AVX2, 3 = AVX-512 (the F32 and 8-bit-activation
+// products on AVX-512 + VNNI, AVX2 elsewhere); every path gives the same bits.
 #pragma once
 #include <cstdint>
 
@@ -10,7 +11,9 @@
 namespace peagle_ops {
 
 bool has_avx2();
-bool use_avx2(int64_t impl);   // impl 2 without AVX2 raises
+bool has_avx512();             // AVX-512 F, VL, BW, DQ and VNNI (and AVX2)
+bool use_avx2(int64_t impl);   // impl 2 or 3 without the CPU's support raises
+bool use_avx512(int64_t impl);
 
 // y[M, N] = x[M, K] @ W^T, W GGUF blocks [N, K/32 * block bytes] (weight-only: float activations).
 void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y);

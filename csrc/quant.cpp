@@ -35,7 +35,7 @@ static void check_input(const torch::Tensor& x, int64_t K) {
   TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, the weight ", K);
 }
 
-// impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2 (error when the CPU lacks it).
+// impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2, 3 = AVX-512 (error when the CPU lacks it).
 torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl) {
   check_weight(w, qtype, N, K);
   check_input(x, K);
@@ -84,8 +84,7 @@ std::vector<torch::Tensor> quantize_act(torch::Tensor x, int64_t impl) {
   const int64_t M = xc.size(0), K = xc.size(1);
   auto q = torch::empty({M, K}, torch::kInt8);
   auto d = torch::empty({M, K / 32}, torch::kFloat32), s = torch::empty({M, K / 32}, torch::kFloat32);
-  TORCH_CHECK(impl != 2 || cpu_has_avx2(), "this CPU has no AVX2+FMA+F16C");
-  const bool vec = impl == 2 || (impl == 0 && cpu_has_avx2());
+  const bool vec = po::use_avx2(impl);   // the AVX-512 path quantizes as AVX2's
   (vec ? pq::avx2::quantize_act : pq::quantize_act)(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(),
                                                     d.data_ptr<float>(), s.data_ptr<float>());
   return {q, d, s};
@@ -237,5 +236,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("compact_kv", &compact_kv, "a tree step's KV compaction over every layer");
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
   m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
+  m.def("has_avx512", &po::has_avx512, "AVX-512 F/VL/BW/DQ + VNNI on this CPU (impl 3)");
   bind_forward(m);
 }

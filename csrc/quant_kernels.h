@@ -43,6 +43,10 @@ void silu_mul(const float* a, const float* b, float* o, int64_t n);
 void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
                  float* y, int64_t N, int64_t n0, int64_t n1, float* buf);
 }  // namespace avx2
+namespace avx512 {   // F32 on zmm; the block types through avx2::linear_rows
+void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
+                 float* y, int64_t N, int64_t n0, int64_t n1, float* buf);
+}  // namespace avx512
 
 
 // ---- 8-bit activations (llama.cpp's arithmetic: GGUF weights times activations quantized to 8 bits) ----------
@@ -76,5 +80,9 @@ void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, f
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
 }  // namespace avx2
+namespace avx512 {   // the same through VNNI's dpbusd (same bits)
+void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
+                      int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
+}  // namespace avx512
 
 }  // namespace peagle_quant

@@ -13,7 +13,7 @@ from peagle.models import quant as Q
 from peagle.models import quant_ext
 
 EXT = quant_ext.get()
-IMPLS = [-1] + ([1] + ([2] if EXT.has_avx2() else []) if EXT is not None else [])
+IMPLS = [-1] + ([1] + ([2] if EXT.has_avx2() else []) + ([3] if EXT.has_avx512() else []) if EXT is not None else [])
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
 KTYPES = TYPES + [Q.F32]      # F32: a float32 target's rows through the same kernels (no 8-bit activations)
 KTYPES_ACT8 = [(q, a) for q in KTYPES for a in (False, True) if not (a and q == Q.F32)]
@@ -96,11 +96,14 @@ def test_batch_invariance_bit_identical(qtype, impl, act8):
 
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
 @pytest.mark.parametrize("qtype,act8", KTYPES_ACT8)
-def test_scalar_and_avx2_paths_agree_bit_for_bit(qtype, act8):
+def test_vector_paths_agree_with_scalar_bit_for_bit(qtype, act8):
+    """The AVX2 path, and the AVX-512 one where the CPU has it, give the scalar path's bits."""
     w = random_blocks(qtype, 45, 224, seed=9, act8=act8)
-    for m in (1, 2, 3, 4, 7, 8, 9):
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 130):
         x = torch.randn(m, w.k)
-        assert torch.equal(Q.qmm(x, w, 1), Q.qmm(x, w, 2)), m
+        ref = Q.qmm(x, w, 1)
+        for impl in IMPLS[2:]:
+            assert torch.equal(ref, Q.qmm(x, w, impl)), (m, impl)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
