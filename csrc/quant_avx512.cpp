@@ -84,72 +84,8 @@ static inline int32_t load4(const int8_t* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
-static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(load4(p)); }
-
-// Every output's integer dot product with NR rows over one group-block's weights qs (as the AVX2 path's).
-template <int QT, int NR>
-static inline void block_dots(const uint8_t* qs, const int8_t* x, int64_t K, __m256i* s) {
-  #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
-  if constexpr (QT == Q8_0) {
-    #pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) {
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c)), u = _mm256_abs_epi8(w);
-      #pragma GCC unroll 8
-      for (int r = 0; r < NR; r++) s[r] = _mm256_dpbusd_epi32(s[r], u, _mm256_sign_epi8(bcast4(x + r * K + 4 * c), w));
-    }
-  } else {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
-      const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-      #pragma GCC unroll 8
-      for (int r = 0; r < NR; r++) {
-        s[r] = _mm256_dpbusd_epi32(s[r], lo, bcast4(x + r * K + 4 * c));
-        s[r] = _mm256_dpbusd_epi32(s[r], hi, bcast4(x + r * K + 16 + 4 * c));
-      }
-    }
-  }
-}
-
-static inline __m256 halves8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
-
-// One group (8 outputs) x NR rows; the same operations after the integer dots as avx2::group.
-template <int QT, int NR>
-static inline void group_a8(const uint8_t* g, const int8_t* xq, const float* xd, const float* xs, int64_t K,
-                            float* y, int64_t N, int valid) {
-  constexpr int gb = a8_group_block_bytes(QT), qoff = QT == Q4_1 ? 32 : 16;
-  const int64_t nb = K / 32;
-  __m256 acc[NR], s[NR];
-  #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) acc[r] = s[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* blk = g + b * gb;
-    const __m256 d = halves8(blk);
-    __m256i dots[NR];
-    block_dots<QT, NR>(blk + qoff, xq + b * 32, K, dots);
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) {
-      const __m256 dd = _mm256_mul_ps(d, _mm256_broadcast_ss(xd + r * nb + b));
-      acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dots[r]), acc[r]);
-    }
-    if constexpr (QT != Q8_0) {   // the minimum terms: their own chain per output and row, block order
-      const __m256 m = QT == Q4_1 ? halves8(blk + 16) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
-      #pragma GCC unroll 8
-      for (int r = 0; r < NR; r++) s[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), s[r]);
-    }
-  }
-  #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, QT == Q8_0 ? acc[r] : _mm256_add_ps(acc[r], s[r]));
-    for (int o = 0; o < valid; o++) y[r * N + o] = out[o];
-  }
-}
-
 // Two groups at once (16 outputs, zmm lanes 0-7 group g's, 8-15 group g+1's; gs: the groups' byte distance):
-// every lane takes the same operations as group_a8's, on twice the outputs per instruction.
+// every lane takes the same operations as avx2::group's (quant_a8_avx2.cpp), on twice the outputs per instruction.
 template <int QT, int NR>
 static inline void pair_dots(const uint8_t* q0, int64_t gs, const int8_t* x, int64_t K, __m512i* s) {
   #pragma GCC unroll 8
@@ -216,7 +152,7 @@ static inline void pair_a8(const uint8_t* g, int64_t gs, const int8_t* xq, const
 }
 
 // Groups g0..g1-1 of all M rows: pairs of groups in tiles of up to 8 rows (a pair's weights unpacked once per 8
-// rows), a last odd group alone in tiles of 4. Measured on a 2-core Intel Xeon (AVX-512 VNNI), SmolLM2's q4a8
+// rows), a last odd group on the AVX2 path. Measured on a 2-core Intel Xeon (AVX-512 VNNI), SmolLM2's q4a8
 // products: pairs 10-20 % faster than one group at a time at 1-8 rows, 8-row tiles ~15 % faster than 4 at 8 rows.
 constexpr int TR = 8;
 template <int QT>
@@ -245,18 +181,7 @@ static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const 
       gi++;
       continue;
     }
-    const int valid = (int)std::min<int64_t>(8, N - 8 * gi);
-    for (int64_t r = 0; r < M; r += 4) {
-      const int8_t* xr = xq + r * K;
-      const float *dr = xd + r * nb, *sr = xs + r * nb;
-      float* yr = y + 8 * gi + r * N;
-      switch (std::min<int64_t>(4, M - r)) {
-        case 4: group_a8<QT, 4>(g, xr, dr, sr, K, yr, N, valid); break;
-        case 3: group_a8<QT, 3>(g, xr, dr, sr, K, yr, N, valid); break;
-        case 2: group_a8<QT, 2>(g, xr, dr, sr, K, yr, N, valid); break;
-        default: group_a8<QT, 1>(g, xr, dr, sr, K, yr, N, valid); break;
-      }
-    }
+    avx2::linear_groups_a8(QT, p, xq, xd, xs, M, K, y, N, gi, gi + 1);   // a last odd group: the same bits
   }
 }
 
