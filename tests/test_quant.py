@@ -43,6 +43,24 @@ def test_extension_status_is_reported():
         assert EXT is not None, quant_ext.why_not()
 
 
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
+@pytest.mark.skipif(EXT is None or not _cpu_flags(), reason="needs the built extension and /proc/cpuinfo")
+def test_vector_paths_follow_the_cpu_flags():
+    """The run-time dispatch sees what the kernel reports: AVX2 (+FMA, F16C) and AVX-512 (F, VL, BW, DQ, VNNI)."""
+    flags = _cpu_flags()
+    assert EXT.has_avx2() == ({"avx2", "fma", "f16c"} <= flags)
+    assert EXT.has_avx512() == ({"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avx512dq",
+                                  "avx512_vnni"} <= flags)
+    assert ("AVX-512" in quant_ext.describe()) == EXT.has_avx512()
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_dequantize_is_exact_and_matches_gguf(qtype):
     import gguf
