@@ -3,8 +3,8 @@
 // the same bits: an F32 zmm holds two outputs' 8-lane accumulators side by side (each lane the same FMA chain
 // as AVX2's); dpbusd sums a lane's 4 byte products into its 32-bit integer exactly, as maddubs + madd do
 // (no pair of products of a nibble or a |Q8_0 weight| <= 128 with |x| <= 127 overflows 16 bits), and a zmm of
-// a8 lanes holds two groups' 8 outputs. The GGUF block types with float activations stay on the AVX2 path.
-// No torch headers.
+// a8 lanes holds two groups' 8 outputs; the GGUF block types with float activations take two outputs per zmm at
+// 4-8 rows (the AVX2 path's dequantization and FMA chain per lane). No torch headers.
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
 
@@ -185,11 +185,100 @@ static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const 
   }
 }
 
-// The float-activation products: F32 here, the GGUF block types on the AVX2 path.
+// GGUF blocks with float activations, two outputs per zmm (lanes 0-7 output o, 8-15 output o + 1): a block of
+// both dequantized at once into 4 zmm (chunk c = weights 8c..8c+7 of each, the AVX2 path's dequant_block per
+// lane: Q4_1 fma(d, q, m), Q4_0 d * (q - 8), Q8_0 d * q), then every row's accumulators take the 4 chunks in
+// order: each lane the AVX2 path's FMA chain, so the same bits.
+static inline __m512 pair16(float a, float b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+template <int QT>
+static inline void dequant_pair(const uint8_t* b0, const uint8_t* b1, __m512* w) {
+  const __m512 d = pair16(h2f(b0), h2f(b1));
+  if constexpr (QT == Q8_0) {
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+      const __m128i q = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(b0 + 2 + 8 * c)),
+                                           _mm_loadl_epi64((const __m128i*)(b1 + 2 + 8 * c)));
+      w[c] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+    return;
+  }
+  constexpr int qo = QT == Q4_1 ? 4 : 2;
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m128i q0 = _mm_loadu_si128((const __m128i*)(b0 + qo)), q1 = _mm_loadu_si128((const __m128i*)(b1 + qo));
+  __m128i lo0 = _mm_and_si128(q0, m4), hi0 = _mm_and_si128(_mm_srli_epi16(q0, 4), m4);
+  __m128i lo1 = _mm_and_si128(q1, m4), hi1 = _mm_and_si128(_mm_srli_epi16(q1, 4), m4);
+  const __m128i ch[4] = {_mm_unpacklo_epi64(lo0, lo1), _mm_unpackhi_epi64(lo0, lo1), _mm_unpacklo_epi64(hi0, hi1),
+                         _mm_unpackhi_epi64(hi0, hi1)};
+  if constexpr (QT == Q4_1) {
+    const __m512 m = pair16(h2f(b0 + 2), h2f(b1 + 2));
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) w[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ch[c])), m);
+  } else {
+    const __m128i e8 = _mm_set1_epi8(8);
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+      w[c] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(ch[c], e8))));
+  }
+}
+
+// Outputs o, o + 1 (rows rb bytes apart) against NR rows (1..8).
+template <int QT, int NR>
+static inline void pair_rows(const uint8_t* w, int64_t rb, const float* x, int64_t K, float* y, int64_t N) {
+  constexpr int bs = block_bytes(QT);
+  __m512 acc[NR], wv[4];
+  #pragma GCC unroll 8
+  for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0, off = 0; k < K; k += 32, off += bs) {
+    dequant_pair<QT>(w + off, w + rb + off, wv);
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+      #pragma GCC unroll 4
+      for (int c = 0; c < 4; c++)
+        acc[r] = _mm512_fmadd_ps(wv[c], _mm512_broadcast_f32x8(_mm256_loadu_ps(x + r * K + k + 8 * c)), acc[r]);
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < NR; r++) {
+    y[r * N] = fold(_mm512_castps512_ps256(acc[r]));
+    y[r * N + 1] = fold(_mm512_extractf32x8_ps(acc[r], 1));
+  }
+}
+
+template <int QT>
+static void pairs_t(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y, int64_t N,
+                    int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n + 2 <= n1; n += 2) {
+    const uint8_t* wn = w + n * rb;
+    float* yn = y + n;
+    switch (M) {
+      case 1: pair_rows<QT, 1>(wn, rb, x, K, yn, N); break;
+      case 2: pair_rows<QT, 2>(wn, rb, x, K, yn, N); break;
+      case 3: pair_rows<QT, 3>(wn, rb, x, K, yn, N); break;
+      case 4: pair_rows<QT, 4>(wn, rb, x, K, yn, N); break;
+      case 5: pair_rows<QT, 5>(wn, rb, x, K, yn, N); break;
+      case 6: pair_rows<QT, 6>(wn, rb, x, K, yn, N); break;
+      case 7: pair_rows<QT, 7>(wn, rb, x, K, yn, N); break;
+      default: pair_rows<QT, 8>(wn, rb, x, K, yn, N); break;
+    }
+  }
+}
+
+// The float-activation products: F32 here; the GGUF block types here at PAIR_MIN_ROWS..8 rows (pairs of outputs,
+// an odd last one on the AVX2 path), else on the AVX2 path. Measured on a 2-core Intel Xeon (AVX-512), every
+// SmolLM2 product from Python, q4 / q8: 8 rows 1.41 / 1.58x faster than AVX2, 4 rows 1.03 / 1.05x, 1-2 rows
+// 0.89-0.98x (the pair's shuffles cost more than the FMAs they save); past 8 rows AVX2 dequantizes once into
+// a scratch.
+constexpr int64_t PAIR_MIN_ROWS = 4;
 void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, float* y,
                  int64_t N, int64_t n0, int64_t n1, float* buf) {
   if (qtype == F32) return linear_rows_f32((const float*)w, x, M, K, y, N, n0, n1);
-  avx2::linear_rows(qtype, w, row_bytes, x, M, K, y, N, n0, n1, buf);
+  if (M < PAIR_MIN_ROWS || M > 8) return avx2::linear_rows(qtype, w, row_bytes, x, M, K, y, N, n0, n1, buf);
+  if (qtype == Q4_0) pairs_t<Q4_0>(w, row_bytes, x, M, K, y, N, n0, n1);
+  else if (qtype == Q4_1) pairs_t<Q4_1>(w, row_bytes, x, M, K, y, N, n0, n1);
+  else pairs_t<Q8_0>(w, row_bytes, x, M, K, y, N, n0, n1);
+  if ((n1 - n0) % 2) avx2::linear_rows(qtype, w, row_bytes, x, M, K, y, N, n1 - 1, n1, buf);
 }
 
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
