@@ -119,7 +119,7 @@ def test_vector_paths_agree_with_scalar_bit_for_bit(qtype, act8):
     of 8, the last one partial; 37: an odd 5th group)."""
     for n in (45, 37):
         w = random_blocks(qtype, n, 224, seed=9, act8=act8)
-        for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 130):
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 130):
             x = torch.randn(m, w.k)
             ref = Q.qmm(x, w, 1)
             for impl in IMPLS[2:]:
