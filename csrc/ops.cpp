@@ -39,9 +39,10 @@ bool has_avx512() {
 }
 
 bool use_avx2(int64_t impl) {
+  TORCH_CHECK(impl >= 0 && impl <= 3, "unknown kernel path impl=", impl, " (0 best, 1 scalar, 2 AVX2, 3 AVX-512)");
   TORCH_CHECK(impl != 2 || has_avx2(), "this CPU has no AVX2+FMA+F16C");
   TORCH_CHECK(impl != 3 || has_avx512(), "this CPU has no AVX-512 F/VL/BW/DQ + VNNI");
-  return impl >= 2 || (impl == 0 && has_avx2());
+  return impl == 2 || impl == 3 || (impl == 0 && has_avx2());
 }
 
 bool use_avx512(int64_t impl) { return use_avx2(impl) && (impl == 3 || (impl == 0 && has_avx512())); }

@@ -5,11 +5,11 @@
 // (no pair of products of a nibble or a |Q8_0 weight| <= 128 with |x| <= 127 overflows 16 bits), and a zmm of
 // a8 lanes holds two groups' 8 outputs; the GGUF block types with float activations take two outputs per zmm at
 // 4-32 rows (the AVX2 path's dequantization and FMA chain per lane). No torch headers.
+#include <algorithm>   // the standard headers before the target pragma: none of their code is built for AVX-512
+#include <cstring>
+
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
-
-#include <algorithm>
-#include <cstring>
 
 #include "quant_avx2_inline.h"
 #include "quant_kernels.h"

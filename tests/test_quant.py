@@ -119,11 +119,36 @@ def test_vector_paths_agree_with_scalar_bit_for_bit(qtype, act8):
     of 8, the last one partial; 37: an odd 5th group)."""
     for n in (45, 37):
         w = random_blocks(qtype, n, 224, seed=9, act8=act8)
-        for m in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 130):
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 16, 32, 33, 130):
             x = torch.randn(m, w.k)
             ref = Q.qmm(x, w, 1)
             for impl in IMPLS[2:]:
                 assert torch.equal(ref, Q.qmm(x, w, impl)), (n, m, impl)
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+@pytest.mark.parametrize("qtype,act8", KTYPES_ACT8)
+def test_threads_split_the_outputs_without_changing_a_bit(qtype, act8):
+    """With 2 threads the products split their outputs into tasks (K = 4096: a task per group or two), odd
+    ranges and odd group counts in the middle of N included; every path gives the 1-thread scalar bits."""
+    w = random_blocks(qtype, 77, 4096, seed=11, act8=act8)
+    xs = [torch.randn(m, w.k) for m in (1, 5)]
+    refs = [Q.qmm(x, w, 1) for x in xs]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for x, ref in zip(xs, refs):
+            for impl in IMPLS[1:]:
+                assert torch.equal(ref, Q.qmm(x, w, impl)), (x.shape[0], impl)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+def test_unknown_kernel_path_is_refused():
+    w = random_blocks(Q.Q8_0, 8, 64, seed=1)
+    with pytest.raises(RuntimeError, match="unknown kernel path"):
+        EXT.qlinear(torch.randn(1, 64), w.data, w.qtype, w.n, w.k, 4)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
