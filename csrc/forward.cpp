@@ -38,12 +38,22 @@ class LayerStack {
                     (packed.empty() || packed.size() == w.size()) && (int64_t)norms.size() == 2 * n + 1,
                 "LayerStack: 4 weights, 4 qtypes, (4 packed) and 2 norms per layer, then the final norm");
     H_ = norms[0].numel();
+    std::vector<int64_t> K(w.size());
     for (size_t j = 0; j < w.size(); j++) {
       const int qt = (int)qtypes[j], bb = pq::block_bytes(qt);
       TORCH_CHECK(bb > 0 && w[j].scalar_type() == torch::kUInt8 && w[j].dim() == 2 && w[j].is_contiguous() &&
                       w[j].size(1) % bb == 0 && !(act8_ && qt == pq::F32),
                   "LayerStack: weight ", j, " is not GGUF blocks (or F32 without 8-bit activations)");
-      Proj p{w[j], act8_ ? packed[j] : torch::Tensor(), qt, w[j].size(0), w[j].size(1) / bb * 32};
+      K[j] = w[j].size(1) / bb * 32;
+    }
+    for (size_t j = 0; j < w.size(); j++) {
+      // outputs from the layer's shape (an F32 weight's stored rows are padded to a multiple of 8): qkv
+      // (nh + 2 nkv) hd, o and down H, gate_up twice down's inputs
+      const int qt = (int)qtypes[j];
+      const int64_t N = j % 4 == 0 ? (nh + 2 * nkv) * hd : j % 4 == 2 ? 2 * K[j + 1] : H_;
+      TORCH_CHECK(w[j].size(0) == pq::stored_rows(qt, N), "LayerStack: weight ", j, " has ", w[j].size(0),
+                  " rows, its layer's shape ", N, " outputs");
+      Proj p{w[j], act8_ ? packed[j] : torch::Tensor(), qt, N, K[j]};
       if (act8_)
         TORCH_CHECK(p.packed.scalar_type() == torch::kUInt8 && p.packed.is_contiguous() &&
                         p.packed.numel() == (p.N + 7) / 8 * (p.K / 32) * pq::a8_group_block_bytes(qt),
@@ -51,9 +61,8 @@ class LayerStack {
       proj_.push_back(p);
     }
     for (int64_t i = 0; i < n; i++) {
-      const Proj &qkv = proj_[4 * i], &o = proj_[4 * i + 1], &gu = proj_[4 * i + 2], &dn = proj_[4 * i + 3];
-      TORCH_CHECK(qkv.K == H_ && qkv.N == (nh + 2 * nkv) * hd && o.K == nh * hd && o.N == H_ && gu.K == H_ &&
-                      gu.N % 2 == 0 && dn.K == gu.N / 2 && dn.N == H_, "LayerStack: layer ", i, " shapes");
+      const Proj &qkv = proj_[4 * i], &o = proj_[4 * i + 1], &gu = proj_[4 * i + 2];
+      TORCH_CHECK(qkv.K == H_ && o.K == nh * hd && gu.K == H_, "LayerStack: layer ", i, " shapes");
     }
     for (auto& t : norms) {
       TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.numel() == H_, "LayerStack: norms of ", H_, " floats");

@@ -314,7 +314,6 @@ class _StackOrNone:
         ws = [getattr(L, n) for L in t.layers for n in ("qkv_w", "o_w", "gate_up", "down")]
         if ext is None or not hasattr(ext, "LayerStack") or not t.layers or c.head_dim % 8 \
                 or not all(isinstance(w, QuantWeight) for w in ws) or len({w.act8 for w in ws}) != 1 \
-                or any(w.qtype == F32 and w.n % 8 for w in ws) \
                 or any(L.qkv_b is not None or L.o_b is not None or L.q_norm is not None for L in t.layers):
             return
         self.act8 = ws[0].act8
