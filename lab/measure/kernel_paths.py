@@ -1,0 +1,74 @@
+"""The C++ kernels' vector paths side by side: every projection of the default target's step (121 products), per
+precision and row count, on the AVX2 path (impl 2) and the AVX-512 one (impl 3, where the CPU has it), in one
+process, interleaved round by round (min of the rounds). Both paths give the same bits (tests/test_quant.py);
+this prints what each costs and the ratio.
+
+    OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kernel_paths.py --quantizations none,q4a8,q4,q8
+
+Each product is called from Python (the same overhead on both paths), weights as the target loads them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from lab.measure.precision import cpu_flags
+from peagle.default_target import TARGET_DIR
+from peagle.models import quant as Q
+from peagle.models import quant_ext
+from peagle.models.llama import Transformer
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=TARGET_DIR)
+    ap.add_argument("--quantizations", default="none,q4a8,q4,q8")
+    ap.add_argument("--rows", default="1,2,4,8,16,32")
+    ap.add_argument("--rounds", type=int, default=7)
+    a = ap.parse_args(argv)
+    ext = quant_ext.get()
+    if ext is None or not ext.has_avx2():
+        print(f"needs the C++ kernels on an AVX2 CPU ({quant_ext.describe()})", file=sys.stderr)
+        return 2
+    impls = {"AVX2": 2} | ({"AVX-512": 3} if ext.has_avx512() else {})
+    rows = [int(r) for r in a.rows.split(",")]
+    weights = {q: Transformer.from_pretrained(a.model, quantization=q)._projections()
+               for q in a.quantizations.split(",")}
+    gen = torch.Generator().manual_seed(0)
+    xs = {m: {k: torch.randn(m, k, generator=gen) for k in {w.k for ws in weights.values() for w in ws}}
+          for m in rows}
+    best = {}
+    for _ in range(a.rounds):
+        for q, ws in weights.items():
+            for m in rows:
+                for name, impl in impls.items():
+                    t0 = time.perf_counter()
+                    for w in ws:
+                        Q.qmm(xs[m][w.k], w, impl)
+                    dt = time.perf_counter() - t0
+                    best[q, m, name] = min(best.get((q, m, name), dt), dt)
+    print(f"# The kernels' vector paths, every product of a step ({os.path.basename(a.model.rstrip('/'))})\n")
+    print(f"CPU: {cpu_flags()}; {torch.get_num_threads()} threads; {quant_ext.describe()}; ms per step's "
+          f"products, min of {a.rounds} interleaved rounds.\n")
+    names = list(impls)
+    print("| precision | rows | " + " | ".join(f"{n} (ms)" for n in names)
+          + (" | AVX2 ÷ AVX-512 |" if len(names) > 1 else " |"))
+    print("|---|---|" + "---|" * (len(names) + (len(names) > 1)))
+    for q in weights:
+        for m in rows:
+            cells = [f"{best[q, m, n] * 1e3:.1f}" for n in names]
+            ratio = [f"{best[q, m, 'AVX2'] / best[q, m, 'AVX-512']:.2f}x"] if len(names) > 1 else []
+            print(f"| {q} | {m} | " + " | ".join(cells + ratio) + " |")
+    print(f"\nRegenerate: `OMP_NUM_THREADS={torch.get_num_threads()} .venv/bin/python lab/measure/kernel_paths.py "
+          f"--quantizations {a.quantizations} --rows {a.rows} --rounds {a.rounds}`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
