@@ -2,7 +2,8 @@
 // the quantized products (quant_kernels.h), the fused small ops and the exact attention (attend_impl.h). The
 // Python bindings (quant.cpp) and the whole-forward runner (forward.cpp) call the same functions, so a token
 // gets the same bits whichever of them runs it. impl: 0 = best for this CPU, 1 = scalar / generic, 2 = AVX2, 3 = AVX-512 (the F32 and 8-bit-activation
-// products on AVX-512 + VNNI, AVX2 elsewhere); every path gives the same bits.
+// products on AVX-512 + VNNI, AVX2 elsewhere), 4 = AMX (impl 3 with the 8-bit-activation products' integer dots
+// on the tile unit); every path gives the same bits.
 #pragma once
 #include <cstdint>
 
@@ -12,8 +13,12 @@ namespace peagle_ops {
 
 bool has_avx2();
 bool has_avx512();             // AVX-512 F, VL, BW, DQ and VNNI (and AVX2)
-bool use_avx2(int64_t impl);   // impl 2 or 3 without the CPU's support raises
+bool has_amx();                // AMX-TILE + AMX-INT8 usable by this process (and AVX-512)
+bool use_avx2(int64_t impl);   // impl 2, 3 or 4 without the CPU's support raises
 bool use_avx512(int64_t impl);
+// The 8-bit-activation products of M rows on the tile unit: impl 4 always, impl 0 from AMX_MIN_ROWS rows.
+bool use_amx(int64_t impl, int64_t M);
+constexpr int64_t AMX_MIN_ROWS = 16;   // measured: 1.12-1.3x AVX-512 from 16 rows, 0.6-1.05x below
 
 // y[M, N] = x[M, K] @ W^T, W GGUF blocks [N, K/32 * block bytes] (weight-only: float activations).
 void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y);

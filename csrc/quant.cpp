@@ -35,7 +35,7 @@ static void check_input(const torch::Tensor& x, int64_t K) {
   TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, the weight ", K);
 }
 
-// impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2, 3 = AVX-512 (error when the CPU lacks it).
+// impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2, 3 = AVX-512, 4 = AMX (error when the CPU lacks it).
 torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl) {
   check_weight(w, qtype, N, K);
   check_input(x, K);
@@ -237,5 +237,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
   m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
   m.def("has_avx512", &po::has_avx512, "AVX-512 F/VL/BW/DQ + VNNI on this CPU (impl 3)");
+  m.def("has_amx", &po::has_amx, "AMX-TILE + AMX-INT8 usable here, with AVX-512 (impl 4)");
   bind_forward(m);
 }

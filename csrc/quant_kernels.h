@@ -84,5 +84,10 @@ namespace avx512 {   // the same through VNNI's dpbusd (same bits)
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
 }  // namespace avx512
+namespace amx {   // the same with each block's integer dots on the tile unit (AMX-INT8; same bits)
+bool available();   // the CPU has it, the OS grants it to this process, and a probe product is right
+void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
+                      int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
+}  // namespace amx
 
 }  // namespace peagle_quant

@@ -13,7 +13,8 @@ from peagle.models import quant as Q
 from peagle.models import quant_ext
 
 EXT = quant_ext.get()
-IMPLS = [-1] + ([1] + ([2] if EXT.has_avx2() else []) + ([3] if EXT.has_avx512() else []) if EXT is not None else [])
+IMPLS = [-1] + ([1] + ([2] if EXT.has_avx2() else []) + ([3] if EXT.has_avx512() else [])
+                + ([4] if EXT.has_amx() else []) if EXT is not None else [])
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
 KTYPES = TYPES + [Q.F32]      # F32: a float32 target's rows through the same kernels (no 8-bit activations)
 KTYPES_ACT8 = [(q, a) for q in KTYPES for a in (False, True) if not (a and q == Q.F32)]
@@ -59,6 +60,9 @@ def test_vector_paths_follow_the_cpu_flags():
     assert EXT.has_avx512() == ({"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avx512dq",
                                   "avx512_vnni"} <= flags)
     assert ("AVX-512" in quant_ext.describe()) == EXT.has_avx512()
+    # AMX: the flags are necessary, not sufficient (the OS must grant the tile state and a probe product pass)
+    assert not EXT.has_amx() or ({"amx_tile", "amx_int8"} <= flags and EXT.has_avx512())
+    assert ("AMX" in quant_ext.describe()) == EXT.has_amx()
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -115,14 +119,14 @@ def test_batch_invariance_bit_identical(qtype, impl, act8):
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
 @pytest.mark.parametrize("qtype,act8", KTYPES_ACT8)
 def test_vector_paths_agree_with_scalar_bit_for_bit(qtype, act8):
-    """The AVX2 path, and the AVX-512 one where the CPU has it, give the scalar path's bits (45 outputs: 6 groups
-    of 8, the last one partial; 37: an odd 5th group)."""
+    """The AVX2 path, and the AVX-512 and AMX ones where the CPU has them, give the scalar path's bits (45
+    outputs: 6 groups of 8, the last one partial; 37: an odd 5th group; AMX: row tiles of 8, the last padded)."""
     for n in (45, 37):
         w = random_blocks(qtype, n, 224, seed=9, act8=act8)
         for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 16, 32, 33, 130):
             x = torch.randn(m, w.k)
             ref = Q.qmm(x, w, 1)
-            for impl in IMPLS[2:]:
+            for impl in IMPLS[2:] + [0]:       # 0: the best path per row count (AMX from 16 rows where it runs)
                 assert torch.equal(ref, Q.qmm(x, w, impl)), (n, m, impl)
 
 
@@ -148,7 +152,7 @@ def test_threads_split_the_outputs_without_changing_a_bit(qtype, act8):
 def test_unknown_kernel_path_is_refused():
     w = random_blocks(Q.Q8_0, 8, 64, seed=1)
     with pytest.raises(RuntimeError, match="unknown kernel path"):
-        EXT.qlinear(torch.randn(1, 64), w.data, w.qtype, w.n, w.k, 4)
+        EXT.qlinear(torch.randn(1, 64), w.data, w.qtype, w.n, w.k, 5)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -18,7 +18,7 @@ from ..paths import REPO
 NAME = "peagle_quant"
 CSRC = os.path.join(REPO, "csrc")
 SOURCES = ("quant.cpp", "ops.cpp", "forward.cpp", "quant_scalar.cpp", "quant_avx2.cpp", "quant_a8_avx2.cpp",
-           "quant_avx512.cpp", "attend_generic.cpp", "attend_avx2.cpp")
+           "quant_avx512.cpp", "quant_amx.cpp", "attend_generic.cpp", "attend_avx2.cpp")
 HEADERS = ("ops.h", "quant_kernels.h", "quant_avx2_inline.h", "attend_impl.h")
 BUILD_DIR = os.path.join(REPO, "build", NAME)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")   # no contraction: the kernels' fma are explicit
@@ -91,13 +91,16 @@ def describe() -> str:
     if m is None:
         return f"torch fallback (C++ kernels {why_not()})"
     kind = "AVX-512+VNNI, AVX2+FMA" if m.has_avx512() else "AVX2+FMA" if m.has_avx2() else "scalar"
+    if m.has_amx():
+        kind = "AMX-INT8, " + kind
     return f"C++ kernels ({kind})"
 
 
 if __name__ == "__main__":
     try:
         m = build(verbose="-v" in sys.argv)
-        print(f"built {NAME} into {os.path.relpath(BUILD_DIR, REPO)} (AVX2: {m.has_avx2()}, AVX-512: {m.has_avx512()})")
+        print(f"built {NAME} into {os.path.relpath(BUILD_DIR, REPO)} (AVX2: {m.has_avx2()}, "
+              f"AVX-512: {m.has_avx512()}, AMX: {m.has_amx()})")
     except Exception as e:  # noqa: BLE001 - a failed build is a warning: the torch fallback runs
         print(f"warning: the C++ kernels did not build ({type(e).__name__}: {str(e)[-2000:]}); "
               "peagle uses its torch fallback for quantized weights", file=sys.stderr)

@@ -1,0 +1,259 @@
+// AMX path of the 8-bit-activation products (chosen at run time where the CPU has AMX-TILE + AMX-INT8, the OS
+// grants the tile state and a probe product comes out right; impl 4). Only each block's integer dot products
+// move to the tile unit: per pair of groups (16 outputs) and block of 32, TDPBSUD (Q4: signed activations x
+// unsigned nibbles) or TDPBSSD (Q8_0: signed x signed) sums p_b for up to 8 rows at once, exactly (int32, the
+// same integer the AVX2 path's maddubs + madd and AVX-512's dpbusd produce), and the float part that follows is
+// pair_a8's (quant_avx512.cpp), the same operations in the same order: the same bits as every other path.
+//
+// Tiles: A = the rows' quantized activations of one block ([NR x 32] bytes, read in place, K bytes apart);
+// B = the pair's weights of that block in the tile unit's layout ([8 x 64] bytes: row k4 holds bytes 4k4..4k4+3
+// of each of the 16 outputs), unpacked from pack_a8's layout once per pair into a scratch buffer and reused by
+// every tile of rows; C = [NR x 16] int32, lanes in pair_a8's order (group g's 8 outputs, then group g+1's).
+// Two blocks in flight (tiles 0-5) so one's products overlap the other's float part. No torch headers.
+#include <algorithm>   // the standard headers before the target pragma: none of their code is built for AMX
+#include <csetjmp>
+#include <csignal>
+#include <cstring>
+#include <vector>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
+#include <immintrin.h>
+
+#include "quant_kernels.h"
+
+namespace peagle_quant {
+namespace amx {
+
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// C tiles 0, 1: [nr x 16] int32; A tiles 2, 3: [nr x 32] bytes; B tiles 4, 5: [8 x 64] bytes.
+void configure(int nr) {
+  TileConfig c;
+  for (int t = 0; t < 2; t++) {
+    c.rows[t] = (uint8_t)nr, c.colsb[t] = 64;
+    c.rows[2 + t] = (uint8_t)nr, c.colsb[2 + t] = 32;
+    c.rows[4 + t] = 8, c.colsb[4 + t] = 64;
+  }
+  _tile_loadconfig(&c);
+}
+
+inline __m512 halves16(const uint8_t* p, int64_t gs) {
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)p)),
+                                                 _mm_loadu_si128((const __m128i*)(p + gs)), 1));
+}
+
+// Block b of the pair (groups at g and g + gs) -> the B tile [8 x 64] at out.
+template <int QT>
+inline void unpack_block(const uint8_t* q0, int64_t gs, uint8_t* out) {
+  if constexpr (QT == Q8_0) {
+    #pragma GCC unroll 8
+    for (int c = 0; c < 8; c++)
+      _mm512_store_si512((__m512i*)(out + 64 * c),
+                         _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(q0 + 32 * c))),
+                                            _mm256_loadu_si256((const __m256i*)(q0 + gs + 32 * c)), 1));
+  } else {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(q0 + 32 * c))),
+                                           _mm256_loadu_si256((const __m256i*)(q0 + gs + 32 * c)), 1);
+      _mm512_store_si512((__m512i*)(out + 64 * c), _mm512_and_si512(w, m4));                          // weights 4c..
+      _mm512_store_si512((__m512i*)(out + 64 * (4 + c)), _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));  // 16+4c..
+    }
+  }
+}
+
+// The float part of one block for NR rows (pair_a8's, in its order): dots [NR x 16] int32.
+template <int QT, int NR>
+inline void block_float(const uint8_t* blk, int64_t gs, const int32_t* dots, const float* xd, const float* xs,
+                        int64_t nb, int64_t b, __m512* acc, __m512* s) {
+  const __m512 d = halves16(blk, gs);
+  #pragma GCC unroll 8
+  for (int r = 0; r < NR; r++) {
+    const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(xd[r * nb + b]));
+    acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i*)(dots + 16 * r))), acc[r]);
+  }
+  if constexpr (QT != Q8_0) {
+    const __m512 m = QT == Q4_1 ? halves16(blk + 16, gs) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+    #pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) s[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[r * nb + b]), s[r]);
+  }
+}
+
+// One pair of groups (g: its first block, gs: the second group's distance; wt: its B tiles, nb x 512 bytes)
+// against NR rows (the tiles configured for NR rows).
+template <int QT, int NR>
+void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const int8_t* xq, const float* xd, const float* xs,
+               int64_t K, float* y, int64_t N, int valid, int rows_out) {
+  constexpr int gb = a8_group_block_bytes(QT);
+  const int64_t nb = K / 32;
+  // the float part runs one pair of blocks behind the tile products (double-buffered dots): a tile store is read
+  // back by vector loads only after it has long retired (a load right after it waits for it to reach L1)
+  alignas(64) int32_t dots[2][2][NR * 16];
+  __m512 acc[NR], s[NR];
+  #pragma GCC unroll 8
+  for (int r = 0; r < NR; r++) acc[r] = s[r] = _mm512_setzero_ps();
+  const int64_t pairs = nb / 2;
+  for (int64_t i = 0; i <= pairs; i++) {
+    if (i < pairs) {
+      const int64_t b = 2 * i;
+      int32_t(*c)[NR * 16] = dots[i & 1];
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(2, xq + 32 * b, K);
+      _tile_loadd(4, wt + 512 * b, 64);
+      _tile_loadd(3, xq + 32 * (b + 1), K);
+      _tile_loadd(5, wt + 512 * (b + 1), 64);
+      if constexpr (QT == Q8_0) {
+        _tile_dpbssd(0, 2, 4);
+        _tile_dpbssd(1, 3, 5);
+      } else {
+        _tile_dpbsud(0, 2, 4);
+        _tile_dpbsud(1, 3, 5);
+      }
+      _tile_stored(0, c[0], 64);
+      _tile_stored(1, c[1], 64);
+    }
+    if (i > 0) {
+      const int64_t b = 2 * (i - 1);
+      block_float<QT, NR>(g + b * gb, gs, dots[(i - 1) & 1][0], xd, xs, nb, b, acc, s);
+      block_float<QT, NR>(g + (b + 1) * gb, gs, dots[(i - 1) & 1][1], xd, xs, nb, b + 1, acc, s);
+    }
+  }
+  if (nb % 2) {
+    const int64_t b = nb - 1;
+    _tile_zero(0);
+    _tile_loadd(2, xq + 32 * b, K);
+    _tile_loadd(4, wt + 512 * b, 64);
+    if constexpr (QT == Q8_0) _tile_dpbssd(0, 2, 4);
+    else _tile_dpbsud(0, 2, 4);
+    _tile_stored(0, dots[0][0], 64);
+    block_float<QT, NR>(g + b * gb, gs, dots[0][0], xd, xs, nb, b, acc, s);
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < rows_out; r++) {
+    alignas(64) float out[16];
+    _mm512_store_ps(out, QT == Q8_0 ? acc[r] : _mm512_add_ps(acc[r], s[r]));
+    for (int o = 0; o < valid; o++) y[r * N + o] = out[o];
+  }
+}
+
+// Rows in tiles of 8 (the float accumulators of 8 rows stay in registers); a last tile of fewer rows runs as 8
+// with zero rows after its own (zero activations and scales: their results are dropped), so the tiles keep one
+// configuration (loading another costs more than the padding's products, measured).
+constexpr int TR = 8;
+
+template <int QT>
+void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, float* y,
+              int64_t N, int64_t g0, int64_t g1) {
+  const int64_t nb = K / 32, gstride = nb * a8_group_block_bytes(QT);
+  constexpr int qoff = QT == Q4_1 ? 32 : 16, gb = a8_group_block_bytes(QT);
+  std::vector<uint8_t> raw(512 * nb + 64);
+  uint8_t* wt = (uint8_t*)(((uintptr_t)raw.data() + 63) & ~(uintptr_t)63);
+  const int64_t full = M / TR * TR, rest = M - full;
+  std::vector<int8_t> pq(rest ? TR * K : 0, 0);
+  std::vector<float> pd(rest ? TR * nb : 0, 0.0f), ps(rest ? TR * nb : 0, 0.0f);
+  if (rest) {
+    std::memcpy(pq.data(), xq + full * K, rest * K);
+    std::memcpy(pd.data(), xd + full * nb, rest * nb * sizeof(float));
+    std::memcpy(ps.data(), xs + full * nb, rest * nb * sizeof(float));
+  }
+  bool configured = false;
+  for (int64_t gi = g0; gi < g1; gi++) {
+    if (gi + 1 >= g1) {   // a last odd group: the AVX2 path (the same bits)
+      avx2::linear_groups_a8(QT, p, xq, xd, xs, M, K, y, N, gi, gi + 1);
+      break;
+    }
+    if (!configured) configure(TR), configured = true;
+    const uint8_t* g = p + gi * gstride;
+    for (int64_t b = 0; b < nb; b++) unpack_block<QT>(g + b * gb + qoff, gstride, wt + 512 * b);
+    const int valid = (int)std::min<int64_t>(16, N - 8 * gi);
+    for (int64_t r = 0; r < full; r += TR)
+      pair_rows<QT, TR>(g, gstride, wt, xq + r * K, xd + r * nb, xs + r * nb, K, y + 8 * gi + r * N, N, valid, TR);
+    if (rest)
+      pair_rows<QT, TR>(g, gstride, wt, pq.data(), pd.data(), ps.data(), K, y + 8 * gi + full * N, N, valid,
+                        (int)rest);
+    gi++;
+  }
+  if (configured) _tile_release();
+}
+
+// ---- whether this process may use the tile unit ---------------------------------------------------------------
+sigjmp_buf probe_env;
+void probe_fault(int) { siglongjmp(probe_env, 1); }
+
+// One small product through the tiles, checked against plain integer arithmetic; a fault (SIGILL, SIGSEGV: a
+// hypervisor that reports AMX but does not run it) or a wrong result answers false.
+bool probe() {
+  struct sigaction sa {}, old_ill {}, old_segv {};
+  sa.sa_handler = probe_fault;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGILL, &sa, &old_ill);
+  sigaction(SIGSEGV, &sa, &old_segv);
+  bool ok = false;
+  if (sigsetjmp(probe_env, 1) == 0) {
+    alignas(64) int8_t a[8 * 32];
+    alignas(64) uint8_t w[8 * 64];
+    alignas(64) int32_t c[8 * 16];
+    for (int i = 0; i < 8 * 32; i++) a[i] = (int8_t)((i * 37) % 255 - 127);
+    for (int i = 0; i < 8 * 64; i++) w[i] = (uint8_t)((i * 11) % 16);
+    configure(8);
+    _tile_zero(0);
+    _tile_loadd(2, a, 32);
+    _tile_loadd(4, w, 64);
+    _tile_dpbsud(0, 2, 4);
+    _tile_stored(0, c, 64);
+    _tile_release();
+    ok = true;
+    for (int m = 0; m < 8 && ok; m++)
+      for (int n = 0; n < 16 && ok; n++) {
+        int32_t e = 0;
+        for (int k = 0; k < 32; k++) e += (int32_t)a[m * 32 + k] * (int32_t)w[(k / 4) * 64 + 4 * n + k % 4];
+        ok = e == c[m * 16 + n];
+      }
+  }
+  sigaction(SIGILL, &old_ill, nullptr);
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  return ok;
+}
+
+}  // namespace
+
+bool available() {
+  static const bool ok = [] {
+#if defined(__linux__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return false;                    // AMX-TILE, AMX-INT8
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;                          // the OS saves the tile state
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;      // Linux asks for it per process
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return false;
+    return probe();
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
+
+void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
+                      int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1) {
+  if (qtype == Q4_0) return groups_t<Q4_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  if (qtype == Q4_1) return groups_t<Q4_1>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  return groups_t<Q8_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+}
+
+}  // namespace amx
+}  // namespace peagle_quant
