@@ -10,6 +10,8 @@
 //   out = o * (1 / l)   (no visible key: zeros).
 // exp_neg is peagle's own e^x for x <= 0 (Cephes' expf polynomial, ~1 ulp) from basic IEEE operations only, so
 // 8 lanes at once and one at a time give the same bits (libm's expf would not vectorize, nor match a vector one).
+// attend_avx512.cpp adds PEAGLE_ATTEND_AVX512: two queries' 8-lane dot products side by side in one zmm (each
+// half the same fma chain), 16-lane e^x and value sums (elementwise: the same operations per element).
 #pragma once
 #ifdef PEAGLE_ATTEND_AVX2
 #include <immintrin.h>
@@ -59,6 +61,64 @@ static inline __m256 exp_neg8(__m256 x) {
   return peagle_quant::avx2::exp8_clamped(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)));
 }
 #endif
+#ifdef PEAGLE_ATTEND_AVX512
+// ... and on 16 (exp8_clamped's operations lane by lane: roundscale 0 = round to integer in the current mode).
+static inline __m512 exp_neg16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_CUR_DIRECTION);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// Queries qa, qb against 8 keys (k0, kstride apart): the 16 dot8 values, each exactly dot8's (lane l of a half
+// sums elements 8i + l by fma in order; the fold 4+4, 2+2, 1+1 done for all 16 at once by shuffles, each add
+// the same pair of values as dot8's). out_a[j], out_b[j] for j < 8.
+template <int HD>
+static inline void dot8_pair8(const float* qa, const float* qb, const float* k0, int64_t kstride, float* out_a,
+                              float* out_b) {
+  __m512 acc[8];
+  #pragma GCC unroll 8
+  for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
+  #pragma GCC unroll 16
+  for (int c = 0; c < HD / 8; c++) {
+    const __m512 qv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(qa + 8 * c)),
+                                         _mm256_loadu_ps(qb + 8 * c), 1);
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+      acc[j] = _mm512_fmadd_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + j * kstride + 8 * c)), acc[j]);
+  }
+  // 128-bit lanes of acc[j]: [a 0-3, a 4-7, b 0-3, b 4-7]; step 1: lanes 0-3 + lanes 4-7 of each half
+  __m512 p[4];
+  #pragma GCC unroll 4
+  for (int k = 0; k < 4; k++)
+    p[k] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // p[k] lanes: [a key 2k, b key 2k, a key 2k+1, b key 2k+1] (4 partial sums each); step 2: elements 0+2, 1+3
+  __m512 r[2];
+  #pragma GCC unroll 2
+  for (int k = 0; k < 2; k++)
+    r[k] = _mm512_add_ps(_mm512_shuffle_ps(p[2 * k], p[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(p[2 * k], p[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // step 3: elements 0+1, 2+3 -> lane L element k: sum of p[k]'s lane L
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // f[4L + k] = lane L of p[k]: L 0 = (a, key 2k), 1 = (b, 2k), 2 = (a, 2k+1), 3 = (b, 2k+1)
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512 g = _mm512_permutexvar_ps(order, f);
+  _mm256_storeu_ps(out_a, _mm512_castps512_ps256(g));
+  _mm256_storeu_ps(out_b, _mm512_extractf32x8_ps(g, 1));
+}
+#endif
 
 // fold8(a . b) over n (a multiple of 8) elements: lane l accumulates elements 8i+l with fma, folded 4+4, 2+2, 1+1.
 static inline float dot8(const float* a, const float* b, int64_t n) {
@@ -93,6 +153,10 @@ static inline void axpy(float p, const float* v, float* o, int64_t n) {
 // s[c] = exp_neg(s[c] - m) for c < n.
 static inline void exp_shifted(float* s, int64_t n, float m) {
   int64_t c = 0;
+#ifdef PEAGLE_ATTEND_AVX512
+  const __m512 mz = _mm512_set1_ps(m);
+  for (; c + 16 <= n; c += 16) _mm512_storeu_ps(s + c, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + c), mz)));
+#endif
 #ifdef PEAGLE_ATTEND_AVX2
   const __m256 mv = _mm256_set1_ps(m);
   for (; c + 8 <= n; c += 8) _mm256_storeu_ps(s + c, exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv)));
@@ -151,7 +215,18 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
     // scores of every key (an invisible key's is computed and never used)
     for (int64_t j0 = 0; j0 < S; j0 += KC) {
       const int64_t j1 = j0 + KC < S ? j0 + KC : S;
-      for (int64_t i = 0; i < nq; i++) {
+      int64_t i0 = 0;
+#ifdef PEAGLE_ATTEND_AVX512
+      for (; i0 + 2 <= nq; i0 += 2) {          // pairs of queries, 8 keys at a time
+        const float *qa = a.q + idx[i0] * HD, *qb = a.q + idx[i0 + 1] * HD;
+        float *sa = sc.data() + i0 * S, *sb = sa + S;
+        int64_t j = j0;
+        for (; j + 8 <= j1; j += 8) dot8_pair8<HD>(qa, qb, kb + j * a.ksj, a.ksj, sa + j, sb + j);
+        for (; j < j1; j++) sa[j] = dot8(qa, kb + j * a.ksj, HD), sb[j] = dot8(qb, kb + j * a.ksj, HD);
+        for (j = j0; j < j1; j++) sa[j] *= a.scale, sb[j] *= a.scale;
+      }
+#endif
+      for (int64_t i = i0; i < nq; i++) {
         const float* q = a.q + idx[i] * HD;
         float* si = sc.data() + i * S;
         int64_t j = j0;
@@ -161,23 +236,27 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         for (j = j0; j < j1; j++) si[j] *= a.scale;
       }
     }
-    float l[QB];
+    // max and sum of every query in its own order, the task's queries side by side (independent chains: a
+    // query's chain alone waits on each add's latency); a hidden key adds +0.0f, which leaves a sum of
+    // non-negative terms unchanged
+    float l[QB], mx[QB];
     __m256 o[HD / 8];
+    for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, l[i] = 0.0f;
+    for (int64_t j = 0; j < S; j++)
+      for (int64_t i = 0; i < nq; i++) {
+        const float v = sc[i * S + j];
+        if ((!mrow[i] || mrow[i][j]) && v > mx[i]) mx[i] = v;
+      }
     for (int64_t i = 0; i < nq; i++) {
       float* si = sc.data() + i * S;
       const bool* mr = mrow[i];
-      float m = -INFINITY;
-      for (int64_t j = 0; j < S; j++)
-        if (!mr || mr[j]) m = si[j] > m ? si[j] : m;
       if (mr)
         for (int64_t j = 0; j < S; j++)
-          if (!mr[j]) si[j] = m;                    // unused; keeps exp's argument in range
-      exp_shifted(si, S, m);
-      float li = 0.0f;
-      for (int64_t j = 0; j < S; j++)
-        if (!mr || mr[j]) li += si[j];
-      l[i] = li;
+          if (!mr[j]) si[j] = mx[i];                // unused; keeps exp's argument in range
+      exp_shifted(si, S, mx[i]);
     }
+    for (int64_t j = 0; j < S; j++)
+      for (int64_t i = 0; i < nq; i++) l[i] += (!mrow[i] || mrow[i][j]) ? sc[i * S + j] : 0.0f;
     // o per query, keys chunk by chunk (each chunk's values shared by all the task's queries while in L1)
     std::fill(os.begin(), os.begin() + nq * HD, 0.0f);
     for (int64_t j0 = 0; j0 < S; j0 += KC) {
@@ -186,6 +265,39 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         const float* si = sc.data() + i * S;
         const bool* mr = mrow[i];
         float* oi = os.data() + i * HD;
+#ifdef PEAGLE_ATTEND_AVX512
+        // two queries at once (each element's fma chain as one query's; a hidden key's fma masked off: no
+        // operation, as the loop below skips it), the last odd query alone
+        const int64_t nz = i + 1 < nq ? 2 : 1;
+        const float* sj = sc.data() + (i + nz - 1) * S;
+        const bool* mj = mrow[i + nz - 1];
+        float* oj = os.data() + (i + nz - 1) * HD;
+        __m512 oz[2][HD / 16];
+        #pragma GCC unroll 8
+        for (int c = 0; c < HD / 16; c++) {
+          oz[0][c] = _mm512_loadu_ps(oi + 16 * c);
+          oz[1][c] = _mm512_loadu_ps(oj + 16 * c);
+        }
+        const int64_t ks = a.ksj;
+        for (int64_t j = j0; j < j1; j++) {
+          const __mmask16 ka = (!mr || mr[j]) ? 0xffff : 0, kb2 = (nz == 2 && (!mj || mj[j])) ? 0xffff : 0;
+          const __m512 pa = _mm512_set1_ps(si[j]), pb = _mm512_set1_ps(sj[j]);
+          const float* v = vb + j * ks;
+          #pragma GCC unroll 8
+          for (int c = 0; c < HD / 16; c++) {
+            const __m512 vv = _mm512_loadu_ps(v + 16 * c);
+            oz[0][c] = _mm512_mask3_fmadd_ps(pa, vv, oz[0][c], ka);
+            oz[1][c] = _mm512_mask3_fmadd_ps(pb, vv, oz[1][c], kb2);
+          }
+        }
+        #pragma GCC unroll 8
+        for (int c = 0; c < HD / 16; c++) {
+          _mm512_storeu_ps(oi + 16 * c, oz[0][c]);
+          if (nz == 2) _mm512_storeu_ps(oj + 16 * c, oz[1][c]);
+        }
+        i += nz - 1;
+        continue;
+#endif
         #pragma GCC unroll 16
         for (int c = 0; c < HD / 8; c++) o[c] = _mm256_loadu_ps(oi + 8 * c);
         for (int64_t j = j0; j < j1; j++) {

@@ -14,6 +14,7 @@ namespace pq = peagle_quant;
 namespace pa = peagle_attend;
 namespace peagle_attend {
 // attend(a, t0, t1) computes tasks t0..t1-1 of tasks(a) (each path's own split of the queries)
+namespace avx512 { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
 namespace avx2 { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
 namespace generic { int64_t tasks(const AttnArgs& a); void attend(const AttnArgs& a, int64_t t0, int64_t t1); }
 }  // namespace peagle_attend
@@ -171,9 +172,9 @@ void compact_kv(float* k, float* v, int64_t nkv, int64_t cap, int64_t hd, int64_
 }
 
 void attend(const pa::AttnArgs& a, int64_t impl) {
-  const bool vec = use_avx2(impl);
-  auto fn = vec ? pa::avx2::attend : pa::generic::attend;
-  const int64_t n = (vec ? pa::avx2::tasks : pa::generic::tasks)(a);
+  const bool vec = use_avx2(impl), wide = use_avx512(impl);
+  auto fn = wide ? pa::avx512::attend : vec ? pa::avx2::attend : pa::generic::attend;
+  const int64_t n = (wide ? pa::avx512::tasks : vec ? pa::avx2::tasks : pa::generic::tasks)(a);
   const int64_t grain = std::max<int64_t>(1, 16384 * n / std::max<int64_t>(1, a.B * a.T * a.nh * a.S * a.hd));
   at::parallel_for(0, n, grain, [&](int64_t i0, int64_t i1) { fn(a, i0, i1); });
 }

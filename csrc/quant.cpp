@@ -186,7 +186,7 @@ void compact_kv(std::vector<torch::Tensor> ks, std::vector<torch::Tensor> vs, in
 
 // Block- and batch-invariant attention (attend_impl.h): q [B, T, nh, hd]; k, v [B, nkv, S, hd] (any strides but
 // the last); mask None (every key visible) or bool [1 or B, 1, T, S] (True: visible). Returns [B, T, nh * hd].
-// impl: 0 = best for this CPU, 1 = generic, 2 = AVX2 (3 = the AVX-512 path's choice: AVX2 here).
+// impl: 0 = best for this CPU, 1 = generic, 2 = AVX2, 3 or 4 = AVX-512 (two queries per register).
 torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                            double scale, int64_t impl) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "attend_exact: CPU tensors");

@@ -544,7 +544,7 @@ def test_auto_quantization_resolves_per_model_and_machine(qtarget, tiny_gguf, ca
 
 # ---- block- and batch-invariant attention (a8 targets) --------------------------------------------------------
 
-ATT_IMPLS = ([1] + ([2] if EXT.has_avx2() else [])) if EXT is not None else []
+ATT_IMPLS = ([1] + ([2] if EXT.has_avx2() else []) + ([3] if EXT.has_avx512() else [])) if EXT is not None else []
 
 
 @pytest.mark.skipif(EXT is None, reason="needs the built extension")
@@ -570,7 +570,7 @@ def test_exact_attention_matches_sdpa_and_is_block_invariant(impl):
         ref = F.scaled_dot_product_attention(q.transpose(1, 2).double(), k.double(), v.double(), attn_mask=mask,
                                              enable_gqa=True).transpose(1, 2).reshape(B, T, nh * hd)
         assert torch.allclose(got.double(), ref, atol=2e-6), (T, float((got.double() - ref).abs().max()))
-        if impl == 2:
+        if impl >= 2:
             assert torch.equal(got, Q.attend_exact(q, k, v, mask, 1))
     # invariance: row 1's query at position 21 (second of a block starting at 20)
     q = torch.randn(B, 4, nh, hd, generator=g)
@@ -579,6 +579,30 @@ def test_exact_attention_matches_sdpa_and_is_block_invariant(impl):
     assert torch.equal(block[1, 1], alone[0, 0])
     assert not torch.equal(Q.attend_exact(q[1:2, 1:2], k[1:2, :, :23], v[1:2, :, :23], None, impl)[0, 0],
                            alone[0, 0])                                 # negative control: one more key counts
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+@pytest.mark.parametrize("hd", [64, 128])
+def test_blocked_attention_paths_agree_bit_for_bit(hd):
+    """hd 64 / 128 take the blocked kernels (queries sharing a kv head in tasks of 8; AVX-512: two queries per
+    register, eight keys per fold): the same bits as the generic build, with odd and even query counts per task,
+    spans that are not multiples of 8 or 16, no mask, causal blocks and a random tree-like mask (a query that
+    sees no key gives zeros). Negative control: one key more changes the output."""
+    from peagle.models.layers import causal_block_mask
+    g = torch.Generator().manual_seed(7)
+    for B, T, nh, nkv, S0 in ((1, 1, 9, 3, 263), (2, 8, 9, 3, 37), (1, 3, 4, 2, 16), (3, 5, 6, 6, 9), (1, 16, 9, 3, 5)):
+        S = S0 + T
+        k = torch.randn(B, nkv, S + 3, hd, generator=g)[:, :, :S]
+        v = torch.randn(B, nkv, S + 3, hd, generator=g)[:, :, :S]
+        q = torch.randn(B, T, nh, hd, generator=g)
+        tree = torch.rand(B, 1, T, S, generator=g) < 0.5
+        tree[0, 0, 0] = False                                           # a query that sees nothing
+        for mask in (None, causal_block_mask(torch.randint(0, S0 + 1, (B,), generator=g), T, S), tree):
+            ref = Q.attend_exact(q, k, v, mask, 1)
+            for impl in ATT_IMPLS[1:]:
+                assert torch.equal(Q.attend_exact(q, k, v, mask, impl), ref), (B, T, nh, nkv, S0, impl)
+        assert not torch.equal(Q.attend_exact(q, k[:, :, :-1], v[:, :, :-1], None, ATT_IMPLS[-1]),
+                               Q.attend_exact(q, k, v, None, ATT_IMPLS[-1]))
 
 
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
