@@ -1,15 +1,17 @@
 // AMX path of the 8-bit-activation products (chosen at run time where the CPU has AMX-TILE + AMX-INT8, the OS
 // grants the tile state and a probe product comes out right; impl 4). Only each block's integer dot products
 // move to the tile unit: per pair of groups (16 outputs) and block of 32, TDPBSUD (Q4: signed activations x
-// unsigned nibbles) or TDPBSSD (Q8_0: signed x signed) sums p_b for up to 8 rows at once, exactly (int32, the
-// same integer the AVX2 path's maddubs + madd and AVX-512's dpbusd produce), and the float part that follows is
+// unsigned nibbles) or TDPBSSD (Q8_0: signed x signed) sums p_b for 8 rows at once, exactly (int32, the same
+// integer the AVX2 path's maddubs + madd and AVX-512's dpbusd produce), and the float part that follows is
 // pair_a8's (quant_avx512.cpp), the same operations in the same order: the same bits as every other path.
 //
-// Tiles: A = the rows' quantized activations of one block ([NR x 32] bytes, read in place, K bytes apart);
-// B = the pair's weights of that block in the tile unit's layout ([8 x 64] bytes: row k4 holds bytes 4k4..4k4+3
-// of each of the 16 outputs), unpacked from pack_a8's layout once per pair into a scratch buffer and reused by
-// every tile of rows; C = [NR x 16] int32, lanes in pair_a8's order (group g's 8 outputs, then group g+1's).
-// Two blocks in flight (tiles 0-5) so one's products overlap the other's float part. No torch headers.
+// Tiles (all [16 x 64] bytes): B = the pair's weights of two blocks in the tile unit's layout (row k4 holds bytes
+// 4k4..4k4+3 of each of the 16 outputs; rows 8-15 the second block), unpacked from pack_a8's layout once per
+// pair of groups into a scratch buffer and reused by every tile of rows; A = 8 rows' activations of the same two
+// blocks laid out block-diagonally (pair_rows), so C's rows 0-7 / 8-15 are the two blocks' dots, lanes in
+// pair_a8's order (group g's 8 outputs, then group g+1's). Measured on a 2-core Intel Xeon (KVM): one block per
+// product (8 x 32 bytes of A) ran 1.03-1.06x AVX-512 at 8 rows, the block-diagonal pairs 1.2x: the tile unit's
+// latency per product, not its arithmetic, bounds it. No torch headers.
 #include <algorithm>   // the standard headers before the target pragma: none of their code is built for AMX
 #include <csetjmp>
 #include <csignal>
@@ -36,14 +38,11 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// C tiles 0, 1: [nr x 16] int32; A tiles 2, 3: [nr x 32] bytes; B tiles 4, 5: [8 x 64] bytes.
-void configure(int nr) {
+// C tiles 0, 1: [16 x 16] int32; A tiles 2, 3 and B tiles 4, 5: [16 x 64] bytes (one pair of blocks each, see
+// groups_t).
+void configure() {
   TileConfig c;
-  for (int t = 0; t < 2; t++) {
-    c.rows[t] = (uint8_t)nr, c.colsb[t] = 64;
-    c.rows[2 + t] = (uint8_t)nr, c.colsb[2 + t] = 32;
-    c.rows[4 + t] = 8, c.colsb[4 + t] = 64;
-  }
+  for (int t = 0; t < 6; t++) c.rows[t] = 16, c.colsb[t] = 64;
   _tile_loadconfig(&c);
 }
 
@@ -90,55 +89,47 @@ inline void block_float(const uint8_t* blk, int64_t gs, const int32_t* dots, con
   }
 }
 
-// One pair of groups (g: its first block, gs: the second group's distance; wt: its B tiles, nb x 512 bytes)
-// against NR rows (the tiles configured for NR rows).
-template <int QT, int NR>
-void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const int8_t* xq, const float* xd, const float* xs,
+// One pair of groups (g: its first block, gs: the second group's distance; wt: its B tiles, 1024 bytes per pair of
+// blocks) against TR rows (at: their A tiles, 1024 bytes per pair of blocks). A pair of blocks is one product:
+// A's rows 0-7 hold the rows' bytes of the first block then 32 zeros, rows 8-15 32 zeros then the second
+// block's, B's rows 0-7 the first block's weights, rows 8-15 the second's, so C's rows 0-7 are the first block's
+// dots and rows 8-15 the second's (the zeros add nothing): one tile op per two blocks, four blocks in flight.
+// The float part runs one step behind the tile products (double-buffered dots): a tile store is read back by
+// vector loads only after it has long retired.
+constexpr int TR = 8;
+
+template <int QT>
+void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const uint8_t* at, const float* xd, const float* xs,
                int64_t K, float* y, int64_t N, int valid, int rows_out) {
   constexpr int gb = a8_group_block_bytes(QT);
-  const int64_t nb = K / 32;
-  // the float part runs one pair of blocks behind the tile products (double-buffered dots): a tile store is read
-  // back by vector loads only after it has long retired (a load right after it waits for it to reach L1)
-  alignas(64) int32_t dots[2][2][NR * 16];
-  __m512 acc[NR], s[NR];
+  const int64_t nb = K / 32, nbp = (nb + 1) / 2, steps = (nbp + 1) / 2;
+  alignas(64) int32_t dots[2][2][256];
+  __m512 acc[TR], s[TR];
   #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) acc[r] = s[r] = _mm512_setzero_ps();
-  const int64_t pairs = nb / 2;
-  for (int64_t i = 0; i <= pairs; i++) {
-    if (i < pairs) {
-      const int64_t b = 2 * i;
-      int32_t(*c)[NR * 16] = dots[i & 1];
+  for (int r = 0; r < TR; r++) acc[r] = s[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i <= steps; i++) {
+    if (i < steps) {
+      const int64_t j = 2 * i;
       _tile_zero(0);
-      _tile_zero(1);
-      _tile_loadd(2, xq + 32 * b, K);
-      _tile_loadd(4, wt + 512 * b, 64);
-      _tile_loadd(3, xq + 32 * (b + 1), K);
-      _tile_loadd(5, wt + 512 * (b + 1), 64);
-      if constexpr (QT == Q8_0) {
-        _tile_dpbssd(0, 2, 4);
-        _tile_dpbssd(1, 3, 5);
-      } else {
-        _tile_dpbsud(0, 2, 4);
-        _tile_dpbsud(1, 3, 5);
+      _tile_loadd(2, at + 1024 * j, 64);
+      _tile_loadd(4, wt + 1024 * j, 64);
+      if constexpr (QT == Q8_0) _tile_dpbssd(0, 2, 4);
+      else _tile_dpbsud(0, 2, 4);
+      if (j + 1 < nbp) {
+        _tile_zero(1);
+        _tile_loadd(3, at + 1024 * (j + 1), 64);
+        _tile_loadd(5, wt + 1024 * (j + 1), 64);
+        if constexpr (QT == Q8_0) _tile_dpbssd(1, 3, 5);
+        else _tile_dpbsud(1, 3, 5);
       }
-      _tile_stored(0, c[0], 64);
-      _tile_stored(1, c[1], 64);
+      _tile_stored(0, dots[i & 1][0], 64);
+      if (j + 1 < nbp) _tile_stored(1, dots[i & 1][1], 64);
     }
     if (i > 0) {
-      const int64_t b = 2 * (i - 1);
-      block_float<QT, NR>(g + b * gb, gs, dots[(i - 1) & 1][0], xd, xs, nb, b, acc, s);
-      block_float<QT, NR>(g + (b + 1) * gb, gs, dots[(i - 1) & 1][1], xd, xs, nb, b + 1, acc, s);
+      const int64_t b0 = 4 * (i - 1), b1 = std::min<int64_t>(b0 + 4, nb);
+      for (int64_t b = b0; b < b1; b++)
+        block_float<QT, TR>(g + b * gb, gs, dots[(i - 1) & 1][(b - b0) / 2] + 128 * (b % 2), xd, xs, nb, b, acc, s);
     }
-  }
-  if (nb % 2) {
-    const int64_t b = nb - 1;
-    _tile_zero(0);
-    _tile_loadd(2, xq + 32 * b, K);
-    _tile_loadd(4, wt + 512 * b, 64);
-    if constexpr (QT == Q8_0) _tile_dpbssd(0, 2, 4);
-    else _tile_dpbsud(0, 2, 4);
-    _tile_stored(0, dots[0][0], 64);
-    block_float<QT, NR>(g + b * gb, gs, dots[0][0], xd, xs, nb, b, acc, s);
   }
   #pragma GCC unroll 8
   for (int r = 0; r < rows_out; r++) {
@@ -151,20 +142,23 @@ void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const int8_t* xq
 // Rows in tiles of 8 (the float accumulators of 8 rows stay in registers); a last tile of fewer rows runs as 8
 // with zero rows after its own (zero activations and scales: their results are dropped), so the tiles keep one
 // configuration (loading another costs more than the padding's products, measured).
-constexpr int TR = 8;
-
 template <int QT>
 void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, float* y,
               int64_t N, int64_t g0, int64_t g1) {
-  const int64_t nb = K / 32, gstride = nb * a8_group_block_bytes(QT);
+  const int64_t nb = K / 32, nbp = (nb + 1) / 2, gstride = nb * a8_group_block_bytes(QT), tiles = (M + TR - 1) / TR;
   constexpr int qoff = QT == Q4_1 ? 32 : 16, gb = a8_group_block_bytes(QT);
-  std::vector<uint8_t> raw(512 * nb + 64);
+  // the A tiles of every tile of rows (zeros where a block pair has no second block or a tile no row)
+  std::vector<uint8_t> raw(1024 * nbp * (tiles + 1) + 64, 0);
   uint8_t* wt = (uint8_t*)(((uintptr_t)raw.data() + 63) & ~(uintptr_t)63);
+  uint8_t* at = wt + 1024 * nbp;
+  for (int64_t r = 0; r < M; r++)
+    for (int64_t b = 0; b < nb; b++)
+      std::memcpy(at + 1024 * (nbp * (r / TR) + b / 2) + 64 * (8 * (b % 2) + r % TR) + 32 * (b % 2),
+                  xq + r * K + 32 * b, 32);
+  std::vector<float> pd, ps;
   const int64_t full = M / TR * TR, rest = M - full;
-  std::vector<int8_t> pq(rest ? TR * K : 0, 0);
-  std::vector<float> pd(rest ? TR * nb : 0, 0.0f), ps(rest ? TR * nb : 0, 0.0f);
   if (rest) {
-    std::memcpy(pq.data(), xq + full * K, rest * K);
+    pd.assign(TR * nb, 0.0f), ps.assign(TR * nb, 0.0f);
     std::memcpy(pd.data(), xd + full * nb, rest * nb * sizeof(float));
     std::memcpy(ps.data(), xs + full * nb, rest * nb * sizeof(float));
   }
@@ -174,15 +168,16 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
       avx2::linear_groups_a8(QT, p, xq, xd, xs, M, K, y, N, gi, gi + 1);
       break;
     }
-    if (!configured) configure(TR), configured = true;
+    if (!configured) configure(), configured = true;
     const uint8_t* g = p + gi * gstride;
     for (int64_t b = 0; b < nb; b++) unpack_block<QT>(g + b * gb + qoff, gstride, wt + 512 * b);
     const int valid = (int)std::min<int64_t>(16, N - 8 * gi);
-    for (int64_t r = 0; r < full; r += TR)
-      pair_rows<QT, TR>(g, gstride, wt, xq + r * K, xd + r * nb, xs + r * nb, K, y + 8 * gi + r * N, N, valid, TR);
-    if (rest)
-      pair_rows<QT, TR>(g, gstride, wt, pq.data(), pd.data(), ps.data(), K, y + 8 * gi + full * N, N, valid,
-                        (int)rest);
+    for (int64_t t = 0; t < tiles; t++) {
+      const bool last = t * TR == full;
+      pair_rows<QT>(g, gstride, wt, at + 1024 * nbp * t, last ? pd.data() : xd + t * TR * nb,
+                    last ? ps.data() : xs + t * TR * nb, K, y + 8 * gi + t * TR * N, N, valid,
+                    last ? (int)rest : TR);
+    }
     gi++;
   }
   if (configured) _tile_release();
@@ -202,23 +197,22 @@ bool probe() {
   sigaction(SIGSEGV, &sa, &old_segv);
   bool ok = false;
   if (sigsetjmp(probe_env, 1) == 0) {
-    alignas(64) int8_t a[8 * 32];
-    alignas(64) uint8_t w[8 * 64];
-    alignas(64) int32_t c[8 * 16];
-    for (int i = 0; i < 8 * 32; i++) a[i] = (int8_t)((i * 37) % 255 - 127);
-    for (int i = 0; i < 8 * 64; i++) w[i] = (uint8_t)((i * 11) % 16);
-    configure(8);
+    alignas(64) int8_t a[16 * 64];
+    alignas(64) uint8_t w[16 * 64];
+    alignas(64) int32_t c[16 * 16];
+    for (int i = 0; i < 16 * 64; i++) a[i] = (int8_t)((i * 37) % 255 - 127), w[i] = (uint8_t)((i * 11) % 16);
+    configure();
     _tile_zero(0);
-    _tile_loadd(2, a, 32);
+    _tile_loadd(2, a, 64);
     _tile_loadd(4, w, 64);
     _tile_dpbsud(0, 2, 4);
     _tile_stored(0, c, 64);
     _tile_release();
     ok = true;
-    for (int m = 0; m < 8 && ok; m++)
+    for (int m = 0; m < 16 && ok; m++)
       for (int n = 0; n < 16 && ok; n++) {
         int32_t e = 0;
-        for (int k = 0; k < 32; k++) e += (int32_t)a[m * 32 + k] * (int32_t)w[(k / 4) * 64 + 4 * n + k % 4];
+        for (int k = 0; k < 64; k++) e += (int32_t)a[m * 64 + k] * (int32_t)w[(k / 4) * 64 + 4 * n + k % 4];
         ok = e == c[m * 16 + n];
       }
   }

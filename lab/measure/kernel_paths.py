@@ -1,7 +1,8 @@
 """The C++ kernels' vector paths side by side: every projection of the default target's step (121 products), per
-precision and row count, on the AVX2 path (impl 2) and the AVX-512 one (impl 3, where the CPU has it), in one
-process, interleaved round by round (min of the rounds). Both paths give the same bits (tests/test_quant.py);
-this prints what each costs and the ratio.
+precision and row count, on the AVX2 path (impl 2), the AVX-512 one (impl 3) and the AMX one (impl 4: the 8-bit
+activation products' integer dots on the tile unit) where the CPU has them, in one process, interleaved round by
+round (min of the rounds). Every path gives the same bits (tests/test_quant.py); this prints what each costs and
+the ratios (impl 0 takes AMX from ops.h's AMX_MIN_ROWS rows).
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kernel_paths.py --quantizations none,q4a8,q4,q8
 
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
     if ext is None or not ext.has_avx2():
         print(f"needs the C++ kernels on an AVX2 CPU ({quant_ext.describe()})", file=sys.stderr)
         return 2
-    impls = {"AVX2": 2} | ({"AVX-512": 3} if ext.has_avx512() else {})
+    impls = {"AVX2": 2} | ({"AVX-512": 3} if ext.has_avx512() else {}) | ({"AMX": 4} if ext.has_amx() else {})
     rows = [int(r) for r in a.rows.split(",")]
     weights = {q: Transformer.from_pretrained(a.model, quantization=q)._projections()
                for q in a.quantizations.split(",")}
@@ -48,6 +49,8 @@ def main(argv=None) -> int:
         for q, ws in weights.items():
             for m in rows:
                 for name, impl in impls.items():
+                    if name == "AMX" and not q.endswith("a8"):
+                        continue                                 # the weight-only products have no AMX path
                     t0 = time.perf_counter()
                     for w in ws:
                         Q.qmm(xs[m][w.k], w, impl)
@@ -57,13 +60,14 @@ def main(argv=None) -> int:
     print(f"CPU: {cpu_flags()}; {torch.get_num_threads()} threads; {quant_ext.describe()}; ms per step's "
           f"products, min of {a.rounds} interleaved rounds.\n")
     names = list(impls)
+    pairs = [(x, y) for x, y in (("AVX2", "AVX-512"), ("AVX-512", "AMX")) if x in impls and y in impls]
     print("| precision | rows | " + " | ".join(f"{n} (ms)" for n in names)
-          + (" | AVX2 ÷ AVX-512 |" if len(names) > 1 else " |"))
-    print("|---|---|" + "---|" * (len(names) + (len(names) > 1)))
+          + "".join(f" | {x} ÷ {y}" for x, y in pairs) + " |")
+    print("|---|---|" + "---|" * (len(names) + len(pairs)))
     for q in weights:
         for m in rows:
-            cells = [f"{best[q, m, n] * 1e3:.1f}" for n in names]
-            ratio = [f"{best[q, m, 'AVX2'] / best[q, m, 'AVX-512']:.2f}x"] if len(names) > 1 else []
+            cells = [f"{best[q, m, n] * 1e3:.1f}" if (q, m, n) in best else "-" for n in names]
+            ratio = [f"{best[q, m, x] / best[q, m, y]:.2f}x" if (q, m, y) in best else "-" for x, y in pairs]
             print(f"| {q} | {m} | " + " | ".join(cells + ratio) + " |")
     print(f"\nRegenerate: `OMP_NUM_THREADS={torch.get_num_threads()} .venv/bin/python lab/measure/kernel_paths.py "
           f"--quantizations {a.quantizations} --rows {a.rows} --rounds {a.rounds}`")
