@@ -236,17 +236,33 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         for (j = j0; j < j1; j++) si[j] *= a.scale;
       }
     }
-    // max and sum of every query in its own order, the task's queries side by side (independent chains: a
-    // query's chain alone waits on each add's latency); a hidden key adds +0.0f, which leaves a sum of
-    // non-negative terms unchanged
+    // per query: the max over its visible keys (exact in any order; AVX-512: 16 lanes, a hidden key masked off),
+    // then exp; l, the sum of the visible p_j in key order, is added up in the value loop below (same order)
     float l[QB], mx[QB];
     __m256 o[HD / 8];
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, l[i] = 0.0f;
+#ifdef PEAGLE_ATTEND_AVX512
+    for (int64_t i = 0; i < nq; i++) {
+      const float* si = sc.data() + i * S;
+      __m512 m16 = _mm512_set1_ps(-INFINITY);
+      int64_t j = 0;
+      for (; j + 16 <= S; j += 16) {
+        const __mmask16 k = mrow[i] ? _mm_test_epi8_mask(_mm_loadu_si128((const __m128i*)(mrow[i] + j)),
+                                                         _mm_set1_epi8(1)) : (__mmask16)0xffff;
+        m16 = _mm512_mask_max_ps(m16, k, m16, _mm512_loadu_ps(si + j));
+      }
+      float m = _mm512_reduce_max_ps(m16);
+      for (; j < S; j++)
+        if ((!mrow[i] || mrow[i][j]) && si[j] > m) m = si[j];
+      mx[i] = m;
+    }
+#else
     for (int64_t j = 0; j < S; j++)
       for (int64_t i = 0; i < nq; i++) {
         const float v = sc[i * S + j];
         if ((!mrow[i] || mrow[i][j]) && v > mx[i]) mx[i] = v;
       }
+#endif
     for (int64_t i = 0; i < nq; i++) {
       float* si = sc.data() + i * S;
       const bool* mr = mrow[i];
@@ -255,8 +271,6 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
           if (!mr[j]) si[j] = mx[i];                // unused; keeps exp's argument in range
       exp_shifted(si, S, mx[i]);
     }
-    for (int64_t j = 0; j < S; j++)
-      for (int64_t i = 0; i < nq; i++) l[i] += (!mrow[i] || mrow[i][j]) ? sc[i * S + j] : 0.0f;
     // o per query, keys chunk by chunk (each chunk's values shared by all the task's queries while in L1)
     std::fill(os.begin(), os.begin() + nq * HD, 0.0f);
     for (int64_t j0 = 0; j0 < S; j0 += KC) {
@@ -279,8 +293,12 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
           oz[1][c] = _mm512_loadu_ps(oj + 16 * c);
         }
         const int64_t ks = a.ksj;
+        float la = l[i], lb = l[i + nz - 1];
         for (int64_t j = j0; j < j1; j++) {
-          const __mmask16 ka = (!mr || mr[j]) ? 0xffff : 0, kb2 = (nz == 2 && (!mj || mj[j])) ? 0xffff : 0;
+          const bool va = !mr || mr[j], vb2 = nz == 2 && (!mj || mj[j]);
+          const __mmask16 ka = va ? 0xffff : 0, kb2 = vb2 ? 0xffff : 0;
+          la += va ? si[j] : 0.0f;                  // +0.0f: a sum of non-negative terms unchanged
+          lb += vb2 ? sj[j] : 0.0f;
           const __m512 pa = _mm512_set1_ps(si[j]), pb = _mm512_set1_ps(sj[j]);
           const float* v = vb + j * ks;
           #pragma GCC unroll 8
@@ -290,6 +308,8 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
             oz[1][c] = _mm512_mask3_fmadd_ps(pb, vv, oz[1][c], kb2);
           }
         }
+        l[i] = la;
+        if (nz == 2) l[i + 1] = lb;
         #pragma GCC unroll 8
         for (int c = 0; c < HD / 16; c++) {
           _mm512_storeu_ps(oi + 16 * c, oz[0][c]);
@@ -302,6 +322,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         for (int c = 0; c < HD / 8; c++) o[c] = _mm256_loadu_ps(oi + 8 * c);
         for (int64_t j = j0; j < j1; j++) {
           if (mr && !mr[j]) continue;
+          l[i] += si[j];
           const __m256 pv = _mm256_set1_ps(si[j]);
           const float* v = vb + j * a.ksj;
           #pragma GCC unroll 16
