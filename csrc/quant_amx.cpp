@@ -16,6 +16,7 @@
 #include <csetjmp>
 #include <csignal>
 #include <cstring>
+#include <memory>
 #include <vector>
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -148,13 +149,23 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
   const int64_t nb = K / 32, nbp = (nb + 1) / 2, gstride = nb * a8_group_block_bytes(QT), tiles = (M + TR - 1) / TR;
   constexpr int qoff = QT == Q4_1 ? 32 : 16, gb = a8_group_block_bytes(QT);
   // the A tiles of every tile of rows (zeros where a block pair has no second block or a tile no row)
-  std::vector<uint8_t> raw(1024 * nbp * (tiles + 1) + 64, 0);
-  uint8_t* wt = (uint8_t*)(((uintptr_t)raw.data() + 63) & ~(uintptr_t)63);
+  std::unique_ptr<uint8_t[]> raw(new uint8_t[1024 * nbp * (tiles + 1) + 64]);   // every byte written below
+  uint8_t* wt = (uint8_t*)(((uintptr_t)raw.get() + 63) & ~(uintptr_t)63);
   uint8_t* at = wt + 1024 * nbp;
-  for (int64_t r = 0; r < M; r++)
-    for (int64_t b = 0; b < nb; b++)
-      std::memcpy(at + 1024 * (nbp * (r / TR) + b / 2) + 64 * (8 * (b % 2) + r % TR) + 32 * (b % 2),
-                  xq + r * K + 32 * b, 32);
+  if (nb % 2) std::memset(wt + 512 * nb, 0, 512);    // the last pair has no second block
+  const __m256i z = _mm256_setzero_si256();
+  for (int64_t t = 0; t < tiles; t++)
+    for (int64_t j = 0; j < nbp; j++) {
+      uint8_t* base = at + 1024 * (nbp * t + j);
+      for (int64_t h = 0; h < TR; h++) {
+        const int64_t r = t * TR + h;
+        const int8_t* xr = xq + r * K + 64 * j;
+        const __m256i lo = r < M ? _mm256_loadu_si256((const __m256i*)xr) : z;
+        const __m256i hi = r < M && 2 * j + 1 < nb ? _mm256_loadu_si256((const __m256i*)(xr + 32)) : z;
+        _mm512_store_si512((__m512i*)(base + 64 * h), _mm512_inserti64x4(_mm512_castsi256_si512(lo), z, 1));
+        _mm512_store_si512((__m512i*)(base + 64 * (TR + h)), _mm512_inserti64x4(_mm512_castsi256_si512(z), hi, 1));
+      }
+    }
   std::vector<float> pd, ps;
   const int64_t full = M / TR * TR, rest = M - full;
   if (rest) {
