@@ -223,6 +223,7 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  po::has_amx();   // the AMX probe (it briefly handles SIGILL / SIGSEGV) at import, not inside a later product
   m.def("attend_exact", &attend_exact, "attention summed in one fixed order per query (batch/block-invariant)");
   m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
   m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0) or float32 packed by 8 (F32), batch-invariant");
