@@ -15,6 +15,7 @@
 #include <algorithm>   // the standard headers before the target pragma: none of their code is built for AMX
 #include <csetjmp>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -236,6 +237,8 @@ bool probe() {
 
 bool available() {
   static const bool ok = [] {
+    const char* env = std::getenv("PEAGLE_AMX");
+    if (env && std::strcmp(env, "0") == 0) return false;                       // the user's switch
 #if defined(__linux__)
     unsigned a, b, c, d;
     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));

@@ -65,6 +65,19 @@ def test_vector_paths_follow_the_cpu_flags():
     assert ("AMX" in quant_ext.describe()) == EXT.has_amx()
 
 
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+def test_amx_can_be_switched_off():
+    """PEAGLE_AMX=0 keeps the tile unit off (the AVX-512 path runs the same bits); without it the path is
+    what the probe found (this process's answer)."""
+    import subprocess
+    import sys
+    code = "from peagle.models import quant_ext as q; m = q.get(); print(m.has_amx(), 'AMX' in q.describe())"
+    out = {v: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PEAGLE_AMX": v}).stdout.split() for v in ("0", "1")}
+    assert out["0"] == ["False", "False"]
+    assert out["1"] == [str(EXT.has_amx()), str(EXT.has_amx())]
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_dequantize_is_exact_and_matches_gguf(qtype):
     import gguf
