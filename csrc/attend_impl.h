@@ -236,7 +236,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         for (j = j0; j < j1; j++) si[j] *= a.scale;
       }
     }
-    // per query: the max over its visible keys (exact in any order; AVX-512: 16 lanes, a hidden key masked off),
+    // per query: the max over its visible keys (exact in any order; 16 or 8 lanes, a hidden key left out),
     // then exp; l, the sum of the visible p_j in key order, is added up in the value loop below (same order)
     float l[QB], mx[QB];
     __m256 o[HD / 8];
@@ -257,11 +257,27 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       mx[i] = m;
     }
 #else
-    for (int64_t j = 0; j < S; j++)
-      for (int64_t i = 0; i < nq; i++) {
-        const float v = sc[i * S + j];
-        if ((!mrow[i] || mrow[i][j]) && v > mx[i]) mx[i] = v;
+    for (int64_t i = 0; i < nq; i++) {             // 8 lanes: a hidden key's score replaced by -inf
+      const float* si = sc.data() + i * S;
+      const __m256 ninf = _mm256_set1_ps(-INFINITY);
+      __m256 m8 = ninf;
+      int64_t j = 0;
+      for (; j + 8 <= S; j += 8) {
+        __m256 v = _mm256_loadu_ps(si + j);
+        if (mrow[i]) {
+          const __m256i vis = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(mrow[i] + j)));
+          v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_setzero_si256())));
+        }
+        m8 = _mm256_max_ps(m8, v);
       }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, m8);
+      float m = lanes[0];
+      for (int c = 1; c < 8; c++) m = lanes[c] > m ? lanes[c] : m;
+      for (; j < S; j++)
+        if ((!mrow[i] || mrow[i][j]) && si[j] > m) m = si[j];
+      mx[i] = m;
+    }
 #endif
     for (int64_t i = 0; i < nq; i++) {
       float* si = sc.data() + i * S;
