@@ -108,6 +108,10 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--blocks", default="1,2,4,8", help="tokens per forward: 1 = the plain step, more = verify(T)")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--warm", type=int, default=1,
+                    help="untimed forwards of the same shape before each timed one (1: the second forward after the "
+                         "bandwidth probe evicted the weights; more: the fully warm steps of a long generation, whose "
+                         "weights the last-level cache may hold)")
     ap.add_argument("--ppl-texts", type=int, default=40, help="HumanEval problems for perplexity (0: skip)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the markdown report here")
@@ -158,7 +162,8 @@ def main(argv=None) -> int:
                 # untimed first: the timed forward is a steady-state step, as in decoding (the bandwidth probe and
                 # the other targets have evicted this one's weights; a last-level cache that holds them keeps
                 # them between the steps of a generation)
-                t.forward(toks, caches[key], 0, start, span=a.context + T, s0=a.context)
+                for _ in range(a.warm):
+                    t.forward(toks, caches[key], 0, start, span=a.context + T, s0=a.context)
                 t0 = time.perf_counter()
                 t.forward(toks, caches[key], 0, start, span=a.context + T, s0=a.context)
                 times[(key, T)].append(time.perf_counter() - t0)
@@ -166,27 +171,42 @@ def main(argv=None) -> int:
                 proj[key] = min(proj[key], projections_ms(t, 1))
     ops = {key: torch_ops_per_step(t, caches[key], a.context) for key, t in configs.items()}
     bw = max(bws + [bandwidth_gbs()])
+    # the same bytes read again and again (a buffer of the weights' size, warm: as a decode loop re-reads them; a
+    # last-level cache that holds part of them serves that part), best of 3 x 5 reads
+    warm_read = {}
+    for t in configs.values():
+        mb = max(1, round(weight_bytes(t) / 2**20))
+        if mb not in warm_read:
+            warm_read[mb] = max(bandwidth_gbs(mb, 5) for _ in range(3))
     ms = {k: min(v) * 1e3 for k, v in times.items()}
     lines = [f"# A CPU step against one read of its weights ({os.path.basename(a.model.rstrip('/'))})", "",
              f"CPU: {cpu_flags()}; torch {torch.__version__}, {torch.get_num_threads()} threads; kernels: "
-             f"{quant_ext.describe()}; context {a.context}, 1 request; min of {a.rounds} interleaved rounds.", "",
+             f"{quant_ext.describe()}; context {a.context}, 1 request; min of {a.rounds} interleaved rounds, each timed "
+             f"forward after {a.warm} untimed one(s) of the same shape.", "",
              f"Memory read bandwidth (torch sum over 512 MB, best of every round and the end): **{bw:.1f} GB/s** "
              f"(rounds: {min(bws):.1f}-{max(bws):.1f} GB/s).", "",
              "| precision | weights read / step (MB) | one read (ms) | plain step (ms) | step / read | "
+             "warm read of those bytes (ms) | step / warm read | "
              "products alone (ms) | rest of the step (ms) | " + " | ".join(f"verify({T}) (ms)" for T in blocks if T > 1) +
              " | " + " | ".join(f"verify({T}) / plain" for T in blocks if T > 1) + " | aten ops / step | load (s) |",
-             "|---|---|---|---|---|---|---|" + "---|" * (2 * sum(1 for T in blocks if T > 1)) + "---|---|"]
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * (2 * sum(1 for T in blocks if T > 1)) + "---|---|"]
     for key, t in configs.items():
         nb = weight_bytes(t)
         read_ms = nb / bw / 1e6
+        warm_ms = nb / warm_read[max(1, round(nb / 2**20))] / 1e6
         plain = ms[(key, 1)]
         ver = [ms[(key, T)] for T in blocks if T > 1]
         p = f"{proj[key]:.1f} | {plain - proj[key]:.1f}" if key in proj else "- | -"
-        lines.append(f"| {key} | {nb / 1e6:.0f} | {read_ms:.1f} | {plain:.1f} | {plain / read_ms:.2f}x | {p} | "
+        lines.append(f"| {key} | {nb / 1e6:.0f} | {read_ms:.1f} | {plain:.1f} | {plain / read_ms:.2f}x | "
+                     f"{warm_ms:.1f} | {plain / warm_ms:.2f}x | {p} | "
                      + " | ".join(f"{v:.1f}" for v in ver) + (" | " if ver else "")
                      + " | ".join(f"{v / plain:.2f}x" for v in ver) + f" | {ops[key]} | "
                      f"{load_s.get(key.split()[0], 0):.1f} |")
-    lines += ["", "Rest of the step = plain step - products alone (norms, RoPE, attention, residual adds, SiLU). aten "
+    lines += ["", "One read: the weights' bytes at the best 512 MB read of the run (memory). Warm read: a buffer of the "
+              "weights' size read again and again, as a decode loop re-reads its weights (the last-level cache serves "
+              "what it holds). With --warm 1 the steps of a round run in order plain, verify(2), (4), (8), each a "
+              "little warmer than the one before (the probe evicted them); --warm 4 times every shape warm.", "",
+              "Rest of the step = plain step - products alone (norms, RoPE, attention, residual adds, SiLU). aten "
               "ops = top-level aten calls the profiler sees in one plain step; the C++ kernels' own output allocations "
               "count there too, so fusion shows in the time, not in this count.", ""]
     for key, t in configs.items():
