@@ -397,4 +397,17 @@ static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
   }
 }
 
+#ifdef PEAGLE_ATTEND_NS
+// The entry points of a vector build (PEAGLE_ATTEND_NS: avx2 or avx512; ops.cpp declares them): tasks are
+// attend_blocked's for hd 64 / 128, else one per query (attend_range).
+namespace PEAGLE_ATTEND_NS {
+int64_t tasks(const AttnArgs& a) { return a.hd == 64 || a.hd == 128 ? blocked_tasks(a) : a.B * a.T * a.nh; }
+void attend(const AttnArgs& a, int64_t t0, int64_t t1) {
+  if (a.hd == 64) return attend_blocked<64>(a, t0, t1);
+  if (a.hd == 128) return attend_blocked<128>(a, t0, t1);
+  attend_range(a, t0, t1);
+}
+}  // namespace PEAGLE_ATTEND_NS
+#endif
+
 }  // namespace peagle_attend

@@ -3,7 +3,7 @@
 // move to the tile unit: per pair of groups (16 outputs) and block of 32, TDPBSUD (Q4: signed activations x
 // unsigned nibbles) or TDPBSSD (Q8_0: signed x signed) sums p_b for 8 rows at once, exactly (int32, the same
 // integer the AVX2 path's maddubs + madd and AVX-512's dpbusd produce), and the float part that follows is
-// pair_a8's (quant_avx512.cpp), the same operations in the same order: the same bits as every other path.
+// pair_a8's (quant_avx512_inline.h, shared with it): the same bits as every other path.
 //
 // Tiles (all [16 x 64] bytes): B = the pair's weights of two blocks in the tile unit's layout (row k4 holds bytes
 // 4k4..4k4+3 of each of the 16 outputs; rows 8-15 the second block), unpacked from pack_a8's layout once per
@@ -17,7 +17,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <vector>
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -27,6 +26,7 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
 #include <immintrin.h>
 
+#include "quant_avx512_inline.h"
 #include "quant_kernels.h"
 
 namespace peagle_quant {
@@ -48,11 +48,6 @@ void configure() {
   _tile_loadconfig(&c);
 }
 
-inline __m512 halves16(const uint8_t* p, int64_t gs) {
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)p)),
-                                                 _mm_loadu_si128((const __m128i*)(p + gs)), 1));
-}
-
 // Block b of the pair (groups at g and g + gs) -> the B tile [8 x 64] at out.
 template <int QT>
 inline void unpack_block(const uint8_t* q0, int64_t gs, uint8_t* out) {
@@ -71,23 +66,6 @@ inline void unpack_block(const uint8_t* q0, int64_t gs, uint8_t* out) {
       _mm512_store_si512((__m512i*)(out + 64 * c), _mm512_and_si512(w, m4));                          // weights 4c..
       _mm512_store_si512((__m512i*)(out + 64 * (4 + c)), _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));  // 16+4c..
     }
-  }
-}
-
-// The float part of one block for NR rows (pair_a8's, in its order): dots [NR x 16] int32.
-template <int QT, int NR>
-inline void block_float(const uint8_t* blk, int64_t gs, const int32_t* dots, const float* xd, const float* xs,
-                        int64_t nb, int64_t b, __m512* acc, __m512* s) {
-  const __m512 d = halves16(blk, gs);
-  #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) {
-    const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(xd[r * nb + b]));
-    acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i*)(dots + 16 * r))), acc[r]);
-  }
-  if constexpr (QT != Q8_0) {
-    const __m512 m = QT == Q4_1 ? halves16(blk + 16, gs) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[r * nb + b]), s[r]);
   }
 }
 
@@ -129,16 +107,16 @@ void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const uint8_t* a
     }
     if (i > 0) {
       const int64_t b0 = 4 * (i - 1), b1 = std::min<int64_t>(b0 + 4, nb);
-      for (int64_t b = b0; b < b1; b++)
-        block_float<QT, TR>(g + b * gb, gs, dots[(i - 1) & 1][(b - b0) / 2] + 128 * (b % 2), xd, xs, nb, b, acc, s);
+      for (int64_t b = b0; b < b1; b++) {
+        const int32_t* c = dots[(i - 1) & 1][(b - b0) / 2] + 128 * (b % 2);   // C's rows 0-7 or 8-15
+        __m512i d[TR];
+        #pragma GCC unroll 8
+        for (int r = 0; r < TR; r++) d[r] = _mm512_load_si512((const __m512i*)(c + 16 * r));
+        avx512::a8_block<QT, TR>(g + b * gb, gs, d, xd, xs, nb, b, acc, s);
+      }
     }
   }
-  #pragma GCC unroll 8
-  for (int r = 0; r < rows_out; r++) {
-    alignas(64) float out[16];
-    _mm512_store_ps(out, QT == Q8_0 ? acc[r] : _mm512_add_ps(acc[r], s[r]));
-    for (int o = 0; o < valid; o++) y[r * N + o] = out[o];
-  }
+  avx512::a8_store<QT>(acc, s, rows_out, y, N, valid);
 }
 
 // Rows in tiles of 8 (the float accumulators of 8 rows stay in registers); a last tile of fewer rows runs as 8
@@ -149,9 +127,12 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
               int64_t N, int64_t g0, int64_t g1) {
   const int64_t nb = K / 32, nbp = (nb + 1) / 2, gstride = nb * a8_group_block_bytes(QT), tiles = (M + TR - 1) / TR;
   constexpr int qoff = QT == Q4_1 ? 32 : 16, gb = a8_group_block_bytes(QT);
-  // the A tiles of every tile of rows (zeros where a block pair has no second block or a tile no row)
-  std::unique_ptr<uint8_t[]> raw(new uint8_t[1024 * nbp * (tiles + 1) + 64]);   // every byte written below
-  uint8_t* wt = (uint8_t*)(((uintptr_t)raw.get() + 63) & ~(uintptr_t)63);
+  // this thread's scratch, kept between calls (a prefill's A tiles are ~1 MB): the pair's B tiles, then the A
+  // tiles of every tile of rows (zeros where a block pair has no second block or a tile no row); every byte
+  // is written below
+  thread_local std::vector<uint8_t> raw;
+  if (raw.size() < (size_t)(1024 * nbp * (tiles + 1) + 64)) raw.resize(1024 * nbp * (tiles + 1) + 64);
+  uint8_t* wt = (uint8_t*)(((uintptr_t)raw.data() + 63) & ~(uintptr_t)63);
   uint8_t* at = wt + 1024 * nbp;
   if (nb % 2) std::memset(wt + 512 * nb, 0, 512);    // the last pair has no second block
   const __m256i z = _mm256_setzero_si256();
@@ -167,12 +148,16 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
         _mm512_store_si512((__m512i*)(base + 64 * (TR + h)), _mm512_inserti64x4(_mm512_castsi256_si512(z), hi, 1));
       }
     }
-  std::vector<float> pd, ps;
+  // a last tile of fewer rows: its scales padded with zeros to 8 rows
+  thread_local std::vector<float> pad;
   const int64_t full = M / TR * TR, rest = M - full;
+  float *pd = nullptr, *ps = nullptr;
   if (rest) {
-    pd.assign(TR * nb, 0.0f), ps.assign(TR * nb, 0.0f);
-    std::memcpy(pd.data(), xd + full * nb, rest * nb * sizeof(float));
-    std::memcpy(ps.data(), xs + full * nb, rest * nb * sizeof(float));
+    if (pad.size() < (size_t)(2 * TR * nb)) pad.resize(2 * TR * nb);
+    pd = pad.data(), ps = pd + TR * nb;
+    std::fill(pd, pd + 2 * TR * nb, 0.0f);
+    std::memcpy(pd, xd + full * nb, rest * nb * sizeof(float));
+    std::memcpy(ps, xs + full * nb, rest * nb * sizeof(float));
   }
   bool configured = false;
   for (int64_t gi = g0; gi < g1; gi++) {
@@ -186,9 +171,8 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
     const int valid = (int)std::min<int64_t>(16, N - 8 * gi);
     for (int64_t t = 0; t < tiles; t++) {
       const bool last = t * TR == full;
-      pair_rows<QT>(g, gstride, wt, at + 1024 * nbp * t, last ? pd.data() : xd + t * TR * nb,
-                    last ? ps.data() : xs + t * TR * nb, K, y + 8 * gi + t * TR * N, N, valid,
-                    last ? (int)rest : TR);
+      pair_rows<QT>(g, gstride, wt, at + 1024 * nbp * t, last ? pd : xd + t * TR * nb, last ? ps : xs + t * TR * nb,
+                    K, y + 8 * gi + t * TR * N, N, valid, last ? (int)rest : TR);
     }
     gi++;
   }

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include "quant_avx2_inline.h"
+#include "quant_avx512_inline.h"
 #include "quant_kernels.h"
 
 namespace peagle_quant {
@@ -114,11 +115,6 @@ static inline void pair_dots(const uint8_t* q0, int64_t gs, const int8_t* x, int
   }
 }
 
-static inline __m512 halves16(const uint8_t* p, int64_t gs) {
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)p)),
-                                                 _mm_loadu_si128((const __m128i*)(p + gs)), 1));
-}
-
 template <int QT, int NR>
 static inline void pair_a8(const uint8_t* g, int64_t gs, const int8_t* xq, const float* xd, const float* xs,
                            int64_t K, float* y, int64_t N, int valid) {
@@ -129,26 +125,11 @@ static inline void pair_a8(const uint8_t* g, int64_t gs, const int8_t* xq, const
   for (int r = 0; r < NR; r++) acc[r] = s[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* blk = g + b * gb;
-    const __m512 d = halves16(blk, gs);
     __m512i dots[NR];
     pair_dots<QT, NR>(blk + qoff, gs, xq + b * 32, K, dots);
-    #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) {
-      const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(xd[r * nb + b]));
-      acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dots[r]), acc[r]);
-    }
-    if constexpr (QT != Q8_0) {
-      const __m512 m = QT == Q4_1 ? halves16(blk + 16, gs) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
-      #pragma GCC unroll 8
-      for (int r = 0; r < NR; r++) s[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[r * nb + b]), s[r]);
-    }
+    a8_block<QT, NR>(blk, gs, dots, xd, xs, nb, b, acc, s);
   }
-  #pragma GCC unroll 8
-  for (int r = 0; r < NR; r++) {
-    alignas(64) float out[16];
-    _mm512_store_ps(out, QT == Q8_0 ? acc[r] : _mm512_add_ps(acc[r], s[r]));
-    for (int o = 0; o < valid; o++) y[r * N + o] = out[o];
-  }
+  a8_store<QT>(acc, s, NR, y, N, valid);
 }
 
 // Groups g0..g1-1 of all M rows: pairs of groups in tiles of up to 8 rows (a pair's weights unpacked once per 8

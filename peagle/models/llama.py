@@ -307,7 +307,7 @@ class _StackOrNone:
     """Transformer._layer_stack's record: `run` an extension LayerStack over the target's weights, or None."""
 
     def __init__(self, t: Transformer, impl: int = 0):
-        """impl: the extension's paths (0 best for this CPU, 1 scalar, 2 AVX2, 3 AVX-512: tests)."""
+        """impl: the extension's paths (0 best for this CPU, 1 scalar, 2 AVX2, 3 AVX-512, 4 AMX: tests)."""
         from . import quant_ext
         self.run, self.act8 = None, False
         ext, c = quant_ext.get(), t.cfg

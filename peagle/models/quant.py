@@ -281,8 +281,8 @@ def _act8_dense(x2: torch.Tensor) -> torch.Tensor:
 
 
 def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
-    """x [..., K] float32 @ W^T -> [..., N]. impl (tests): 0 best kernel, 1 scalar, 2 AVX2, 3 AVX-512 (see csrc/ops.h),
-    -1 the torch fallback. A weight with act8 multiplies the activations quantized to 8 bits (llama.cpp's)."""
+    """x [..., K] float32 @ W^T -> [..., N]. impl (tests): 0 best kernel, 1 scalar, 2 AVX2, 3 AVX-512, 4 AMX (see
+    csrc/ops.h), -1 the torch fallback. A weight with act8 multiplies the activations quantized to 8 bits (llama.cpp's)."""
     if isinstance(w, QuantStack):
         return torch.cat([qmm(x, p, impl) for p in w.parts], -1)
     rows = x.numel() // x.shape[-1]
