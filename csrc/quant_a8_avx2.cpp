@@ -65,7 +65,7 @@ static inline void block_dots(const uint8_t* qs, const int8_t* x, int64_t K, __m
 
 // One group (8 outputs) x NR rows (K apart in xq, nb apart in xd / xs); writes the first `valid` outputs.
 template <int QT, int NR>
-static inline void group(const uint8_t* g, const int8_t* xq, const float* xd, const float* xs, int64_t K,
+static inline void group(const uint8_t* g, int64_t gs, const int8_t* xq, const float* xd, const float* xs, int64_t K,
                          float* y, int64_t N, int valid) {
   constexpr int gb = a8_group_block_bytes(QT), qoff = QT == Q4_1 ? 32 : 16;
   const int64_t nb = K / 32;
@@ -74,6 +74,7 @@ static inline void group(const uint8_t* g, const int8_t* xq, const float* xd, co
   for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* blk = g + b * gb;
+    prefetch_bytes(blk + A8_PREFETCH_GROUPS * gs, gb);   // gs: the groups' byte distance
     const __m256 d = halves8(blk);
     __m256i dots[NR];
     block_dots<QT, NR>(blk + qoff, xq + b * 32, K, dots);
@@ -117,10 +118,10 @@ static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const 
       const int8_t* xr = xq + r * K;
       const float *dr = xd + r * nb, *sr = xs + r * nb;
       float* yr = yg + r * N;
-      if (nr == 4) group<QT, 4>(g, xr, dr, sr, K, yr, N, valid);
-      else if (nr == 3) group<QT, 3>(g, xr, dr, sr, K, yr, N, valid);
-      else if (nr == 2) group<QT, 2>(g, xr, dr, sr, K, yr, N, valid);
-      else group<QT, 1>(g, xr, dr, sr, K, yr, N, valid);
+      if (nr == 4) group<QT, 4>(g, gstride, xr, dr, sr, K, yr, N, valid);
+      else if (nr == 3) group<QT, 3>(g, gstride, xr, dr, sr, K, yr, N, valid);
+      else if (nr == 2) group<QT, 2>(g, gstride, xr, dr, sr, K, yr, N, valid);
+      else group<QT, 1>(g, gstride, xr, dr, sr, K, yr, N, valid);
     }
   }
 }

@@ -69,6 +69,15 @@ constexpr int a8_group_block_bytes(int qtype) {
 // w [N, nb * block bytes] -> out [ceil(N/8), nb * a8_group_block_bytes].
 void pack_a8(int qtype, const uint8_t* w, int64_t N, int64_t K, uint8_t* out);
 
+// The a8 paths prefetch, block by block, the same block of the group this many groups ahead (a thread's groups are
+// one stream, so that is where it reads next; a prefetch past the weight's end never faults). Measured on a 2-core
+// Intel Xeon (KVM, AVX-512), SmolLM2 q4a8 decoding: plain step 3.58 -> 2.93 ms, a 2-row verify step 4.9 -> 3.2 ms
+// (the hardware prefetcher alone did not keep the ~150 short streams of a step at the memory's bandwidth).
+constexpr int64_t A8_PREFETCH_GROUPS = 2;
+inline void prefetch_bytes(const uint8_t* p, int bytes) {
+  for (int off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 namespace scalar {
 // Outputs n0..n1-1 of every row, from GGUF's blocks (w, row_bytes apart).
 void linear_rows_a8(int qtype, const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd,

@@ -2,7 +2,7 @@
 precision and row count, on the AVX2 path (impl 2), the AVX-512 one (impl 3) and the AMX one (impl 4: the 8-bit
 activation products' integer dots on the tile unit) where the CPU has them, in one process, interleaved round by
 round (min of the rounds). Every path gives the same bits (tests/test_quant.py); this prints what each costs and
-the ratios (impl 0 takes AMX from ops.h's AMX_MIN_ROWS rows).
+the ratios (impl 0 takes AMX from ops.h's amx_min_rows rows).
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kernel_paths.py --quantizations none,q4a8,q4,q8
 
