@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "exp_consts.h"
+
 namespace peagle_attend {
 
 struct AttnArgs {
@@ -39,15 +41,15 @@ struct AttnArgs {
 
 static inline float exp_neg(float x) {
   x = x > -87.0f ? x : -87.0f;                                // e^-87 ~ 1.6e-38: the smallest normal scale
-  const float n = std::nearbyint(x * 1.44269504088896341f);   // x = n ln2 + r, |r| <= ln2 / 2
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
+  const float n = std::nearbyint(x * peagle_exp::LOG2E);   // x = n ln2 + r, |r| <= ln2 / 2
+  float r = std::fma(n, peagle_exp::LN2_HI, x);
+  r = std::fma(n, peagle_exp::LN2_LO, r);
+  float p = peagle_exp::P0;
+  p = std::fma(p, r, peagle_exp::P1);
+  p = std::fma(p, r, peagle_exp::P2);
+  p = std::fma(p, r, peagle_exp::P3);
+  p = std::fma(p, r, peagle_exp::P4);
+  p = std::fma(p, r, peagle_exp::P5);
   p = std::fma(p * r, r, r) + 1.0f;
   const int32_t bits = ((int32_t)n + 127) << 23;              // 2^n, n in [-126, 0]
   float scale;
@@ -65,16 +67,16 @@ static inline __m256 exp_neg8(__m256 x) {
 // ... and on 16 (exp8_clamped's operations lane by lane: roundscale 0 = round to integer in the current mode).
 static inline __m512 exp_neg16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(peagle_exp::LOG2E)),
                                         _MM_FROUND_CUR_DIRECTION);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(peagle_exp::LN2_HI), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(peagle_exp::LN2_LO), r);
+  __m512 p = _mm512_set1_ps(peagle_exp::P0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P5));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));

@@ -74,7 +74,7 @@ static inline void group(const uint8_t* g, int64_t gs, const int8_t* xq, const f
   for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* blk = g + b * gb;
-    prefetch_bytes(blk + A8_PREFETCH_GROUPS * gs, gb);   // gs: the groups' byte distance
+    prefetch_ahead(blk, gs, gb, 1);   // gs: the groups' byte distance
     const __m256 d = halves8(blk);
     __m256i dots[NR];
     block_dots<QT, NR>(blk + qoff, xq + b * 32, K, dots);

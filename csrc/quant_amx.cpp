@@ -168,8 +168,7 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
     if (!configured) configure(), configured = true;
     const uint8_t* g = p + gi * gstride;
     for (int64_t b = 0; b < nb; b++) {
-      prefetch_bytes(g + b * gb + A8_PREFETCH_GROUPS * gstride, gb);        // the next pair's block
-      prefetch_bytes(g + b * gb + (A8_PREFETCH_GROUPS + 1) * gstride, gb);
+      prefetch_ahead(g + b * gb, gstride, gb, 2);   // the next pair's block
       unpack_block<QT>(g + b * gb + qoff, gstride, wt + 512 * b);
     }
     const int valid = (int)std::min<int64_t>(16, N - 8 * gi);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "exp_consts.h"
+
 namespace peagle_quant {
 namespace avx2 {
 
@@ -27,16 +29,16 @@ static inline float fold(__m256 s) {
 // exponent bits; basic IEEE operations only (the rounding: the current mode's, as nearbyint's), so a one-lane
 // version of the same operations gives the same bits (attend_impl.h's exp_neg).
 static inline __m256 exp8_clamped(__m256 x) {
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(peagle_exp::LOG2E)),
                                    _MM_FROUND_CUR_DIRECTION);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(peagle_exp::LN2_HI), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(peagle_exp::LN2_LO), r);
+  __m256 p = _mm256_set1_ps(peagle_exp::P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(peagle_exp::P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(peagle_exp::P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(peagle_exp::P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(peagle_exp::P4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(peagle_exp::P5));
   p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));

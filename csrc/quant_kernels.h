@@ -74,8 +74,11 @@ void pack_a8(int qtype, const uint8_t* w, int64_t N, int64_t K, uint8_t* out);
 // Intel Xeon (KVM, AVX-512), SmolLM2 q4a8 decoding: plain step 3.58 -> 2.93 ms, a 2-row verify step 4.9 -> 3.2 ms
 // (the hardware prefetcher alone did not keep the ~150 short streams of a step at the memory's bandwidth).
 constexpr int64_t A8_PREFETCH_GROUPS = 2;
-inline void prefetch_bytes(const uint8_t* p, int bytes) {
-  for (int off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+// The `bytes` of the block at blk in the `groups` groups (1, or 2 for a pair) A8_PREFETCH_GROUPS groups of gs bytes
+// further on. static: each translation unit keeps its own copy, built for its own target pragma.
+static inline void prefetch_ahead(const uint8_t* blk, int64_t gs, int bytes, int groups) {
+  for (int i = 0; i < groups; i++)
+    for (int off = 0; off < bytes; off += 64) __builtin_prefetch(blk + (A8_PREFETCH_GROUPS + i) * gs + off, 0, 3);
 }
 
 namespace scalar {
