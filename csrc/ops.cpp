@@ -52,8 +52,8 @@ bool use_avx2(int64_t impl) {
 
 bool use_avx512(int64_t impl) { return use_avx2(impl) && (impl >= 3 || (impl == 0 && has_avx512())); }
 
-bool use_amx(int64_t impl, int64_t M, int qtype) {
-  return use_avx2(impl) && (impl == 4 || (impl == 0 && M >= amx_min_rows(qtype) && has_amx()));
+bool use_amx(int64_t impl, int64_t M) {
+  return use_avx2(impl) && (impl == 4 || (impl == 0 && M >= AMX_MIN_ROWS && has_amx()));
 }
 
 void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y) {
@@ -80,7 +80,7 @@ void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const ui
   const bool vec = use_avx2(impl);
   (vec ? pq::avx2::quantize_act : pq::quantize_act)(x, M, K, s.xq, s.xd, s.xs);
   if (vec) {
-    auto fn = use_amx(impl, M, qtype) ? pq::amx::linear_groups_a8
+    auto fn = use_amx(impl, M) ? pq::amx::linear_groups_a8
               : use_avx512(impl) ? pq::avx512::linear_groups_a8 : pq::avx2::linear_groups_a8;
     at::parallel_for(0, (N + 7) / 8, std::max<int64_t>(1, 2048 / K), [&](int64_t g0, int64_t g1) {
       fn(qtype, packed, s.xq, s.xd, s.xs, M, K, y, N, g0, g1);

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "attend_impl.h"
-#include "quant_kernels.h"
 
 namespace peagle_ops {
 
@@ -17,12 +16,12 @@ bool has_avx512();             // AVX-512 F, VL, BW, DQ and VNNI (and AVX2)
 bool has_amx();                // AMX-TILE + AMX-INT8 usable by this process (and AVX-512)
 bool use_avx2(int64_t impl);   // impl 2, 3 or 4 without the CPU's support raises
 bool use_avx512(int64_t impl);
-// The 8-bit-activation products of M rows on the tile unit: impl 4 always, impl 0 from amx_min_rows(qtype) rows.
-bool use_amx(int64_t impl, int64_t M, int qtype);
-// Measured on a 2-core Intel Xeon (KVM), every product of a SmolLM2 step, both paths prefetching
-// (lab/measure/kernel_paths.py): AVX-512 / AMX q4a8 0.83x at 8-12 rows, 0.95-0.98x at 16-24, 1.0-1.06x from 32;
-// q8a8 0.91x at 8, 1.0x at 12, 1.06x at 16, 1.2-1.34x from 24 (nibbles cost the tile path an unpacking pass).
-inline int64_t amx_min_rows(int qtype) { return qtype == peagle_quant::Q8_0 ? 16 : 32; }
+// The 8-bit-activation products of M rows on the tile unit: impl 4 always, impl 0 from AMX_MIN_ROWS rows.
+bool use_amx(int64_t impl, int64_t M);
+// Measured on a 2-core Intel Xeon (KVM), every product of a SmolLM2 step, both paths prefetching, warm
+// (lab/measure/kernel_paths.py, docs/benchmarks/kernel-paths.md): AVX-512 / AMX q4a8 0.93x at 8 rows, 1.08x at
+// 16, 1.10x at 32; q8a8 1.00x at 8, 1.26x at 16, 1.37x at 32.
+constexpr int64_t AMX_MIN_ROWS = 16;
 
 // y[M, N] = x[M, K] @ W^T, W GGUF blocks [N, K/32 * block bytes] (weight-only: float activations).
 void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y);

@@ -80,7 +80,7 @@ constexpr int TR = 8;
 
 template <int QT>
 void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const uint8_t* at, const float* xd, const float* xs,
-               int64_t K, float* y, int64_t N, int valid, int rows_out) {
+               int64_t K, float* y, int64_t N, int valid, int rows_out, bool pf) {
   constexpr int gb = a8_group_block_bytes(QT);
   const int64_t nb = K / 32, nbp = (nb + 1) / 2, steps = (nbp + 1) / 2;
   alignas(64) int32_t dots[2][2][256];
@@ -108,6 +108,7 @@ void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const uint8_t* a
     if (i > 0) {
       const int64_t b0 = 4 * (i - 1), b1 = std::min<int64_t>(b0 + 4, nb);
       for (int64_t b = b0; b < b1; b++) {
+        if (pf) prefetch_ahead(g + b * gb, gs, gb, 2);   // the next pair's block, while the tiles work
         const int32_t* c = dots[(i - 1) & 1][(b - b0) / 2] + 128 * (b % 2);   // C's rows 0-7 or 8-15
         __m512i d[TR];
         #pragma GCC unroll 8
@@ -167,15 +168,12 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
     }
     if (!configured) configure(), configured = true;
     const uint8_t* g = p + gi * gstride;
-    for (int64_t b = 0; b < nb; b++) {
-      prefetch_ahead(g + b * gb, gstride, gb, 2);   // the next pair's block
-      unpack_block<QT>(g + b * gb + qoff, gstride, wt + 512 * b);
-    }
+    for (int64_t b = 0; b < nb; b++) unpack_block<QT>(g + b * gb + qoff, gstride, wt + 512 * b);
     const int valid = (int)std::min<int64_t>(16, N - 8 * gi);
     for (int64_t t = 0; t < tiles; t++) {
       const bool last = t * TR == full;
       pair_rows<QT>(g, gstride, wt, at + 1024 * nbp * t, last ? pd : xd + t * TR * nb, last ? ps : xs + t * TR * nb,
-                    K, y + 8 * gi + t * TR * N, N, valid, last ? (int)rest : TR);
+                    K, y + 8 * gi + t * TR * N, N, valid, last ? (int)rest : TR, t == 0);
     }
     gi++;
   }

@@ -139,7 +139,7 @@ def test_vector_paths_agree_with_scalar_bit_for_bit(qtype, act8):
         for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 16, 32, 33, 130):
             x = torch.randn(m, w.k)
             ref = Q.qmm(x, w, 1)
-            for impl in IMPLS[2:] + [0]:       # 0: the best path per row count (AMX from 16 / 32 rows where it runs)
+            for impl in IMPLS[2:] + [0]:       # 0: the best path per row count (AMX from 16 rows where it runs)
                 assert torch.equal(ref, Q.qmm(x, w, impl)), (n, m, impl)
 
 

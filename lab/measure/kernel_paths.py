@@ -2,11 +2,13 @@
 precision and row count, on the AVX2 path (impl 2), the AVX-512 one (impl 3) and the AMX one (impl 4: the 8-bit
 activation products' integer dots on the tile unit) where the CPU has them, in one process, interleaved round by
 round (min of the rounds). Every path gives the same bits (tests/test_quant.py); this prints what each costs and
-the ratios (impl 0 takes AMX from ops.h's amx_min_rows rows).
+the ratios (impl 0 takes AMX from ops.h's AMX_MIN_ROWS rows).
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kernel_paths.py --quantizations none,q4a8,q4,q8
 
-Each product is called from Python (the same overhead on both paths), weights as the target loads them.
+Each product is called from Python (the same overhead on both paths), weights as the target loads them; each
+cell's timed pass follows an untimed one of the same cell (warm, as a decode loop re-reads its weights: without it
+the first row count after another precision's pass ran cold and looked slower than the next).
 """
 from __future__ import annotations
 
@@ -51,10 +53,11 @@ def main(argv=None) -> int:
                 for name, impl in impls.items():
                     if name == "AMX" and not q.endswith("a8"):
                         continue                                 # the weight-only products have no AMX path
-                    t0 = time.perf_counter()
-                    for w in ws:
-                        Q.qmm(xs[m][w.k], w, impl)
-                    dt = time.perf_counter() - t0
+                    for timed in (False, True):      # an untimed pass first: every cell warm, as in decoding
+                        t0 = time.perf_counter()
+                        for w in ws:
+                            Q.qmm(xs[m][w.k], w, impl)
+                        dt = time.perf_counter() - t0
                     best[q, m, name] = min(best.get((q, m, name), dt), dt)
     print(f"# The kernels' vector paths, every product of a step ({os.path.basename(a.model.rstrip('/'))})\n")
     print(f"CPU: {cpu_flags()}; {torch.get_num_threads()} threads; {quant_ext.describe()}; ms per step's "
