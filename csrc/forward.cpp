@@ -6,6 +6,8 @@
 //   qkv = h @ Wqkv; q = rope(q), cache <- rope(k), v; a = attend(q, cache); x, h = x + a @ Wo, norm2(.)
 //   gu = h @ Wgu; d = silu(gu[:I]) * gu[I:] @ Wdown; x, h = x + d, norm1 of layer i + 1 (the last: final norm)
 // Returns the final h [B, T, H] and the residual entering each layer of aux_ids ([B, T, n * H], layer order).
+// A drafter head (peagle/heads/model.py) runs here too: its layer 0 reads its own input h0 ([norm(embedding) ||
+// norm(hidden)], 2H wide) instead of rms_norm(x), and x is its residual as given.
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -62,7 +64,7 @@ class LayerStack {
     }
     for (int64_t i = 0; i < n; i++) {
       const Proj &qkv = proj_[4 * i], &o = proj_[4 * i + 1], &gu = proj_[4 * i + 2];
-      TORCH_CHECK(qkv.K == H_ && o.K == nh * hd && gu.K == H_, "LayerStack: layer ", i, " shapes");
+      TORCH_CHECK((qkv.K == H_ || i == 0) && o.K == nh * hd && gu.K == H_, "LayerStack: layer ", i, " shapes");
     }
     for (auto& t : norms) {
       TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.numel() == H_, "LayerStack: norms of ", H_, " floats");
@@ -74,7 +76,7 @@ class LayerStack {
   std::vector<torch::Tensor> forward(torch::Tensor x, std::vector<torch::Tensor> kc, std::vector<torch::Tensor> vc,
                                      torch::Tensor cos, torch::Tensor sin, torch::Tensor pos,
                                      c10::optional<torch::Tensor> mask, int64_t b0, int64_t S,
-                                     std::vector<int64_t> aux_ids) {
+                                     std::vector<int64_t> aux_ids, c10::optional<torch::Tensor> h0) {
     const int64_t n = (int64_t)proj_.size() / 4;
     TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 3 && x.size(2) == H_, "forward: x [B, T, H]");
     TORCH_CHECK((int64_t)kc.size() == n && (int64_t)vc.size() == n, "forward: one k and one v cache per layer");
@@ -109,7 +111,15 @@ class LayerStack {
     for (int64_t id : aux_ids)
       if (id >= 0 && id <= n && !want[id]) want[id] = true, naux++;
 
-    const int64_t Wq = (nh_ + 2 * nkv_) * hd, A = nh_ * hd, Kmax = std::max({H, A, I});
+    const int64_t K0 = proj_[0].K;   // layer 0's input width: H, or a drafter's 2H (h0)
+    torch::Tensor in0;
+    if (h0.has_value() && h0->defined()) {
+      in0 = h0->contiguous();
+      TORCH_CHECK(in0.scalar_type() == torch::kFloat32 && in0.numel() == M * K0, "forward: h0 [B, T, ", K0, "]");
+    } else {
+      TORCH_CHECK(K0 == H, "forward: layer 0 reads ", K0, " features: pass its input h0");
+    }
+    const int64_t Wq = (nh_ + 2 * nkv_) * hd, A = nh_ * hd, Kmax = std::max({H, A, I, K0});
     auto res = torch::empty({B, T, H}, xc.options()), h = torch::empty({B, T, H}, xc.options());
     auto aux = torch::empty({B, T, naux * H}, xc.options());
     std::vector<float> buf(M * (Wq + A + A + H + 2 * I + I + H));
@@ -133,7 +143,8 @@ class LayerStack {
       for (int64_t r = 0; r < M; r++) std::copy(xr + r * H, xr + (r + 1) * H, ap + (r * naux + slot) * H);
       slot++;
     };
-    po::add_rms_norm(xc.data_ptr<float>(), zeros, norms_[0].data_ptr<float>(), M, H, eps_, xr, hp);
+    if (in0.defined()) std::copy(xc.data_ptr<float>(), xc.data_ptr<float>() + M * H, xr);
+    else po::add_rms_norm(xc.data_ptr<float>(), zeros, norms_[0].data_ptr<float>(), M, H, eps_, xr, hp);
     a.q = q;
     a.out = att;
     a.B = B; a.T = T; a.nh = nh_; a.nkv = nkv_; a.hd = hd; a.S = S;
@@ -142,7 +153,7 @@ class LayerStack {
     for (int64_t i = 0; i < n; i++) {
       keep(i);
       float *kp = kc[i].data_ptr<float>(), *vp = vc[i].data_ptr<float>();
-      prod(proj_[4 * i], hp, qkv);
+      prod(proj_[4 * i], i == 0 && in0.defined() ? in0.data_ptr<float>() : hp, qkv);
       po::rope_kv(qkv, c.data_ptr<float>(), sn.data_ptr<float>(), pp, B, T, nh_, nkv_, hd, kp, vp, cap, b0, q);
       a.k = kp + b0 * a.ksb;
       a.v = vp + b0 * a.ksb;
@@ -173,6 +184,8 @@ void bind_forward(py::module& m) {
   py::class_<LayerStack>(m, "LayerStack")
       .def(py::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<int64_t>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>())
-      .def("forward", &LayerStack::forward, py::call_guard<py::gil_scoped_release>(),
+      .def("forward", &LayerStack::forward, py::arg("x"), py::arg("kc"), py::arg("vc"), py::arg("cos"), py::arg("sin"),
+           py::arg("pos"), py::arg("mask"), py::arg("b0"), py::arg("S"), py::arg("aux_ids"), py::arg("h0") = py::none(),
+           py::call_guard<py::gil_scoped_release>(),
            "the layers over a block: (final normed h [B, T, H], aux residuals [B, T, n * H])");
 }

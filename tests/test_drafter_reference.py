@@ -44,6 +44,17 @@ def reference(head, x, aux, n, K, parallel):
         return torch.stack(drafts)
 
 
+def run_scaled(w, factor, fn):
+    """fn() with the weight w scaled by factor (restored after): the negative controls' changed head."""
+    with torch.no_grad():
+        w.mul_(factor)
+    try:
+        return fn()
+    finally:
+        with torch.no_grad():
+            w.div_(factor)
+
+
 def run_cached(prop, x, aux, steps, ks=None):
     """steps: list of n (the index of the new token) with increasing n: step 1 prefills the context,
     later steps add the accepted rows (ragged), overwriting the stale mask / draft KV of the step before.
@@ -119,10 +130,40 @@ def test_fused_ops_path_of_quantized_heads_matches_the_torch_ops(tiny_dirs, tmp_
         ref, got = run(False), run(True)
         for r, g in zip(ref, got):
             assert torch.allclose(r, g, rtol=1e-3, atol=1e-3 * float(r.abs().max())), (quantization, (r - g).abs().max())
-        w = head.layers[1].post_attention_layernorm.weight
-        with torch.no_grad():
-            w.mul_(1.05)
-        bad = run(True)
-        with torch.no_grad():
-            w.div_(1.05)
+        bad = run_scaled(head.layers[1].post_attention_layernorm.weight, 1.05, lambda: run(True))
         assert not torch.allclose(ref[1], bad[1], rtol=1e-3, atol=1e-3 * float(ref[1].abs().max()))
+
+
+def test_layer_runner_gives_the_python_loops_bits(tiny_dirs, tmp_path):
+    """A quantized target's head runs its layers in the C++ runner (csrc/forward.cpp, layer 0 reading its 2H
+    input): normed and prenorm outputs and the KV cache bit-identical to _forward_cached_fused's Python loop, for
+    a prompt block and a verify-sized block after it; negative control: a norm weight changed by 1 % is seen."""
+    import pytest
+
+    from peagle.cache import KVCache
+    from peagle.models import quant_ext
+    if quant_ext.get() is None or not hasattr(quant_ext.get(), "LayerStack"):
+        pytest.skip("needs the built extension")
+    from peagle.models.tiny import save_tiny
+    # every projection of the head in blocks of 32 (the tiny target's intermediate size, 144, is not)
+    tiny = {"llama": save_tiny("llama", str(tmp_path / "t"), intermediate_size=128)}
+    t, head, x, aux = setup(tiny, tmp_path, True)
+    for quantization in ("q8", "q4a8"):
+        head.prepare_inference(quantization=quantization)
+        stack = head._stack
+        assert stack is not None and stack.act8 == quantization.endswith("a8")
+        hid = head.combine(aux)
+
+        def run(runner):
+            head._stack = stack if runner else None
+            c = KVCache(2, head.config.num_key_value_heads, head.config.head_dim, 64, 1, lens=False)
+            with torch.no_grad():
+                a = head._forward_cached(x[:, :20], hid[:, :20], c, 0, torch.tensor([0]))
+                b = head._forward_cached(x[:, 20:23], hid[:, 20:23], c, 0, torch.tensor([20]))
+            return [t for pair in (a, b) for t in pair] + [c.k[1][:, :, :23], c.v[1][:, :, :23]]
+        ref, got = run(False), run(True)
+        for r, g in zip(ref, got):
+            assert torch.equal(r, g), (quantization, (r - g).abs().max())
+        bad = run_scaled(head.layers[1].post_attention_layernorm.weight, 1.01, lambda: run(False))
+        assert not torch.equal(got[2], bad[2])
+        head._stack = stack
