@@ -5,8 +5,6 @@ embed_tokens, fc [H,3T], layers.0 (attention input 2H = [input_layernorm(embed) 
 layers.i plain Llama layers, norm, lm_head [Vd,H], d2t, t2d, and mask_hidden [1,1,3T] for P-EAGLE."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -173,26 +171,14 @@ class DrafterHead(nn.Module):
         # quantized targets: the extension's fused small ops (drafts only propose, so the few last bits these
         # change cannot change an output; float targets keep the torch ops vLLM's parity checks measured)
         self._fused_ops = q8 and quant_ext.get() is not None and self.config.head_dim % 8 == 0
-        self._stack = self._layer_stack() if self._fused_ops else None
+        # ... and its layers in the target's C++ runner (layer 0 reads its own 2H-wide input: h0)
+        c = self.config
+        self._stack = Q.layer_stack([w for f in self._fused for w in f],
+                                    [n.weight for L in self.layers for n in (L.input_layernorm,
+                                                                             L.post_attention_layernorm)]
+                                    + [self.norm.weight], c.num_attention_heads, c.num_key_value_heads,
+                                    c.head_dim, c.rms_norm_eps) if self._fused_ops else None
         return self
-
-    def _layer_stack(self):
-        """The target's C++ layer runner (csrc/forward.cpp) over this head's layers, layer 0 reading its own
-        2H-wide input: the ops of _forward_cached_fused's loop in one call (the same bits); None where it does not
-        apply (a projection not in GGUF blocks, mixed activation kinds, an extension without the runner)."""
-        from ..models import quant_ext
-        ext, c = quant_ext.get(), self.config
-        ws = [w for f in self._fused for w in f]
-        if ext is None or not hasattr(ext, "LayerStack") or not all(isinstance(w, Q.QuantWeight) for w in ws) \
-                or len({w.act8 for w in ws}) != 1:
-            return None
-        norms = [n.weight for L in self.layers for n in (L.input_layernorm, L.post_attention_layernorm)] + \
-            [self.norm.weight]
-        act8 = ws[0].act8
-        run = ext.LayerStack([w.data for w in ws], [w.packed_a8(ext) for w in ws] if act8 else [],
-                             [w.qtype for w in ws], [n.detach().float().contiguous() for n in norms],
-                             c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, 0)
-        return SimpleNamespace(run=run, act8=act8)
 
     @torch.no_grad()
     def _forward_cached(self, ids, hidden, cache, b0, start, span=None, s0=None, tree=None):
@@ -226,8 +212,7 @@ class DrafterHead(nn.Module):
         resid = hn if L0.norm_before_residual else x
         a_in = torch.cat([Q.rms_norm(emb, L0.input_layernorm.weight, eps), hn], -1)
         stack = getattr(self, "_stack", None)
-        if stack is not None and (stack.act8 or a_in.shape[0] * a_in.shape[1] <= Q.KERNEL_MAX_ROWS) \
-                and all(k is not None and k.dtype == torch.float32 for k in cache.k):
+        if stack is not None and Q.runner_takes(stack, a_in.shape[0] * a_in.shape[1], cache):
             cache.reserve(ctx.S)
             return tuple(stack.run.forward(resid, cache.k, cache.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask, ctx.b0,
                                           ctx.S, [n], a_in))

@@ -20,8 +20,10 @@ from .quant import (
     QuantWeight,
     add_rms_norm,
     check_quantization,
+    layer_stack,
     quant_cat,
     quantizes_activations,
+    runner_takes,
     silu_mul,
     weights_of,
 )
@@ -265,8 +267,7 @@ class Transformer:
         aux, n = [], len(self.layers)
         exact = self.exact_attention and (self.exact_max_t is None or x.shape[1] <= self.exact_max_t)
         stack = self._layer_stack() if exact else None
-        if stack is not None and (stack.act8 or x.shape[0] * x.shape[1] <= KERNEL_MAX_ROWS) \
-                and all(k is not None and k.dtype == torch.float32 for k in cache.k):
+        if stack is not None and runner_takes(stack, x.shape[0] * x.shape[1], cache):
             cache.reserve(ctx.S)
             h, a = stack.run.forward(x, cache.k, cache.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask, ctx.b0, ctx.S,
                                      list(aux_ids))
@@ -308,16 +309,12 @@ class _StackOrNone:
 
     def __init__(self, t: Transformer, impl: int = 0):
         """impl: the extension's paths (0 best for this CPU, 1 scalar, 2 AVX2, 3 AVX-512, 4 AMX: tests)."""
-        from . import quant_ext
         self.run, self.act8 = None, False
-        ext, c = quant_ext.get(), t.cfg
-        ws = [getattr(L, n) for L in t.layers for n in ("qkv_w", "o_w", "gate_up", "down")]
-        if ext is None or not hasattr(ext, "LayerStack") or not t.layers or c.head_dim % 8 \
-                or not all(isinstance(w, QuantWeight) for w in ws) or len({w.act8 for w in ws}) != 1 \
-                or any(L.qkv_b is not None or L.o_b is not None or L.q_norm is not None for L in t.layers):
-            return
-        self.act8 = ws[0].act8
-        norms = [n for L in t.layers for n in (L.ln1, L.ln2)] + [t.norm]
-        self.run = ext.LayerStack([w.data for w in ws], [w.packed_a8(ext) for w in ws] if self.act8 else [],
-                                  [w.qtype for w in ws], [n.float().contiguous() for n in norms],
-                                  c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, impl)
+        c = t.cfg
+        if any(L.qkv_b is not None or L.o_b is not None or L.q_norm is not None for L in t.layers):
+            return                                           # biases, q/k norms: not the runner's ops
+        s = layer_stack([getattr(L, n) for L in t.layers for n in ("qkv_w", "o_w", "gate_up", "down")],
+                        [n for L in t.layers for n in (L.ln1, L.ln2)] + [t.norm],
+                        c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, impl)
+        if s is not None:
+            self.run, self.act8 = s.run, s.act8

@@ -19,6 +19,8 @@ weights (bit-exact dequantization, summation order differs: equal to ~1e-6 relat
 stays batch-invariant too."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -305,6 +307,29 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     for r in range(rows):
         y[r] = torch.mv(W, x2[r])
     return y.view(*x.shape[:-1], w.n)
+
+
+def layer_stack(ws: list, norms: list, nh: int, nkv: int, hd: int, eps: float, impl: int = 0):
+    """The extension's C++ layer runner (csrc/forward.cpp) over ws, 4 projections per layer (qkv, o, gate_up,
+    down), and norms (ln1, ln2 per layer, then the final norm): SimpleNamespace(run: the LayerStack, act8: whether
+    its products quantize the activations), or None where it does not apply (no extension, a projection not in
+    GGUF blocks, mixed activation kinds, a head size the exact attention does not take). impl: the paths (tests)."""
+    ext = quant_ext.get()
+    if ext is None or not hasattr(ext, "LayerStack") or not ws or hd % 8 \
+            or not all(isinstance(w, QuantWeight) for w in ws) or len({w.act8 for w in ws}) != 1:
+        return None
+    act8 = ws[0].act8
+    run = ext.LayerStack([w.data for w in ws], [w.packed_a8(ext) for w in ws] if act8 else [], [w.qtype for w in ws],
+                         [n.detach().float().contiguous() for n in norms], nh, nkv, hd, eps, impl)
+    return SimpleNamespace(run=run, act8=act8)
+
+
+def runner_takes(stack, rows: int, cache) -> bool:
+    """Whether a layer_stack() runs a block of `rows` rows over `cache`: 8-bit-activation products take any row
+    count in the kernel, weight-only ones up to KERNEL_MAX_ROWS (more: dequantize + GEMM, the Python loop's);
+    the cache must be float32 and allocated (its first write is the Python loop's)."""
+    return (stack.act8 or rows <= KERNEL_MAX_ROWS) and all(k is not None and k.dtype == torch.float32
+                                                            for k in cache.k)
 
 
 # ---- fused small ops (the extension's, else torch) ---------------------------------------------------------------
