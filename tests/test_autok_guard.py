@@ -85,7 +85,7 @@ def test_a_passed_window_shortens_the_next_fallback_by_one_step_of_the_back_off(
 
 def test_the_plain_reference_is_measured_from_k0_steps_only_and_refreshed():
     shape = {1: 1.0, 8: 2.0}.__getitem__
-    g = Guard(shape, refresh=10)
+    g = Guard(shape, refresh=10, plain_samples=1)     # the average from the first K = 0 step (see below)
     g.observe(8, 0, 8.0, 3.0)                      # plain at B = 8 takes 1.5x what was measured
     assert g.plain_s(8) == pytest.approx(3.0) and g.plain_s(1) == pytest.approx(1.5)
     for _ in range(9):
@@ -97,6 +97,26 @@ def test_the_plain_reference_is_measured_from_k0_steps_only_and_refreshed():
     g.observe(1, 0, 1.0, 1.0)
     assert g.plain_s(1) == pytest.approx(1.5 * (1.0 / 1.5) ** 0.25)
     assert g.stats["refresh_steps"] == 2           # the first measurement and this one
+
+
+def test_the_first_reference_is_the_fastest_of_spaced_plain_samples():
+    """A cold first step after a prefill (2x plain, as measured) must not become plain decoding's cost: the guard
+    asks for K = 0 steps spaced plain_spacing apart and keeps the fastest. Then a drafter at 0.9x plain fails its
+    window; judged against the cold step alone (plain_samples=1, the negative control) it passes."""
+    for samples, falls in ((3, True), (1, False)):
+        g = Guard(lambda B: 1.0, plain_samples=samples, plain_spacing=4)
+        ks, cold = [], True
+        for _ in range(40):
+            k = 0 if g.forced() else 1
+            g.observe(1, k, 1.0, (2.0 if cold else 1.0) if not k else 1.0 / 0.9)
+            cold = False
+            ks.append(k)
+        if samples == 3:
+            assert [i for i, k in enumerate(ks[:12]) if k == 0] == [0, 5, 10] and g.plain_n >= 3
+            assert g.plain_s(1) == pytest.approx(1.0)
+        else:
+            assert g.plain_s(1) == pytest.approx(2.0)
+        assert (g.stats["fallbacks"] > 0) == falls, samples
 
 
 def test_catch_up_steps_stay_out_of_the_window():

@@ -40,14 +40,16 @@ class GuardConfig:
     max_backoff: int = 2048     # ... up to this
     refresh: int = 256          # decode steps without a K = 0 step before one is forced (the plain reference)
     rate: float = 0.25          # weight of a new K = 0 step in the plain reference's average (log space)
+    plain_samples: int = 3      # K = 0 steps whose fastest sets the first plain reference ...
+    plain_spacing: int = 8      # ... one forced every this many decode steps until there are that many
     min_steps: int = 3          # steps before a window may fail early
     z: float = 1.0              # noise allowance of the early stop, in standard deviations
 
     def __post_init__(self):
-        if min(self.window, self.backoff, self.refresh) < 1 or self.min_steps < 2 or self.max_backoff < self.backoff \
-                or self.budget <= 0:
-            raise ValueError("guard: window, backoff, refresh >= 1, min_steps >= 2, budget > 0, "
-                             "max_backoff >= backoff")
+        if min(self.window, self.backoff, self.refresh, self.plain_samples, self.plain_spacing) < 1 \
+                or self.min_steps < 2 or self.max_backoff < self.backoff or self.budget <= 0:
+            raise ValueError("guard: window, backoff, refresh, plain_samples, plain_spacing >= 1, min_steps >= 2, "
+                             "budget > 0, max_backoff >= backoff")
 
 
 @dataclass(frozen=True)

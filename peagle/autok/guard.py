@@ -7,6 +7,11 @@ Invariants:
   exponential average over K = 0 steps only. Steps with K > 0 never move it (the cost model's machine-wide scale
   follows every step, so it drifts with speculation's own cost; the guard does not use it). Before the first
   K = 0 step, and after `refresh` decode steps without one, the guard asks for one K = 0 step.
+- The first reference is the fastest of `plain_samples` K = 0 steps, asked for every `plain_spacing` decode steps
+  until there are that many, then the average takes over: the first decode steps after a prefill run slow
+  (measured on a 2-core Xeon, SmolLM2 q4a8: 5.1 ms, then 4.6, 4.4 ... settling near 4.0 by step 6), and one of
+  them taken as plain decoding's cost flattered speculation by up to 1.8x, so auto kept drafting at 0.84-0.95x.
+  A window under way when a faster sample lowers the reference starts again.
 - Speculation is judged on K > 0 steps, in windows. A step of B rows that produced n tokens in s seconds would
   have taken p = n / B x plain(B) seconds without drafting; its excess is x = (s - p) / plain(B) plain steps. A
   window ends after `window` such steps (passed if sum p / sum s >= min_speedup, else failed) or, from
@@ -27,7 +32,7 @@ AutoK's own acceptance estimate often stops drafting sooner. With the defaults (
 
     r (K > 0 step / plain step)        1.5     2      3      5
     K > 0 steps before the fallback     9      5      3      3
-    time lost over 1,000 steps        2.0 %  2.5 %  3.0 %  6.0 %
+    time lost over 1,000 steps        1.9 %  2.5 %  3.0 %  6.0 %
     time lost over 4,000 steps        0.7 %  0.8 %  0.9 %  1.8 %
     time lost over 100,000 steps      0.24%  0.27%  0.32%  0.64%
 
@@ -52,7 +57,9 @@ class Guard:
         self.backoff, self.max_backoff, self.refresh, self.rate = int(cfg.backoff), int(cfg.max_backoff), \
             int(cfg.refresh), cfg.rate
         self.min_steps, self.z = int(cfg.min_steps), float(cfg.z)
+        self.plain_samples, self.plain_spacing = int(cfg.plain_samples), int(cfg.plain_spacing)
         self.log_scale: float | None = None      # log(measured K = 0 seconds / plain_shape), None before any
+        self.plain_n = 0                         # K = 0 steps measured so far
         self.since_plain = 0                     # decode steps since the last K = 0 step
         self.hold = 0                            # forced K = 0 steps left
         self.fails = 0                           # failed windows, less one per passed window
@@ -72,7 +79,8 @@ class Guard:
             return None
         if self.hold > 0:
             return FALLBACK
-        if self.log_scale is None or self.since_plain >= self.refresh:
+        if self.log_scale is None or self.since_plain >= self.refresh or (
+                self.plain_n < self.plain_samples and self.since_plain >= self.plain_spacing):
             return REFRESH
         return None
 
@@ -107,7 +115,15 @@ class Guard:
         if not k:
             self.since_plain = 0
             g = math.log(seconds / max(self.plain_shape(B), 1e-12))
-            self.log_scale = g if self.log_scale is None else self.log_scale + self.rate * (g - self.log_scale)
+            if self.log_scale is None:
+                self.log_scale = g
+            elif self.plain_n < self.plain_samples:        # the first reference: the fastest sample
+                if g < self.log_scale:                     # (a window priced against a slower one restarts)
+                    self.log_scale = g
+                    self._reset_window()
+            else:
+                self.log_scale += self.rate * (g - self.log_scale)
+            self.plain_n += 1
             return {}
         self.since_plain += 1
         if catch_up:
@@ -159,7 +175,8 @@ class Guard:
     def settings(self) -> dict:
         return {"enabled": self.enabled, "window": self.window, "budget": self.budget,
                 "min_speedup": self.min_speedup, "backoff": self.backoff, "max_backoff": self.max_backoff,
-                "refresh": self.refresh, "min_steps": self.min_steps, "z": self.z}
+                "refresh": self.refresh, "min_steps": self.min_steps, "z": self.z,
+                "plain_samples": self.plain_samples, "plain_spacing": self.plain_spacing}
 
 
 def bound(r: float, steps: int, **settings) -> dict:
