@@ -117,7 +117,8 @@ class TreeAttn:
 def select_nodes(tokens, parents, depth, score, nodes: int, max_depth: int) -> Tree:
     """Candidates in topological order (parents index earlier candidates; -1: the root) -> the tree of the
     `nodes` best by score (cumulative log-probability; -inf: never), closed under parents, in candidate order.
-    tokens/parents/depth/score [B,C] (depth >= 1). Returns a Tree of width nodes + 1 (column 0 the root)."""
+    tokens/parents/depth/score [B,C] (depth >= 1). Returns a Tree of width min(nodes, C) + 1 (column 0 the root:
+    a tree of depth 1 from topk candidates verifies topk + 1 positions, not nodes + 1 with padding)."""
     B, C = tokens.shape
     dev = tokens.device
     n = min(nodes, C)
@@ -131,7 +132,7 @@ def select_nodes(tokens, parents, depth, score, nodes: int, max_depth: int) -> T
         keep = keep & ((parents < 0) | keep.gather(1, par))
     # new index of each kept candidate: 1 + its rank among kept ones, in candidate order
     newi = keep.long().cumsum(1)
-    T = nodes + 1
+    T = n + 1
     tgt = torch.where(keep, newi, T)                                 # dropped -> a scratch column
     out_tok = torch.zeros(B, T + 1, dtype=torch.long, device=dev)
     out_par = torch.zeros(B, T + 1, dtype=torch.long, device=dev)

@@ -124,6 +124,18 @@ def test_select_nodes_keeps_the_best_closed_under_parents():
             assert p == 0 or t.valid[0, p]
 
 
+def test_a_tree_is_no_wider_than_its_candidates():
+    """K = 1 with topk 4 and 8 nodes: 4 candidates, so 5 positions to verify (was 9: 4 of them padding); the
+    candidates stay whole. With more candidates than nodes the width is nodes + 1."""
+    from peagle.drafters.tree import slots_tree
+    head = type("H", (), {"to_target": staticmethod(lambda i: i + 1000)})()
+    logits = torch.randn(2, 1, 50, generator=torch.Generator().manual_seed(3))
+    t = slots_tree(head, logits, 4, 8)
+    assert t.size == 5 and bool(t.valid.all())
+    assert torch.equal(t.tokens[:, 1:].sort(1).values, (logits[:, 0].topk(4, -1).indices + 1000).sort(1).values)
+    assert slots_tree(head, torch.randn(2, 3, 50), 4, 8).size == 9
+
+
 def test_peagle_slot_tree_is_the_top_paths_by_probability():
     """slots_tree keeps exactly the `nodes` most probable paths (brute force over every path)."""
     from peagle.drafters.tree import slots_tree
