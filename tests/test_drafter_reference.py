@@ -1,5 +1,6 @@
 """The single cached P-EAGLE pass (and EAGLE-3's K passes) equal a reference computed without any cache:
 the whole sequence plus the draft rows through the drafter at once under a plain causal mask."""
+import pytest
 import torch
 from heads import save_random_head
 
@@ -55,28 +56,31 @@ def run_scaled(w, factor, fn):
             w.div_(factor)
 
 
-def run_cached(prop, x, aux, steps, ks=None):
+def run_cached(prop, x, aux, steps, ks=None, host=False):
     """steps: list of n (the index of the new token) with increasing n: step 1 prefills the context,
     later steps add the accepted rows (ragged), overwriting the stale mask / draft KV of the step before.
-    ks: the K of each step (default the proposer's); a jump of many rows is the catch-up after K = 0 steps."""
+    ks: the K of each step (default the proposer's); a jump of many rows is the catch-up after K = 0 steps.
+    host: the engine's host-side facts (span, s0: one row, all its rows real) with each step's batch."""
     out, done = [], 0
     for i, n in enumerate(steps):
         if i == 0 and n > 1:
             prop.prefill(DraftBatch(x[:, 1:n], aux[:, :n - 1], torch.zeros(1, dtype=torch.long), torch.tensor([n - 1])))
             done = n - 1
         rows = slice(done, n)
+        facts = {"span": n, "s0": done} if host else {}
         out.append(prop.propose(DraftBatch(x[:, done + 1:n + 1], aux[:, rows], torch.tensor([done]),
-                                           torch.tensor([n - done])), ks[i] if ks else None))
+                                           torch.tensor([n - done]), **facts), ks[i] if ks else None))
         done = n
     return out
 
 
-def test_peagle_single_pass_matches_uncached_reference(tiny_dirs, tmp_path):
+@pytest.mark.parametrize("host", [False, True])   # True: the engine's one-row path (mask rows appended)
+def test_peagle_single_pass_matches_uncached_reference(tiny_dirs, tmp_path, host):
     t, head, x, aux = setup(tiny_dirs, tmp_path, True)
     K = 5
     prop = PEagleProposer(head, K, 128)
     steps = [12, 15, 16, 21]           # accepted 2, 0, 4 drafts between steps
-    for n, got in zip(steps, run_cached(prop, x, aux, steps)):
+    for n, got in zip(steps, run_cached(prop, x, aux, steps, host=host)):
         ref = reference(head, x, aux, n, K, True)
         assert torch.equal(got[0], ref), (n, got, ref)
 

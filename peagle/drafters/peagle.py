@@ -41,6 +41,15 @@ class PEagleProposer(Proposer):
         h = self.head
         B, T = batch.ids.shape
         dev = batch.ids.device
+        span = None if batch.span is None else batch.span + K - 1
+        if batch.s0 is not None:          # every row's T entries are real (host-known): append the mask rows
+            ids, hid = batch.ids, h.combine(batch.aux)
+            if K > 1:
+                ids = torch.cat([ids, ids.new_full((B, K - 1), h.mask_token_id)], 1)
+                hid = torch.cat([hid, self.mask_h.expand(B, K - 1, -1)], 1)
+            normed, _ = h(ids, hid, None, cache=self.cache, b0=batch.b0, start=batch.start, span=span,
+                          s0=batch.s0)
+            return normed[:, T - 1:]                                           # [B,K,H]
         W = T + K - 1
         ar = torch.arange(W, device=dev)[None]
         nr = batch.n_real[:, None]
@@ -51,7 +60,6 @@ class PEagleProposer(Proposer):
         hid = torch.zeros(B, W, self.mask_h.shape[0], dtype=self.mask_h.dtype, device=dev)
         hid[:, :T] = h.combine(batch.aux)
         hid = torch.where((ar < nr)[..., None], hid, torch.where(is_mask[..., None], self.mask_h, 0.0))
-        normed, _ = h(ids, hid, None, cache=self.cache, b0=batch.b0, start=batch.start,
-                      span=None if batch.span is None else batch.span + K - 1, s0=batch.s0)
+        normed, _ = h(ids, hid, None, cache=self.cache, b0=batch.b0, start=batch.start, span=span, s0=batch.s0)
         idx = nr - 1 + torch.arange(K, device=dev)[None]                        # new-token row + K-1 mask rows
         return normed[torch.arange(B, device=dev)[:, None], idx]                # [B,K,H]
