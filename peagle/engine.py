@@ -30,7 +30,7 @@ from .drafters.base import Proposer
 from .errors import DecodeError, PeagleError, PrefillError
 from .kpolicy import FixedK, KPolicy
 from .rowstate import RowState
-from .sampling import SamplingParams, make_generator
+from .sampling import SamplingParams, greedy, make_generator
 from .spec_metrics import SpecMetrics
 from .tree import TreeSpec
 from .tree_step import tree_step
@@ -288,7 +288,7 @@ class Engine:
         """logits [B,K+1,V], drafts [B,K], q [S,K,V] (the sampled rows' draft distributions; None: argmax
         drafts) -> (accepted [B] (None for plain greedy), tokens [B,K+1]), all on the device."""
         if drafts.shape[1] == 0 and sampled is None:
-            return None, logits.argmax(-1)
+            return None, greedy(logits)
         acc, toks = verify_greedy(logits, drafts)
         if sampled is not None:
             i = sampled.index

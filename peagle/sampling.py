@@ -9,6 +9,14 @@ import torch
 from .errors import PeagleError
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dimension, for every greedy token the engine emits or drafts (plain steps,
+    verification, trees, drafts). On the CPU through max(-1).indices: the same index as argmax (the first
+    maximum; a NaN counts as the maximum), in ~40 % of its time there (SmolLM2's 49152 logits, 2-core Xeon:
+    25 vs 62 us per row)."""
+    return logits.max(-1).indices if logits.device.type == "cpu" else logits.argmax(-1)
+
+
 @dataclass
 class SamplingParams:
     """Same names and defaults as vLLM's SamplingParams."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import quant_ext
+from .sampling import greedy
 
 MAX_NODES = 64
 
@@ -160,7 +161,7 @@ def accept_greedy(tree: Tree, logits: torch.Tensor, K: int):
     the last node repeated), tokens [B,K+1]: the target's argmax along the path; row b emits
     tokens[b, :accepted[b] + 1])."""
     B, T = tree.tokens.shape
-    target = logits.argmax(-1)                                          # [B,T]
+    target = greedy(logits)                                             # [B,T]
     match = tree.valid & (tree.tokens == target.gather(1, tree.parents))
     match[:, 0] = True
     ok = match

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import exponential_noise, probs_from_logits
+from .sampling import exponential_noise, greedy, probs_from_logits
 
 
 def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor):
     """logits [B,K+1,V], drafts [B,K] -> (accepted counts [B], emitted tokens [B,K+1]; row b emits
     tokens[b, :accepted[b]+1])."""
-    target = logits.argmax(-1)                       # [B,K+1]
+    target = greedy(logits)                          # [B,K+1]
     K = drafts.shape[1]
     match = (drafts == target[:, :K]).long()
     accepted = match.cumprod(1).sum(1)               # length of the agreeing prefix

@@ -149,3 +149,26 @@ def test_top_p_below_float32_keeps_the_top_token():
     for top_p in (1e-320, 1e-45, 1e-9, per_row):
         p = probs_from_logits(logits, 1.0, 0, top_p)
         assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])), top_p
+
+
+def test_greedy_is_argmax_ties_nan_and_inf_included():
+    """sampling.greedy (max(-1).indices on the CPU) gives torch.argmax's index on rows full of ties, NaNs, infs
+    and -0.0, at the vocabulary sizes the engine sees. Negative control: taking the last maximum instead (the
+    reversed row's argmax) differs on these rows, so a tie-breaking change would be caught."""
+    from peagle.sampling import greedy
+    g = torch.Generator().manual_seed(0)
+    last_differs = 0
+    for trial in range(600):
+        n = [7, 300, 8192, 49152][trial % 4]
+        x = torch.randint(-3, 4, (3, n), generator=g).float()
+        if trial % 3 == 0:
+            x[torch.rand(3, n, generator=g) < 0.01] = float("nan")
+        if trial % 5 == 0:
+            x[torch.rand(3, n, generator=g) < 0.01] = float("inf")
+        if trial % 7 == 0:
+            x[torch.rand(3, n, generator=g) < 0.1] = -0.0
+        assert torch.equal(greedy(x), x.argmax(-1)), trial
+        assert torch.equal(greedy(x[:, None]), x[:, None].argmax(-1))
+        last = n - 1 - x.flip(-1).argmax(-1)
+        last_differs += not torch.equal(last, x.argmax(-1))
+    assert last_differs > 500

@@ -24,7 +24,7 @@ import torch
 
 from ..cache import KVCache
 from ..heads.model import DrafterHead
-from ..sampling import probs_from_logits, sample_rows
+from ..sampling import greedy, probs_from_logits, sample_rows
 from ..spec_config import DRAFT_SAMPLING
 from ..verify import SampledRows
 from .context import DraftContext
@@ -183,7 +183,7 @@ class Proposer:
         at once, each row with its own generator) and q comes back over the target vocabulary."""
         h = self.head
         logits = h.draft_logits(normed)                                              # [B,J,Vd]
-        ids = logits.argmax(-1)                                                      # [B,J]
+        ids = greedy(logits)                                                         # [B,J]
         if sampled is None or self.draft_sampling != "sample":
             return h.to_target(ids), None
         qd = probs_from_logits(logits[sampled.index], sampled.temperature, sampled.top_k, sampled.top_p)
