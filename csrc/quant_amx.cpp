@@ -126,7 +126,8 @@ void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const uint8_t* a
 
 // Rows in tiles of 8 (the float accumulators of 8 rows stay in registers); a last tile of fewer rows runs as 8
 // with zero rows after its own (zero activations and scales: their results are dropped), so the tiles keep one
-// configuration (loading another costs more than the padding's products, measured).
+// configuration (loading another costs more than the padding's products, measured), unless it has at most
+// REST_VEC rows after full tiles: then it runs on the AVX-512 path (see REST_VEC).
 template <int QT>
 void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K, float* y,
               int64_t N, int64_t g0, int64_t g1) {

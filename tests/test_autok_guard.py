@@ -106,7 +106,7 @@ def test_the_first_reference_is_the_fastest_of_spaced_plain_samples():
     for samples, falls in ((3, True), (1, False)):
         g = Guard(lambda B: 1.0, plain_samples=samples, plain_spacing=4)
         ks, cold = [], True
-        for _ in range(40):
+        for _ in range(48):
             k = 0 if g.forced() else 1
             g.observe(1, k, 1.0, (2.0 if cold else 1.0) if not k else 1.0 / 0.9)
             cold = False

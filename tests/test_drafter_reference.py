@@ -95,14 +95,15 @@ def test_eagle3_k_passes_match_uncached_reference(tiny_dirs, tmp_path):
         assert torch.equal(got[0], ref), (n, got, ref)
 
 
-def test_runtime_k_changes_and_catch_up_match_uncached_reference(tiny_dirs, tmp_path):
+@pytest.mark.parametrize("host", [False, True])
+def test_runtime_k_changes_and_catch_up_match_uncached_reference(tiny_dirs, tmp_path, host):
     """K chosen per step (1..built K; the mask slots / AR passes sized per step), and a catch-up of 8 rows after
     K = 0 steps: every draft block equals the from-scratch reference at that step's K."""
     steps, ks = [10, 13, 14, 22, 25, 26], [5, 2, 1, 4, 3, 5]
     for parallel, cls in ((True, PEagleProposer), (False, Eagle3Proposer)):
         t, head, x, aux = setup(tiny_dirs, tmp_path / str(parallel), parallel)
         prop = cls(head, 5, 128)
-        for n, k, got in zip(steps, ks, run_cached(prop, x, aux, steps, ks)):
+        for n, k, got in zip(steps, ks, run_cached(prop, x, aux, steps, ks, host=host)):
             assert got.shape == (1, k)
             ref = reference(head, x, aux, n, k, parallel)
             assert torch.equal(got[0], ref), (parallel, n, k, got, ref)

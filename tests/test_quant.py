@@ -134,10 +134,11 @@ def test_batch_invariance_bit_identical(qtype, impl, act8):
 def test_vector_paths_agree_with_scalar_bit_for_bit(qtype, act8):
     """The AVX2 path, and the AVX-512 and AMX ones where the CPU has them, give the scalar path's bits (45
     outputs: 6 groups of 8, the last one partial; 37: an odd 5th group; AMX: row tiles of 8, a last one of up to
-    3 rows after full ones on the AVX-512 path (9-11, 19, 33), a longer one padded (14, 20, 130))."""
+    3 rows after full ones on the AVX-512 path (17-19, 33, 130), a longer one padded (20, 22); AVX-512 alone: a
+    last tile of 9 rows as one (9, 17, 33))."""
     for n in (45, 37):
         w = random_blocks(qtype, n, 224, seed=9, act8=act8)
-        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 16, 19, 20, 32, 33, 130):
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 16, 17, 19, 20, 22, 32, 33, 130):
             x = torch.randn(m, w.k)
             ref = Q.qmm(x, w, 1)
             for impl in IMPLS[2:] + [0]:       # 0: the best path per row count (AMX from 16 rows where it runs)

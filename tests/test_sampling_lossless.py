@@ -169,6 +169,7 @@ def test_greedy_is_argmax_ties_nan_and_inf_included():
             x[torch.rand(3, n, generator=g) < 0.1] = -0.0
         assert torch.equal(greedy(x), x.argmax(-1)), trial
         assert torch.equal(greedy(x[:, None]), x[:, None].argmax(-1))
+        assert torch.equal(greedy(x[:1]), x[:1].argmax(-1))                # one row: the c = 1 engine
         last = n - 1 - x.flip(-1).argmax(-1)
         last_differs += not torch.equal(last, x.argmax(-1))
     assert last_differs > 500

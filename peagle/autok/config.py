@@ -41,7 +41,7 @@ class GuardConfig:
     refresh: int = 256          # decode steps without a K = 0 step before one is forced (the plain reference)
     rate: float = 0.25          # weight of a new K = 0 step in the plain reference's average (log space)
     plain_samples: int = 3      # K = 0 steps whose fastest sets the first plain reference ...
-    plain_spacing: int = 8      # ... one forced every this many decode steps until there are that many
+    plain_spacing: int = 8      # ... one forced after this many decode steps without one, until there are that many
     min_steps: int = 3          # steps before a window may fail early
     z: float = 1.0              # noise allowance of the early stop, in standard deviations
 

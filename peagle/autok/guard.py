@@ -11,7 +11,8 @@ Invariants:
   until there are that many, then the average takes over: the first decode steps after a prefill run slow
   (measured on a 2-core Xeon, SmolLM2 q4a8: 5.1 ms, then 4.6, 4.4 ... settling near 4.0 by step 6), and one of
   them taken as plain decoding's cost flattered speculation by up to 1.8x, so auto kept drafting at 0.84-0.95x.
-  A window under way when a faster sample lowers the reference starts again.
+  A window under way when a faster sample lowers the reference starts again, so the first window can end up to
+  (plain_samples - 1) x plain_spacing drafting steps later than the bound below says (16 with the defaults).
 - Speculation is judged on K > 0 steps, in windows. A step of B rows that produced n tokens in s seconds would
   have taken p = n / B x plain(B) seconds without drafting; its excess is x = (s - p) / plain(B) plain steps. A
   window ends after `window` such steps (passed if sum p / sum s >= min_speedup, else failed) or, from

@@ -35,7 +35,8 @@ class DraftBatch:
     """Per row: the drafter rows this step must add (ids [B,T] = tokens x_{q+1}, aux [B,T,3T] = target aux
     state at q, for positions start..start+n_real-1; rows beyond n_real are padding).
     span: a host-side upper bound of max(start) + T (None: read from start on the host, for tools and tests);
-    s0: the host start shared by all rows when every row also has n_real == T (the engine gives it for one row)."""
+    s0: the host start shared by all rows (layers.BlockCtx's); the engine gives it for one row, whose entries are
+    then all real (n_real == T), and for prefills (all rows start at 0, n_real may differ between rows)."""
     ids: torch.Tensor
     aux: torch.Tensor
     start: torch.Tensor

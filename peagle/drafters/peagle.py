@@ -42,7 +42,7 @@ class PEagleProposer(Proposer):
         B, T = batch.ids.shape
         dev = batch.ids.device
         span = None if batch.span is None else batch.span + K - 1
-        if batch.s0 is not None:          # every row's T entries are real (host-known): append the mask rows
+        if B == 1 and batch.s0 is not None:       # the engine's one row: all T entries real, append the mask rows
             ids, hid = batch.ids, h.combine(batch.aux)
             if K > 1:
                 ids = torch.cat([ids, ids.new_full((B, K - 1), h.mask_token_id)], 1)
