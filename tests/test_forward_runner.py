@@ -92,7 +92,7 @@ def test_runner_scalar_and_avx2_paths_agree_bit_for_bit(qtarget, quantization):
     x = t.embed[torch.randint(5, 500, (1, 20), generator=g)]
     outs = []
     for impl in (0, 1):
-        st = llama._StackOrNone(t, impl)
+        st = llama._target_stack(t, impl)
         c = t.new_cache(1, 32)
         ctx = llama.BlockCtx(t.rope, torch.tensor([0]), 20)
         outs.append(st.run.forward(x, c.k, c.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask, 0, ctx.S, [1]) + c.k + c.v)

@@ -158,19 +158,13 @@ class Proposer:
             ctx.n[:B] = accepted + 1
             ctx.behind[:B] = [a + 1 for a in accepted_host]
             return
-        behind = ctx.behind[:B]                               # the host copy of ctx.n[:B]
-        ctx.ensure(B, max(behind) + 1)
-        if B == 1:                                            # (plain steps at c = 1: no index tensors)
-            ctx.ids[0, behind[0]] = tokens[0, 0]
-            if aux is not None:
-                ctx.aux[0, behind[0]] = aux[0, 0]
-        else:
-            rows, n = torch.arange(B, device=tokens.device), ctx.n[:B]
-            ctx.ids[rows, n] = tokens[:, 0]
-            if aux is not None:
-                ctx.aux[rows, n] = aux[:, 0]
-        ctx.n[:B] += 1
-        ctx.behind[:B] = [b + 1 for b in behind]
+        ctx.ensure(B, max(ctx.behind[:B]) + 1)
+        rows, n = torch.arange(B, device=tokens.device), ctx.n[:B]
+        ctx.ids[rows, n] = tokens[:, 0]
+        if aux is not None:
+            ctx.aux[rows, n] = aux[:, 0]
+        n += 1
+        ctx.behind[:B] = [b + 1 for b in ctx.behind[:B]]
 
     def catch_up_rows(self, batch_size: int, steady: int) -> int:
         """The cost of catching the drafter up, in drafter rows: the padded rows the next step that drafts feeds

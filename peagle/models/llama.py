@@ -294,8 +294,8 @@ class Transformer:
         per forward), made once; None where it does not apply (no extension, runner off, a float or mixed-type
         projection, biases, q/k norms). Its `act8` says whether products quantize the activations."""
         if self._stack is None:
-            self._stack = _StackOrNone(self)
-        return self._stack if self._stack.run is not None and self.runner else None
+            self._stack = _target_stack(self) or False          # False: made, and it does not apply
+        return self._stack if self._stack and self.runner else None
 
     @torch.no_grad()
     def final_logits(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -304,17 +304,13 @@ class Transformer:
         return F.linear(rms_norm(h.to(self.device).float(), self.norm.float(), self.cfg.rms_norm_eps), w.float())
 
 
-class _StackOrNone:
-    """Transformer._layer_stack's record: `run` an extension LayerStack over the target's weights, or None."""
-
-    def __init__(self, t: Transformer, impl: int = 0):
-        """impl: the extension's paths (0 best for this CPU, 1 scalar, 2 AVX2, 3 AVX-512, 4 AMX: tests)."""
-        self.run, self.act8 = None, False
-        c = t.cfg
-        if any(L.qkv_b is not None or L.o_b is not None or L.q_norm is not None for L in t.layers):
-            return                                           # biases, q/k norms: not the runner's ops
-        s = layer_stack([getattr(L, n) for L in t.layers for n in ("qkv_w", "o_w", "gate_up", "down")],
-                        [n for L in t.layers for n in (L.ln1, L.ln2)] + [t.norm],
-                        c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, impl)
-        if s is not None:
-            self.run, self.act8 = s.run, s.act8
+def _target_stack(t: Transformer, impl: int = 0):
+    """quant.layer_stack over the target's layers, or None where the runner does not apply (biases, q/k norms,
+    or what layer_stack refuses). impl: the extension's paths (0 best for this CPU, 1 scalar, 2 AVX2, 3 AVX-512,
+    4 AMX: tests)."""
+    c = t.cfg
+    if any(L.qkv_b is not None or L.o_b is not None or L.q_norm is not None for L in t.layers):
+        return None                                          # biases, q/k norms: not the runner's ops
+    return layer_stack([getattr(L, n) for L in t.layers for n in ("qkv_w", "o_w", "gate_up", "down")],
+                       [n for L in t.layers for n in (L.ln1, L.ln2)] + [t.norm],
+                       c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps, impl)
