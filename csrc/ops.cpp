@@ -78,7 +78,11 @@ void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const ui
                 int64_t impl, Act8 s, float* y) {
   if (M == 0) return;
   const bool vec = use_avx2(impl);
-  (vec ? pq::avx2::quantize_act : pq::quantize_act)(x, M, K, s.xq, s.xd, s.xs);
+  const int64_t nb = K / 32;
+  at::parallel_for(0, M, SMALL_OP_ROWS, [&](int64_t r0, int64_t r1) {   // row by row: any split, the same bits
+    (vec ? pq::avx2::quantize_act : pq::quantize_act)(x + r0 * K, r1 - r0, K, s.xq + r0 * K, s.xd + r0 * nb,
+                                                      s.xs + r0 * nb);
+  });
   if (vec) {
     auto fn = use_amx(impl, M) ? pq::amx::linear_groups_a8
               : use_avx512(impl) ? pq::avx512::linear_groups_a8 : pq::avx2::linear_groups_a8;
@@ -95,7 +99,7 @@ void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const ui
 
 void add_rms_norm(const float* x, const float* h, const float* w, int64_t R, int64_t H, float eps, float* res,
                   float* out) {
-  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, R, SMALL_OP_ROWS, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       const float *a = x + r * H, *b = h + r * H;
       float* s = res + r * H;
@@ -112,7 +116,7 @@ void add_rms_norm(const float* x, const float* h, const float* w, int64_t R, int
 }
 
 void rms_norm(const float* x, const float* w, int64_t R, int64_t H, float eps, float* out) {
-  at::parallel_for(0, R, 64, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, R, SMALL_OP_ROWS, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       const float* a = x + r * H;
       double ss = 0.0;
@@ -126,7 +130,7 @@ void rms_norm(const float* x, const float* w, int64_t R, int64_t H, float eps, f
 
 void silu_mul(const float* gu, int64_t R, int64_t I, float* out) {
   const bool vec = has_avx2();
-  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, R, SMALL_OP_ROWS, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       const float *a = gu + r * 2 * I, *b = a + I;
       float* o = out + r * I;
