@@ -284,9 +284,17 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
     for (int64_t i = 0; i < nq; i++) {
       float* si = sc.data() + i * S;
       const bool* mr = mrow[i];
-      if (mr)
-        for (int64_t j = 0; j < S; j++)
-          if (!mr[j]) si[j] = mx[i];                // unused; keeps exp's argument in range
+      if (mr) {                                     // a hidden key's score := the max: unused; keeps exp's
+        int64_t j = 0;                              // argument in range
+#ifdef PEAGLE_ATTEND_AVX512
+        const __m512 mv = _mm512_set1_ps(mx[i]);
+        for (; j + 16 <= S; j += 16)
+          _mm512_mask_storeu_ps(si + j, _mm_testn_epi8_mask(_mm_loadu_si128((const __m128i*)(mr + j)),
+                                                            _mm_set1_epi8(1)), mv);
+#endif
+        for (; j < S; j++)
+          if (!mr[j]) si[j] = mx[i];
+      }
       exp_shifted(si, S, mx[i]);
     }
     // o per query, keys chunk by chunk (each chunk's values shared by all the task's queries while in L1)
