@@ -84,10 +84,11 @@ static inline __m512 exp_neg16(__m512 x) {
 
 // Queries qa, qb against 8 keys (k0, kstride apart): the 16 dot8 values, each exactly dot8's (lane l of a half
 // sums elements 8i + l by fma in order; the fold 4+4, 2+2, 1+1 done for all 16 at once by shuffles, each add
-// the same pair of values as dot8's). out_a[j], out_b[j] for j < 8.
+// the same pair of values as dot8's), times scale. out_a[j], out_b[j] for j < 8 (the scores stored once: a
+// vector load of scalars or halves just stored would wait for them, no store forwarding across them).
 template <int HD>
 static inline void dot8_pair8(const float* qa, const float* qb, const float* k0, int64_t kstride, float* out_a,
-                              float* out_b) {
+                              float* out_b, float scale) {
   __m512 acc[8];
   #pragma GCC unroll 8
   for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
@@ -116,7 +117,7 @@ static inline void dot8_pair8(const float* qa, const float* qb, const float* k0,
                                  _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
   // f[4L + k] = lane L of p[k]: L 0 = (a, key 2k), 1 = (b, 2k), 2 = (a, 2k+1), 3 = (b, 2k+1)
   const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const __m512 g = _mm512_permutexvar_ps(order, f);
+  const __m512 g = _mm512_mul_ps(_mm512_permutexvar_ps(order, f), _mm512_set1_ps(scale));
   _mm256_storeu_ps(out_a, _mm512_castps512_ps256(g));
   _mm256_storeu_ps(out_b, _mm512_extractf32x8_ps(g, 1));
 }
@@ -167,9 +168,10 @@ static inline void exp_shifted(float* s, int64_t n, float m) {
 }
 
 #ifdef PEAGLE_ATTEND_AVX2
-// Four keys' dot8 at once (four independent accumulator chains; each key's operations exactly dot8's).
+// Four keys' dot8 at once (four independent accumulator chains; each key's operations exactly dot8's), times
+// scale.
 static inline void dot8x4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3,
-                          int64_t n, float* out) {
+                          int64_t n, float scale, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < n; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
@@ -182,7 +184,7 @@ static inline void dot8x4(const float* q, const float* k0, const float* k1, cons
   for (int c = 0; c < 4; c++) {
     const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
     const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-    out[c] = _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
+    out[c] = _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1))) * scale;
   }
 }
 #endif
@@ -223,9 +225,9 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         const float *qa = a.q + idx[i0] * HD, *qb = a.q + idx[i0 + 1] * HD;
         float *sa = sc.data() + i0 * S, *sb = sa + S;
         int64_t j = j0;
-        for (; j + 8 <= j1; j += 8) dot8_pair8<HD>(qa, qb, kb + j * a.ksj, a.ksj, sa + j, sb + j);
-        for (; j < j1; j++) sa[j] = dot8(qa, kb + j * a.ksj, HD), sb[j] = dot8(qb, kb + j * a.ksj, HD);
-        for (j = j0; j < j1; j++) sa[j] *= a.scale, sb[j] *= a.scale;
+        for (; j + 8 <= j1; j += 8) dot8_pair8<HD>(qa, qb, kb + j * a.ksj, a.ksj, sa + j, sb + j, a.scale);
+        for (; j < j1; j++)
+          sa[j] = dot8(qa, kb + j * a.ksj, HD) * a.scale, sb[j] = dot8(qb, kb + j * a.ksj, HD) * a.scale;
       }
 #endif
       for (int64_t i = i0; i < nq; i++) {
@@ -233,9 +235,9 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         float* si = sc.data() + i * S;
         int64_t j = j0;
         for (; j + 4 <= j1; j += 4)
-          dot8x4(q, kb + j * a.ksj, kb + (j + 1) * a.ksj, kb + (j + 2) * a.ksj, kb + (j + 3) * a.ksj, HD, si + j);
-        for (; j < j1; j++) si[j] = dot8(q, kb + j * a.ksj, HD);
-        for (j = j0; j < j1; j++) si[j] *= a.scale;
+          dot8x4(q, kb + j * a.ksj, kb + (j + 1) * a.ksj, kb + (j + 2) * a.ksj, kb + (j + 3) * a.ksj, HD, a.scale,
+                 si + j);
+        for (; j < j1; j++) si[j] = dot8(q, kb + j * a.ksj, HD) * a.scale;
       }
     }
     // per query: the max over its visible keys (exact in any order; 16 or 8 lanes, a hidden key left out),
@@ -320,7 +322,37 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         }
         const int64_t ks = a.ksj;
         float la = l[i], lb = l[i + nz - 1];
-        for (int64_t j = j0; j < j1; j++) {
+        // every key of the chunk visible to the query (or queries): the same fma and adds without the masks
+        // (a full mask is a plain fma), and no second query's masked-off fma when there is one query
+        const auto all_visible = [&](const bool* m) {
+          if (!m) return true;
+          if (j1 - j0 == 16)
+            return _mm_test_epi8_mask(_mm_loadu_si128((const __m128i*)(m + j0)), _mm_set1_epi8(1)) == 0xffff;
+          for (int64_t j = j0; j < j1; j++)
+            if (!m[j]) return false;
+          return true;
+        };
+        const bool open = all_visible(mr) && (nz == 1 || all_visible(mj));
+        for (int64_t j = j0; open && nz == 2 && j < j1; j++) {
+          la += si[j];
+          lb += sj[j];
+          const __m512 pa = _mm512_set1_ps(si[j]), pb = _mm512_set1_ps(sj[j]);
+          const float* v = vb + j * ks;
+          #pragma GCC unroll 8
+          for (int c = 0; c < HD / 16; c++) {
+            const __m512 vv = _mm512_loadu_ps(v + 16 * c);
+            oz[0][c] = _mm512_fmadd_ps(pa, vv, oz[0][c]);
+            oz[1][c] = _mm512_fmadd_ps(pb, vv, oz[1][c]);
+          }
+        }
+        for (int64_t j = j0; open && nz == 1 && j < j1; j++) {
+          la += si[j];
+          const __m512 pa = _mm512_set1_ps(si[j]);
+          const float* v = vb + j * ks;
+          #pragma GCC unroll 8
+          for (int c = 0; c < HD / 16; c++) oz[0][c] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(v + 16 * c), oz[0][c]);
+        }
+        for (int64_t j = j0; !open && j < j1; j++) {
           const bool va = !mr || mr[j], vb2 = nz == 2 && (!mj || mj[j]);
           const __mmask16 ka = va ? 0xffff : 0, kb2 = vb2 ? 0xffff : 0;
           la += va ? si[j] : 0.0f;                  // +0.0f: a sum of non-negative terms unchanged
@@ -389,8 +421,7 @@ static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
 #ifdef PEAGLE_ATTEND_AVX2
     for (; c + 4 <= n; c += 4) {
       dot8x4(q, kb + vis[c] * a.ksj, kb + vis[c + 1] * a.ksj, kb + vis[c + 2] * a.ksj, kb + vis[c + 3] * a.ksj,
-             a.hd, &s[c]);
-      for (int i = 0; i < 4; i++) s[c + i] *= a.scale;
+             a.hd, a.scale, &s[c]);
     }
 #endif
     for (; c < n; c++) s[c] = dot8(q, kb + vis[c] * a.ksj, a.hd) * a.scale;
