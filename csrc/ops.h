@@ -38,7 +38,7 @@ void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const ui
 
 // The row-wise small ops (quantize_act, the norms, silu_mul) split their rows over threads in chunks of at least
 // this many (each row's operations are the same whoever computes it). Measured on a 2-core Intel Xeon (KVM), a
-// SmolLM2 q4a8 forward of 17 / 33 rows in one process against all of them on one thread: 4-8 % / 4-5 % faster;
+// SmolLM2 q4a8 forward of 17 / 33 rows in one process against all of them on one thread: 4.4 % / 4.8 % faster;
 // at 5-9 rows no gain (a fork costs ~1 us, a row of them ~2 us). They ran on one thread below 64 rows before
 // (quantize_act always), the other thread waiting.
 constexpr int64_t SMALL_OP_ROWS = 8;
