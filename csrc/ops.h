@@ -36,11 +36,11 @@ struct Act8 {
 void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* packed, int qtype, int64_t N,
                 int64_t impl, Act8 s, float* y);
 
-// The row-wise small ops (quantize_act, the norms, silu_mul) split their rows over threads in chunks of at least
-// this many (each row's operations are the same whoever computes it). Measured on a 2-core Intel Xeon (KVM), a
-// SmolLM2 q4a8 forward of 17 / 33 rows in one process against all of them on one thread: 4.4 % / 4.8 % faster;
-// at 5-9 rows no gain (a fork costs ~1 us, a row of them ~2 us). They ran on one thread below 64 rows before
-// (quantize_act always), the other thread waiting.
+// The row-wise small ops (quantize_act, the norms, silu_mul) split their rows over threads from SMALL_OP_ROWS + 1
+// rows (at::parallel_for's grain: 9 rows run as 5 + 4; each row's operations are the same whoever computes it).
+// Measured on a 2-core Intel Xeon (KVM), a SmolLM2 q4a8 forward of 17 / 33 rows in one process against all of
+// them on one thread: 4.4 % / 4.8 % faster; at 5-9 rows no gain (a fork costs ~1 us, a row of them ~2 us). Before,
+// quantize_act always ran on one thread, the norms up to 64 rows and silu_mul up to 16, the other thread waiting.
 constexpr int64_t SMALL_OP_ROWS = 8;
 
 // res = x + h, out = rms_norm(res) * w, R rows of H (res may be x itself).

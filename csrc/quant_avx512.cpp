@@ -134,7 +134,7 @@ static inline void pair_a8(const uint8_t* g, int64_t gs, const int8_t* xq, const
     const uint8_t* blk = g + b * gb;
     prefetch_ahead(blk, gs, gb, 2);   // the next pair's block
     __m512i dots[NR];
-    pair_dots<QT, NR>(blk + qoff, gs, xq + b * 32, K, xsum + b, nb, dots);
+    pair_dots<QT, NR>(blk + qoff, gs, xq + b * 32, K, QT == Q8_0 ? xsum + b : nullptr, nb, dots);
     a8_block<QT, NR>(blk, gs, dots, xd, xs, nb, b, acc, s);
   }
   a8_store<QT>(acc, s, NR, y, N, valid);
