@@ -150,7 +150,9 @@ template <int QT>
 static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K,
                      float* y, int64_t N, int64_t g0, int64_t g1) {
   const int64_t gstride = K / 32 * a8_group_block_bytes(QT), nb = K / 32;
-  // Q8_0: each row's sum of its activations per block (pair_dots' offset term), this thread's scratch
+  // Q8_0: each row's integer sum of its activations per block (pair_dots' offset term), this thread's scratch.
+  // quantize_act keeps only xd * sum, a float, for every path; re-deriving the integers here (M x K byte adds
+  // per call) keeps its interface and the other paths as they are.
   thread_local std::vector<int32_t> sums;
   if (QT == Q8_0) {
     if (sums.size() < (size_t)(M * nb)) sums.resize(M * nb);
