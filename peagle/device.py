@@ -55,6 +55,26 @@ def resolve(device="auto", dtype="auto") -> tuple[torch.device, torch.dtype]:
     return dev, resolve_dtype(dtype, dev)
 
 
+def cpu_native_bf16() -> bool:
+    """Does this CPU multiply bfloat16 in hardware (avx512_bf16 or AMX-BF16 in /proc/cpuinfo's flags)? Without
+    them oneDNN emulates bfloat16 and autocast costs more than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def train_compute_dtype(dtype, device: torch.device) -> torch.dtype:
+    """Training's compute dtype for the drafter head (its autocast; weights stay float32). An explicit dtype as
+    given; "auto": what resolve_dtype picks on CUDA, and on a CPU bfloat16 where it runs natively (measured
+    1.5-1.7x less CPU per supervised token at equal accuracy: docs/training-study/train-cost.md), else float32."""
+    if str(dtype or "auto").strip().lower() == "auto" and torch.device(device).type == "cpu":
+        return torch.bfloat16 if cpu_native_bf16() else torch.float32
+    return resolve_dtype(dtype, device)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 

@@ -128,6 +128,22 @@ def test_train_forward_matches_inference_proposer(tiny_dirs, head):
     assert torch.allclose(tr_logits, inf_logits, atol=1e-4), float((tr_logits - inf_logits).abs().max())
 
 
+def test_head_norm_under_autocast_is_the_bfloat16_norm(head):
+    """Under bfloat16 autocast a head's RMSNorm gets a bfloat16 input: it must compute torch's fused norm of that
+    input with the weight in bfloat16 (mixed dtypes would leave the fused kernel), bit for bit, and stay within
+    bf16 rounding of the float32 norm."""
+    norm = head.norm
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, norm.weight.numel()))
+    x = torch.randn(5, norm.weight.numel()).bfloat16()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = norm(x)
+    ref = torch.nn.functional.rms_norm(x, (x.shape[-1],), norm.weight.bfloat16(), norm.eps)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
+    f32 = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), norm.weight, norm.eps)
+    assert torch.allclose(y.float(), f32, rtol=2 ** -7, atol=1e-3)
+
+
 def test_bf16_autocast_on_the_heads_device(head):
     """--dtype bf16: autocast on the head's own device (CPU here) computes in bfloat16 and stays close to
     fp32 (the KL differs, so the autocast really ran, but only by bf16 rounding)."""

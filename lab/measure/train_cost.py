@@ -5,8 +5,8 @@ left out); rounds alternate the variants so a change in machine load hits all of
 tokens = answer tokens a row supervises at depth 1 (what one epoch of the data provides); per-depth element
 counts say how much deeper supervision each variant keeps.
 
-    OMP_NUM_THREADS=2 .venv/bin/python lab/measure/train_cost.py --data data/smol-self-hs --rows 3 --rounds 2 \\
-        --out docs/training-study/train-cost.md
+    OMP_NUM_THREADS=2 .venv/bin/python lab/measure/train_cost.py --data data/self5-hs --rows 3 --rounds 3 \\
+        --whole-steps 6
 """
 from __future__ import annotations
 
@@ -27,13 +27,16 @@ from peagle.train.loop import Trainer
 
 # (method, name, overrides): the shipped recipe first per method
 VARIANTS = [
-    ("eagle3", "shipped (all anchors x 7 steps, 1 thread)", {}),
+    ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread)", {}),
     ("eagle3", "anchors keep 0.7^k, 1 thread", {"ttt_keep": 0.7}),
-    ("eagle3", "anchors keep 0.7^k, 2 threads", {"ttt_keep": 0.7, "threads": 2}),
-    ("eagle3", "all anchors, 2 threads", {"threads": 2}),
-    ("peagle", "shipped (COD r 0.5, 1 thread)", {}),
+    ("eagle3", "bf16 autocast, 1 thread", {"bf16": True}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, 2 threads", {"bf16": True, "ttt_keep": 0.7, "threads": 2}),
+    ("peagle", "shipped (COD r 0.5, float32, 1 thread)", {}),
     ("peagle", "COD r 0.5, 2 threads", {"threads": 2}),
     ("peagle", "COD r 0.35 / rmin 0.05, 1 thread", {"cod_r": 0.35, "cod_rmin": 0.05}),
+    ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
+    ("peagle", "bf16 autocast, 2 threads", {"bf16": True, "threads": 2}),
 ]
 
 
@@ -42,19 +45,47 @@ def step_rows(tr: Trainer, rows, over: dict):
     c, K = tr.cfg, tr.K
     torch.set_num_threads(over.get("threads", 1))
     sup0, per = 0, torch.zeros(K, dtype=torch.long)
+    dt = torch.bfloat16 if over.get("bf16") else None
     for i, r in rows:
         g = torch.Generator().manual_seed(i)
         if tr.method == "peagle":
             el = peagle_loss.make_elements(r, K, over.get("cod_r", c.cod_r), over.get("cod_rmin", c.cod_rmin), g)
-            st = peagle_loss.row_step(tr.head, to_device(r, tr.device), el, tr.table, K, 1000.0, c.segment_len)
+            st = peagle_loss.row_step(tr.head, to_device(r, tr.device), el, tr.table, K, 1000.0, c.segment_len,
+                                      autocast_dtype=dt)
         else:
             plan = eagle3_loss.ttt_plan(r, K, over.get("ttt_keep", 1.0), g)
             counts = eagle3_loss.step_counts(r, K, plan)
-            st = eagle3_loss.row_step(tr.head, r, tr.table, K, counts, c.decay, plan=plan)
+            st = eagle3_loss.row_step(tr.head, r, tr.table, K, counts, c.decay, plan=plan, autocast_dtype=dt)
         sup0 += int(st["total"][0])
         per += st["total"].cpu()
     tr.head.zero_grad(set_to_none=True)
     return sup0, per
+
+
+def whole_steps(trainers: dict, n: int, rounds: int) -> list:
+    """Seconds per whole Trainer.train_step (the shipped recipes: EAGLE-3 with anchors kept 0.7^k), float32 vs
+    bf16 autocast alternating on the same steps' rows; weights move on between rounds (same for both)."""
+    torch.set_num_threads(1)
+    secs = {}
+    trainers["eagle3"].cfg.ttt_keep = 0.7
+    for rnd in range(rounds):
+        for method, tr in trainers.items():
+            for dt in (None, torch.bfloat16):
+                tr.dtype = dt
+                tr.train_step(0)                       # warm (autocast caches, allocator)
+                t0 = time.perf_counter()
+                for s in range(1, n + 1):
+                    tr.train_step(s)
+                secs.setdefault((method, dt), []).append((time.perf_counter() - t0) / n)
+                print(f"round {rnd} {method:6s} whole step {'bf16' if dt else 'float32':7s} "
+                      f"{secs[method, dt][-1]:.3f} s", flush=True)
+    out = ["", f"Whole training steps ({n} steps x {rounds} rounds per cell, one thread, the same rows): row and "
+           "teacher, forward + backward, AdamW; EAGLE-3 with anchors kept 0.7^k. Median seconds per step.", "",
+           "| method | float32 s/step | bf16 autocast s/step | float32 / bf16 |", "|---|---|---|---|"]
+    for method in trainers:
+        f, b = (sorted(secs[method, dt])[len(secs[method, dt]) // 2] for dt in (None, torch.bfloat16))
+        out.append(f"| {method} | {f:.3f} | {b:.3f} | {f / b:.2f}x |")
+    return out
 
 
 def main():
@@ -66,6 +97,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=3, help="packed rows per variant per round")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--whole-steps", type=int, default=0,
+                    help="also time this many whole training steps (row + teacher, forward + backward, AdamW) per "
+                         "method, float32 and bfloat16 autocast alternating, one thread")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     trainers, res = {}, {}
@@ -86,7 +120,7 @@ def main():
             t0 = time.perf_counter()
             sup, per = step_rows(tr, tr.rows, over)
             dt = time.perf_counter() - t0
-            r = res.setdefault(name, {"method": method, "s": 0.0, "sup": 0, "per": per * 0,
+            r = res.setdefault((method, name), {"method": method, "s": 0.0, "sup": 0, "per": per * 0,
                                       "threads": over.get("threads", 1)})
             r["s"] += dt
             r["sup"] += sup
@@ -94,19 +128,22 @@ def main():
             print(f"round {rnd} {method:6s} {name:42s} {sup / dt:7.1f} supervised tok/s", flush=True)
     lines = [f"# Drafter training cost per supervised token ({cpu_flags()})", "",
              "Regenerate: `OMP_NUM_THREADS=2 .venv/bin/python lab/measure/train_cost.py --data " + a.data +
-             f" --rows {a.rows} --rounds {a.rounds}`", "",
+             f" --rows {a.rows} --rounds {a.rounds}" + (f" --whole-steps {a.whole_steps}" if a.whole_steps else "") +
+             "`", "",
              f"Same {a.rows} packed rows of {a.max_tokens} tokens per variant, forward + backward, rounds "
              "alternating the variants. CPU-seconds = wall x threads.", "",
              "| method | variant | supervised tok/s | per CPU-second | x shipped (CPU) | elements per depth / row |",
              "|---|---|---|---|---|---|"]
     base = {}
-    for name, r in res.items():
+    for (_, name), r in res.items():
         rate = r["sup"] / r["s"]
         cpu_rate = rate / r["threads"]
         base.setdefault(r["method"], cpu_rate)
         per = "/".join(str(int(x) // (a.rows * a.rounds)) for x in r["per"])
         lines.append(f"| {r['method']} | {name} | {rate:.0f} | {cpu_rate:.0f} | {cpu_rate / base[r['method']]:.2f} | "
                      f"{per} |")
+    if a.whole_steps:
+        lines += whole_steps(trainers, a.whole_steps, a.rounds)
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

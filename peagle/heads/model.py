@@ -23,7 +23,9 @@ class RMSNorm(nn.Module):
         self.weight, self.eps = nn.Parameter(torch.ones(n)), eps
 
     def forward(self, x):
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # under autocast x is bfloat16: the weight in x's dtype keeps torch's fused kernel (mixed dtypes fall
+        # back to ~6 elementwise ops)
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 class Attention(nn.Module):

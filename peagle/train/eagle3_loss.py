@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling import greedy
 from .cod import supervised
 from .common import autocast
 from .head_forward import draft_loss, ttt_forward
@@ -138,7 +139,7 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
             loss = loss + (decay ** k) * ce.sum() / float(counts[k])
             with torch.no_grad():
                 ce_sum[k] = ce.sum()
-                ok = logits.argmax(-1) == label
+                ok = greedy(logits) == label
                 total[k] += s.sum()
                 correct[k] += ok.sum()
     if backward and torch.is_tensor(loss):

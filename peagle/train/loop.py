@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..device import resolve_dtype
+from ..device import dtype_name, resolve_dtype, train_compute_dtype
 from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
 from ..heads.init import from_eagle3, init_head, load_eagle3_into, warm_start
@@ -81,16 +81,19 @@ class GradSync(torch.nn.Module):
 class Trainer:
     def __init__(self, cfg: TrainConfig | argparse.Namespace):
         c = self.cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.from_namespace(cfg)
-        # one device and dtype for the run: the target (features) and the head live on the device; the dtype
-        # is the target's and, when not float32, the head's autocast compute dtype (weights stay float32)
+        # one device for the run: the target (features) and the head live on it. The dtype is the target's
+        # and, when not float32, the head's autocast compute dtype (weights stay float32); "auto" on a CPU
+        # keeps the target (the teacher) in float32 and autocasts the head to bfloat16 where it is native
         self.device = resolve_device(c.device)
         run_dtype = resolve_dtype(c.dtype, self.device)
+        head_dtype = train_compute_dtype(c.dtype, self.device)
         self.rank, self.world = dist_setup(self.device)
         if c.threads:
             torch.set_num_threads(c.threads)
         self.method = c.method
         self.K = c.depths if c.method == "peagle" else c.ttt_steps
-        self.dtype = None if run_dtype == torch.float32 else run_dtype
+        self.dtype = None if head_dtype == torch.float32 else head_dtype
+        self.target_dtype = run_dtype
         self.target = load_target(c.target, dtype=run_dtype, backend=c.target_backend,
                                   device=self.device)
         # --data: `peagle datagen` token shards, or a hidden-state cache (speculators' format) made elsewhere
@@ -319,6 +322,8 @@ class Trainer:
         bar = None
         if self.rank == 0 and not c.quiet:
             from tqdm import tqdm
+            print(f"train {self.method}: {self.device.type}, target {dtype_name(self.target_dtype)}, head compute "
+                  f"{dtype_name(self.dtype or torch.float32)} (weights float32)", flush=True)
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
         log = open(os.path.join(c.out, "train_log.jsonl"), "a") if self.rank == 0 else None
         acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling import greedy
 from .cod import sample_cod, supervised
 from .common import autocast
 from .head_forward import draft_loss, ttt_forward
@@ -57,7 +58,7 @@ def _kl_stats(head, normed, row, a, d, denom, K, acc, hard=False):
     label = row["label"][a + d + 2]
     kl = draft_loss(logits, None if hard else row["tlogp"][a + d + 1], label, hard)
     with torch.no_grad():
-        ok = logits.argmax(-1) == label
+        ok = greedy(logits) == label
         acc[1] += torch.bincount(d, minlength=K)[:K]
         acc[0] += torch.bincount(d[ok], minlength=K)[:K]
     return kl.sum() / denom, float(kl.detach().sum())
