@@ -1,6 +1,6 @@
 """Generation throughput of `peagle datagen`: the engine path (LLM.generate, then a separate hidden-state pass
-is needed) vs the one-pass path (--hidden-states: peagle/train/selfgen.py) per target precision (float32, and
-q4: the packaged GGUF's Q4_1 blocks, `datagen --quantization q4`), same prompts, side by side in one process.
+is needed) vs the one-pass path (--hidden-states: peagle/train/selfgen.py) per target precision (float32, bf16:
+`datagen --dtype bf16`, and q4: the packaged GGUF's Q4_1 blocks, `datagen --quantization q4`), same prompts, side by side in one process.
 Prints generated tokens/s of each and their ratio to the engine path; counts the answers equal to the engine's.
 
     .venv/bin/python lab/measure/datagen_speed.py --prompts 64 --max-new 128 --batch 64 --quantizations none,q4
@@ -42,7 +42,8 @@ def main():
     ap.add_argument("--engine-batch", type=int, default=32, help="the shipped recipe's batch for the engine path")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--quantizations", default="none", help="target precisions of the one-pass path (none,q8,q4)")
+    ap.add_argument("--quantizations", default="none",
+                    help="target precisions of the one-pass path (none,q8,q4; bf16: bfloat16 weights, --dtype bf16)")
     ap.add_argument("--workers", type=int, default=0, help="also run N single-thread worker processes per precision")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -61,7 +62,7 @@ def main():
     layers = tuple(default_layer_ids(L, default_aux_layer_ids(L)))
     rows = []
     for q in a.quantizations.split(","):
-        target = base if q == "none" else load_target(a.model, quantization=q)
+        target = base if q == "none" else _load(a.model, q)
         got = {}
         res = generate_with_states(target, prompts, a.max_new, eos, layers, batch=a.batch,
                                    emit=lambda i, ids, m, h: got.__setitem__(i, ids[len(prompts[i]):].tolist()))
@@ -78,15 +79,21 @@ def main():
           f"{e_rate:.1f} | 1.00x | - |")
     for q, n, sec, same, w in rows:
         how = "one pass with hidden states (selfgen)" + (f", {w} workers x 1 thread" if w > 1 else "")
-        print(f"| {how} | {'float32' if q == 'none' else q} | {a.batch} | {n} | "
+        print(f"| {how} | { {'none': 'float32', 'bf16': 'bfloat16'}.get(q, q)} | {a.batch} | {n} | "
               f"{sec:.1f} | {n / sec:.1f} | {n / sec / e_rate:.2f}x | {same}/{len(prompts)} |")
+
+
+def _load(model: str, q: str):
+    """The target of one precision: bf16 = bfloat16 weights and activations (`datagen --dtype bf16`), else the
+    quantization's."""
+    return load_target(model, dtype=torch.bfloat16) if q == "bf16" else load_target(model, quantization=q)
 
 
 def _work(args):
     """One worker: its share of the prompts on one thread -> (tokens, {prompt index: answer ids})."""
     model, q, prompts, idx, max_new, eos, layers, batch = args
     torch.set_num_threads(1)
-    target = load_target(model, quantization=q)
+    target = _load(model, q)
     got = {}
     res = generate_with_states(target, [prompts[i] for i in idx], max_new, eos, layers, batch=batch,
                                emit=lambda j, ids, m, h: got.__setitem__(idx[j], ids[len(prompts[idx[j]]):].tolist()))
