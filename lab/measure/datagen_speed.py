@@ -1,7 +1,8 @@
 """Generation throughput of `peagle datagen`: the engine path (LLM.generate, then a separate hidden-state pass
 is needed) vs the one-pass path (--hidden-states: peagle/train/selfgen.py) per target precision (float32, bf16:
-`datagen --dtype bf16`, and q4: the packaged GGUF's Q4_1 blocks, `datagen --quantization q4`), same prompts, side by side in one process.
-Prints generated tokens/s of each and their ratio to the engine path; counts the answers equal to the engine's.
+`datagen --dtype bf16`, and q4: the packaged GGUF's Q4_1 blocks, `datagen --quantization q4`), same prompts,
+side by side in one process. Prints generated tokens/s of each and their ratio to the engine path; counts the
+answers equal to the engine's.
 
     .venv/bin/python lab/measure/datagen_speed.py --prompts 64 --max-new 128 --batch 64 --quantizations none,q4
         --workers 2
