@@ -90,19 +90,36 @@ def test_partitioned_equals_flat(head, seg):
     els = [make_elements(r, K, gen=torch.Generator().manual_seed(i)) for i, r in enumerate((row, row2))]
     denom = float(sum(int(e["sup"].sum()) for e in els))
 
-    def grads(seg_len):
+    def grads(seg_len, by_document=True):
         head.zero_grad(set_to_none=True)
-        st = [row_step(head, r, e, t, K, denom, seg_len) for r, e in zip((row, row2), els)]
+        st = [row_step(head, r, e, t, K, denom, seg_len, by_document=by_document) for r, e in zip((row, row2), els)]
         return {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}, st
 
     gf, sf = grads(0)
-    gp, sp = grads(seg)
-    assert gf.keys() == gp.keys() and "mask_hidden" in gf and "embed_tokens.weight" in gf
-    worst = max(float((gf[k] - gp[k]).abs().max()) for k in gf)
-    assert worst <= 1e-5, worst
-    for a, b in zip(sf, sp):
-        assert abs(a["kl"] - b["kl"]) < 1e-3 and torch.equal(a["total"], b["total"])
+    for by_document in (True, False):   # attention one document at a time / masked over every depth-0 key
+        gp, sp = grads(seg, by_document)
+        assert gf.keys() == gp.keys() and "mask_hidden" in gf and "embed_tokens.weight" in gf
+        worst = max(float((gf[k] - gp[k]).abs().max()) for k in gf)
+        assert worst <= 1e-5, worst
+        for a, b in zip(sf, sp):
+            assert abs(a["kl"] - b["kl"]) < 1e-3 and torch.equal(a["total"], b["total"])
     assert int(sf[0]["total"][K - 1]) > 0 or int(sf[0]["total"][3]) > 0
+
+
+def test_doc_causal_attend_is_the_masked_attention():
+    """One causal SDPA per document equals SDPA under the doc-causal mask (GQA, 3 documents); a wrong split
+    (the spans of another packing) does not."""
+    from peagle.models.layers import attend
+    from peagle.train.head_forward import doc_causal_attend, doc_spans
+    g = torch.Generator().manual_seed(3)
+    doc = torch.cat([torch.full((L,), j) for j, L in enumerate((7, 12, 5))])
+    q, k, v = torch.randn(1, 24, 4, 8, generator=g), torch.randn(1, 2, 24, 8, generator=g), torch.randn(1, 2, 24, 8, generator=g)
+    spans = doc_spans(doc)
+    assert spans == [(0, 7), (7, 19), (19, 24)]
+    mask = MaskTable(32).doc_causal(doc)[None, None]
+    ref = attend(q, k, v, mask)
+    assert torch.allclose(doc_causal_attend(q, k, v, spans), ref, atol=1e-6)
+    assert not torch.allclose(doc_causal_attend(q, k, v, [(0, 12), (12, 24)]), ref, atol=1e-3)
 
 
 def test_train_forward_matches_inference_proposer(tiny_dirs, head):

@@ -21,20 +21,28 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from lab.measure.precision import cpu_flags
 from peagle.train import eagle3_loss, peagle_loss
+from peagle.train.common import PAD_ROWS, pad_linear_rows
 from peagle.train.config import TrainConfig
 from peagle.train.features import to_device
 from peagle.train.loop import Trainer
 
 # (method, name, overrides): the shipped recipe first per method
 VARIANTS = [
-    ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread)", {}),
+    ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention)", {"by_document": False}),
     ("eagle3", "anchors keep 0.7^k, 1 thread", {"ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, 1 thread", {"bf16": True}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, masked attention, 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "by_document": False}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, rows not padded, 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "pad": False}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 2 threads", {"bf16": True, "ttt_keep": 0.7, "threads": 2}),
-    ("peagle", "shipped (COD r 0.5, float32, 1 thread)", {}),
+    ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention)", {"by_document": False}),
+    ("peagle", "attention by document, float32, 1 thread", {}),
     ("peagle", "COD r 0.5, 2 threads", {"threads": 2}),
     ("peagle", "COD r 0.35 / rmin 0.05, 1 thread", {"cod_r": 0.35, "cod_rmin": 0.05}),
+    ("peagle", "bf16 autocast, masked attention, 1 thread", {"bf16": True, "by_document": False}),
+    ("peagle", "bf16 autocast, rows not padded, 1 thread", {"bf16": True, "pad": False}),
     ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
     ("peagle", "bf16 autocast, 2 threads", {"bf16": True, "threads": 2}),
 ]
@@ -46,45 +54,56 @@ def step_rows(tr: Trainer, rows, over: dict):
     torch.set_num_threads(over.get("threads", 1))
     sup0, per = 0, torch.zeros(K, dtype=torch.long)
     dt = torch.bfloat16 if over.get("bf16") else None
+    pads = pad_linear_rows(tr.head, PAD_ROWS) if dt is not None and over.get("pad", True) else []  # as Trainer
     for i, r in rows:
         g = torch.Generator().manual_seed(i)
         if tr.method == "peagle":
             el = peagle_loss.make_elements(r, K, over.get("cod_r", c.cod_r), over.get("cod_rmin", c.cod_rmin), g)
             st = peagle_loss.row_step(tr.head, to_device(r, tr.device), el, tr.table, K, 1000.0, c.segment_len,
-                                      autocast_dtype=dt)
+                                      autocast_dtype=dt, by_document=over.get("by_document", True))
         else:
             plan = eagle3_loss.ttt_plan(r, K, over.get("ttt_keep", 1.0), g)
             counts = eagle3_loss.step_counts(r, K, plan)
-            st = eagle3_loss.row_step(tr.head, r, tr.table, K, counts, c.decay, plan=plan, autocast_dtype=dt)
+            st = eagle3_loss.row_step(tr.head, r, tr.table, K, counts, c.decay, plan=plan, autocast_dtype=dt,
+                                      by_document=over.get("by_document", True))
         sup0 += int(st["total"][0])
         per += st["total"].cpu()
     tr.head.zero_grad(set_to_none=True)
+    for h in pads:
+        h.remove()
     return sup0, per
+
+
+CELLS = ("float32", "bf16 not padded", "bf16")
 
 
 def whole_steps(trainers: dict, n: int, rounds: int) -> list:
     """Seconds per whole Trainer.train_step (the shipped recipes: EAGLE-3 with anchors kept 0.7^k), float32 vs
-    bf16 autocast alternating on the same steps' rows; weights move on between rounds (same for both)."""
+    bf16 autocast alternating on the same steps' rows, new rows every round as in training (bf16's products
+    meet each row's shapes for the first time, as they do in a run)."""
     torch.set_num_threads(1)
     secs = {}
     trainers["eagle3"].cfg.ttt_keep = 0.7
     for rnd in range(rounds):
         for method, tr in trainers.items():
-            for dt in (None, torch.bfloat16):
-                tr.dtype = dt
-                tr.train_step(0)                       # warm (autocast caches, allocator)
+            for cell in CELLS:
+                tr.dtype = torch.bfloat16 if cell != "float32" else None
+                pads = pad_linear_rows(tr.head, PAD_ROWS) if cell == "bf16" else []   # what Trainer does
                 t0 = time.perf_counter()
-                for s in range(1, n + 1):
+                for s in range(1 + rnd * n, 1 + (rnd + 1) * n):
                     tr.train_step(s)
-                secs.setdefault((method, dt), []).append((time.perf_counter() - t0) / n)
-                print(f"round {rnd} {method:6s} whole step {'bf16' if dt else 'float32':7s} "
-                      f"{secs[method, dt][-1]:.3f} s", flush=True)
-    out = ["", f"Whole training steps ({n} steps x {rounds} rounds per cell, one thread, the same rows): row and "
-           "teacher, forward + backward, AdamW; EAGLE-3 with anchors kept 0.7^k. Median seconds per step.", "",
-           "| method | float32 s/step | bf16 autocast s/step | float32 / bf16 |", "|---|---|---|---|"]
+                for h in pads:
+                    h.remove()
+                secs.setdefault((method, cell), []).append((time.perf_counter() - t0) / n)
+                print(f"round {rnd} {method:6s} whole step {cell:16s} {secs[method, cell][-1]:.3f} s", flush=True)
+    out = ["", f"Whole training steps ({n} steps x {rounds} rounds per cell, one thread; new rows every round, the "
+           "same for both): row and teacher, forward + backward, AdamW; EAGLE-3 with anchors kept 0.7^k. Median "
+           "seconds per step.", "",
+           "| method | float32 s/step | bf16, rows not padded | bf16 (Trainer: rows padded to 64) | float32 / bf16 |",
+           "|---|---|---|---|---|"]
     for method in trainers:
-        f, b = (sorted(secs[method, dt])[len(secs[method, dt]) // 2] for dt in (None, torch.bfloat16))
-        out.append(f"| {method} | {f:.3f} | {b:.3f} | {f / b:.2f}x |")
+        f, u, b = (sorted(secs[method, c])[len(secs[method, c]) // 2] for c in CELLS)
+        out.append(f"| {method} | {f:.3f} | {u:.3f} | {b:.3f} | {f / b:.2f}x |")
     return out
 
 
@@ -106,7 +125,8 @@ def main():
     for method, head, extra in (("eagle3", a.eagle3_head, {"layers": 1, "ttt_steps": 7}),
                                 ("peagle", a.peagle_head, {"layers": 2, "depths": 8, "cod_r": 0.5, "cod_rmin": 0.1})):
         cfg = TrainConfig(method=method, target=a.target, data=a.data, out=f"/tmp/train_cost_{method}",
-                          init=head, share_embedding=True, max_tokens=a.max_tokens, quiet=True, **extra)
+                          init=head, share_embedding=True, max_tokens=a.max_tokens, quiet=True, dtype="float32",
+                          **extra)
         tr = trainers[method] = Trainer(cfg)
         tr.head.train()
         rows = [(i, tr.make_row(d)) for i, d in tr.batch_rows(0)[1]]
@@ -114,6 +134,8 @@ def main():
             rows += [(s * 1000 + i, tr.make_row(d)) for i, d in tr.batch_rows(s)[1]]
         tr.rows = rows
         step_rows(tr, rows[:1], {})  # warm-up
+    for method, name, over in VARIANTS:    # untimed: every variant's shapes once (bf16 products JIT per shape)
+        step_rows(trainers[method], trainers[method].rows, over)
     for rnd in range(a.rounds):
         for method, name, over in VARIANTS:
             tr = trainers[method]

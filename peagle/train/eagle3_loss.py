@@ -20,7 +20,7 @@ import torch
 from ..sampling import greedy
 from .cod import supervised
 from .common import autocast
-from .head_forward import draft_loss, ttt_forward
+from .head_forward import doc_spans, draft_loss, ttt_forward
 from .mask import MaskTable
 
 
@@ -87,12 +87,13 @@ def ttt_plan(row: dict, ttt: int, keep: float, gen: torch.Generator | None = Non
 
 def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, decay: float = 0.8,
              backward: bool = True, autocast_dtype=None, dense: bool = False, plan: list | None = None,
-             hard: bool = False) -> dict:
+             hard: bool = False, by_document: bool = True) -> dict:
     """Forward (+ backward) of the TTT unroll on one row; counts [ttt] = batch-wide supervised counts.
-    dense=True runs steps >= 1 as SDPA over all earlier steps' keys with the [T, (k+1)T] diagonal-extension
-    mask (the reference); the default computes the diagonal part elementwise (same values, ~(k+1)x less
-    attention work).  plan (:func:`ttt_plan`): the anchors each step runs (default: all); hard: cross-entropy
-    on the drafted token instead of the target's distribution."""
+    dense=True runs step 0 under the document-causal mask and steps >= 1 as SDPA over all earlier steps' keys
+    with the [T, (k+1)T] diagonal-extension mask (the reference); the default attends step 0 one document at a
+    time and computes the diagonal part elementwise (same values, ~(k+1)x less attention work).  plan
+    (:func:`ttt_plan`): the anchors each step runs (default: all); hard: cross-entropy
+    on the drafted token instead of the target's distribution; by_document=False: step 0 under the mask."""
     n = row["ids"].shape[0]
     doc = row["doc"]
     q_all = torch.arange(n - 1, device=doc.device)
@@ -123,7 +124,10 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
             pos = row["pos"][q] + k
             if k == 0:
                 hidden = head.combine(row["aux"][: n - 1].to(head.fc.weight.dtype))
-                normed, pre, kv0 = ttt_forward(head, ids[None], hidden[None], pos[None], C_all[None, None])
+                # step 0 is every anchor, whole documents: one causal attention per document (dense: the mask)
+                spans = doc_spans(doc[: n - 1]) if by_document and not dense else None
+                normed, pre, kv0 = ttt_forward(head, ids[None], hidden[None], pos[None],
+                                               None if spans else C_all[None, None], spans=spans)
             elif dense:
                 mask = table.eagle3(C, k)[None, None]
                 normed, pre, kv0 = ttt_forward(head, ids[None], hidden[None], pos[None], mask, kv0)

@@ -15,7 +15,7 @@ import torch
 from ..sampling import greedy
 from .cod import sample_cod, supervised
 from .common import autocast
-from .head_forward import draft_loss, ttt_forward
+from .head_forward import doc_spans, draft_loss, ttt_forward
 from .mask import MaskTable
 from .partition import owned_segments
 
@@ -65,7 +65,7 @@ def _kl_stats(head, normed, row, a, d, denom, K, acc, hard=False):
 
 
 def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, seg_len: int = 0,
-             backward: bool = True, autocast_dtype=None, hard: bool = False) -> dict:
+             backward: bool = True, autocast_dtype=None, hard: bool = False, by_document: bool = True) -> dict:
     """Forward (+ backward) of one row; gradients accumulate with loss scale 1/denom (hard: cross-entropy
     on the drafted token instead of KL to the target's distribution).
     Returns {"kl": sum KL, "correct": [K], "total": [K]}.
@@ -78,7 +78,9 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     own backward into the parameters and into leaf copies of the depth-0 outputs/keys/values; one final
     backward pushes the accumulated leaf gradients through the depth-0 stream.  Attention work drops from (3.4n)^2
     to ~3.4n^2 and peak memory from O((3.4n)^2) to O(n * 3.4L); the accumulated gradient equals the flat pass's
-    (tests/test_train_peagle.py)."""
+    (tests/test_train_peagle.py). With COD's elements (depth 0 = every anchor) the depth-0 stream attends one
+    document at a time and a segment reads only its documents' depth-0 keys (what the masks allow anyway);
+    by_document=False keeps the masked attention over every depth-0 key (the reference)."""
     if seg_len <= 0:
         return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype, hard)
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
@@ -87,9 +89,14 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     kl_sum = 0.0
     n0 = int((depth == 0).sum())
     a0, d0 = anchor[:n0], depth[:n0]
+    # COD's depth-0 anchors are 0..n0-1 (make_elements): the stream is whole documents, attended one by one,
+    # and a segment's deep elements need only the depth-0 keys of the documents their anchors are in
+    whole = by_document and n0 > 0 and int(a0[0]) == 0 and int(a0[-1]) == n0 - 1
+    spans = doc_spans(row["doc"][:n0]) if whole else None
     with autocast(head.fc.weight.device, autocast_dtype):
         ids0, hid0, pos0 = element_inputs(head, row, a0, d0)
-        normed0_g, _, kv0_g = ttt_forward(head, ids0[None], hid0[None], pos0[None], C[a0][:, a0][None, None])
+        normed0_g, _, kv0_g = ttt_forward(head, ids0[None], hid0[None], pos0[None],
+                                          None if whole else C[a0][:, a0][None, None], spans=spans)
     # segments read detached leaf copies of the depth-0 stream; their gradients accumulate on the leaves and
     # flow back through the depth-0 graph ONCE at the end (not once per segment)
     leaf = lambda t: t.detach().requires_grad_(backward)
@@ -113,8 +120,13 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
                 # shallower slots of their rollout) over [depth-0 context | own deep elements]
                 a, d = anchor[deep], depth[deep]
                 ids, hid, pos = element_inputs(head, row, a, d)
-                mask = table.peagle(C, a, d, torch.cat([a0, a]), torch.cat([d0, d]))
-                normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], mask[None, None], past=kv0)
+                ctx, past = slice(0, n0), kv0
+                if whole:   # depth-0 keys from the first anchor's document start to the last anchor: no
+                    lo = int(a.min())      # element sees other documents' or later positions
+                    ctx = slice(next(s for s, e in spans if e > lo), int(a.max()) + 1)
+                    past = [(k[:, :, ctx], v[:, :, ctx]) for k, v in kv0]
+                mask = table.peagle(C, a, d, torch.cat([a0[ctx], a]), torch.cat([d0[ctx], d]))
+                normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], mask[None, None], past=past)
                 keep = sup[deep]
                 l, k = _kl_stats(head, normed[0, keep], row, a[keep], d[keep], denom, K, acc, hard)
                 loss, kl_sum = loss + l, kl_sum + k
