@@ -97,7 +97,7 @@ def whole_steps(trainers: dict, n: int, rounds: int) -> list:
                 secs.setdefault((method, cell), []).append((time.perf_counter() - t0) / n)
                 print(f"round {rnd} {method:6s} whole step {cell:16s} {secs[method, cell][-1]:.3f} s", flush=True)
     out = ["", f"Whole training steps ({n} steps x {rounds} rounds per cell, one thread; new rows every round, the "
-           "same for both): row and teacher, forward + backward, AdamW; EAGLE-3 with anchors kept 0.7^k. Median "
+           "same for every cell): row and teacher, forward + backward, AdamW; EAGLE-3 with anchors kept 0.7^k. Median "
            "seconds per step.", "",
            "| method | float32 s/step | bf16, rows not padded | bf16 (Trainer: rows padded to 64) | float32 / bf16 |",
            "|---|---|---|---|---|"]

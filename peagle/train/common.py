@@ -62,11 +62,11 @@ PAD_ROWS = 64     # bfloat16 training on a CPU: token rows of every head product
 
 def pad_linear_rows(module: torch.nn.Module, multiple: int) -> list:
     """Every nn.Linear of `module` multiplies its input with the token rows (dim -2) padded with zeros to a
-    multiple of `multiple`, then drops the padded output rows: the same values (up to the order of the
-    products' sums, which their kernels may choose by shape), but a training run's products
-    (and their backward products) see a few shapes instead of a new one per row. On a CPU, bfloat16 products go
-    through oneDNN, which builds a kernel per shape (~4 ms for a [900 x 576] x [576 x 1536] product against
-    1.6 ms to run it), so new shapes every row ate most of bfloat16's gain. Returns the hook handles."""
+    multiple of `multiple`, then drops the padded output rows: the same values (up to the order of the products'
+    sums, which their kernels may choose by shape), but a training run's products and their backward products
+    see a few shapes instead of new ones every row. On a CPU, bfloat16 products go through oneDNN, which builds
+    a kernel per shape (~4 ms for a [900 x 576] x [576 x 1536] product against 1.6 ms to run it), so new shapes
+    every row ate most of bfloat16's gain. Returns the hook handles (remove() undoes it)."""
     def pad(mod, args):                 # the forward hook sees the padded input: the true row count rides along
         x = args[0]
         extra = -x.shape[-2] % multiple if x.dim() >= 2 else 0
