@@ -133,7 +133,6 @@ def main():
         for s in range(1, a.rows):
             rows += [(s * 1000 + i, tr.make_row(d)) for i, d in tr.batch_rows(s)[1]]
         tr.rows = rows
-        step_rows(tr, rows[:1], {})  # warm-up
     for method, name, over in VARIANTS:    # untimed: every variant's shapes once (bf16 products JIT per shape)
         step_rows(trainers[method], trainers[method].rows, over)
     for rnd in range(a.rounds):

@@ -95,7 +95,6 @@ class Trainer:
         self.method = c.method
         self.K = c.depths if c.method == "peagle" else c.ttt_steps
         self.dtype = None if head_dtype == torch.float32 else head_dtype
-        self.target_dtype = run_dtype
         self.target = load_target(c.target, dtype=run_dtype, backend=c.target_backend,
                                   device=self.device)
         # --data: `peagle datagen` token shards, or a hidden-state cache (speculators' format) made elsewhere
@@ -326,7 +325,7 @@ class Trainer:
         bar = None
         if self.rank == 0 and not c.quiet:
             from tqdm import tqdm
-            print(f"train {self.method}: {self.device.type}, target {dtype_name(self.target_dtype)}, head compute "
+            print(f"train {self.method}: {self.device.type}, target {dtype_name(self.target.dtype)}, head compute "
                   f"{dtype_name(self.dtype or torch.float32)} (weights float32)", flush=True)
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
         log = open(os.path.join(c.out, "train_log.jsonl"), "a") if self.rank == 0 else None
