@@ -1,4 +1,5 @@
 """EAGLE-3 TTT trainer: the unrolled training forward gives the logits of peagle's Eagle3Proposer."""
+import pytest
 import torch
 from heads import head_config, propose_capturing_logits, random_target_states
 
@@ -136,7 +137,39 @@ def test_hard_loss_is_cross_entropy_on_the_drafted_token():
     logits = torch.randn(9, 32, generator=g)
     label = torch.tensor([3, -1, 0, 31, 7, -1, 5, 5, 2])
     want = torch.nn.functional.cross_entropy(logits, label, ignore_index=-1, reduction="none")
-    got = draft_loss(logits, torch.log_softmax(torch.randn(9, 32, generator=g), -1), label, hard=True)
-    assert torch.allclose(got, want, atol=1e-6)
-    soft = draft_loss(logits, torch.log_softmax(logits, -1), label, hard=False)   # KL to itself: 0
+    rows = torch.arange(9)
+    got, top = draft_loss(logits, torch.log_softmax(torch.randn(9, 32, generator=g), -1), rows, label, hard=True)
+    assert torch.allclose(got, want, atol=1e-6) and torch.equal(top, logits.argmax(-1))
+    soft, _ = draft_loss(logits, torch.log_softmax(logits, -1), rows, label, hard=False)   # KL to itself: 0
     assert float(soft.abs().max()) < 1e-5 and float(got.sum()) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocked_kl_equals_the_op_by_op_form(dtype):
+    """DraftKL (blocks of KL_CHUNK rows, tlogp read through rows) = KL(p || softmax(z)) written op by op on the
+    gathered rows: values, gradients (also for a weighted sum) and the greedy id; E spans several blocks and
+    ends mid-block. A wrong row index changes both (negative control)."""
+    from peagle.train.head_forward import KL_CHUNK, draft_loss
+    g = torch.Generator().manual_seed(1)
+    E, V, n = 2 * KL_CHUNK + 5, 64, 11
+    z0 = (torch.randn(E, V, generator=g) * 3).to(dtype)
+    tlogp = torch.log_softmax(torch.randn(n, V, generator=g) * 2, -1)
+    rows = torch.randint(0, n, (E,), generator=g)
+    w = torch.rand(E, generator=g)
+
+    def op_by_op(z, r):
+        logq = torch.log_softmax(z.float(), -1)
+        lp = tlogp[r]
+        return (lp.exp() * (lp - logq)).sum(-1)
+
+    za, zb = z0.clone().requires_grad_(), z0.clone().requires_grad_()
+    got, top = draft_loss(za, tlogp, rows, None, hard=False)
+    want = op_by_op(zb, rows)
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    assert za.grad.dtype == dtype and top.dtype == torch.long
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(za.grad.float(), zb.grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(top, z0.float().argmax(-1))
+    other = (rows + 1) % n
+    assert not torch.allclose(draft_loss(z0, tlogp, other, None, hard=False)[0], want.detach(), atol=1e-3)

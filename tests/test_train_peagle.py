@@ -4,6 +4,7 @@ import torch
 from heads import head_config, propose_capturing_logits, random_target_states
 
 from peagle.heads.model import DrafterHead
+from peagle.train import peagle_loss
 from peagle.train.cod import sample_cod, supervised
 from peagle.train.mask import MaskTable
 from peagle.train.peagle_loss import draft_forward, make_elements, row_step
@@ -82,28 +83,50 @@ def test_element_positions(head):
     assert torch.equal(ids[d == 0], row["ids"][a[d == 0] + 1])
 
 
-@pytest.mark.parametrize("seg", [16, 33])
-def test_partitioned_equals_flat(head, seg):
-    row = random_row(seed=4)
-    row2 = random_row(n=60, docs=(20, 40), seed=5)
+def _grads(head, seg_len, by_document=True):
+    row, row2 = random_row(seed=4), random_row(n=60, docs=(20, 40), seed=5)
     t = MaskTable(128)
     els = [make_elements(r, K, gen=torch.Generator().manual_seed(i)) for i, r in enumerate((row, row2))]
     denom = float(sum(int(e["sup"].sum()) for e in els))
+    head.zero_grad(set_to_none=True)
+    st = [row_step(head, r, e, t, K, denom, seg_len, by_document=by_document) for r, e in zip((row, row2), els)]
+    return {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}, st
 
-    def grads(seg_len, by_document=True):
-        head.zero_grad(set_to_none=True)
-        st = [row_step(head, r, e, t, K, denom, seg_len, by_document=by_document) for r, e in zip((row, row2), els)]
-        return {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}, st
 
-    gf, sf = grads(0)
+@pytest.mark.parametrize("seg,block", [(16, 128), (33, 128), (33, 5), (90, 3)])
+def test_partitioned_equals_flat(head, seg, block, monkeypatch):
+    """seg: anchors per segment; block: deep elements per attention block (deep_blocks; 3 and 5 make many
+    blocks, some spanning two documents)."""
+    monkeypatch.setattr(peagle_loss, "DEEP_BLOCK", block)
+    gf, sf = _grads(head, 0)
     for by_document in (True, False):   # attention one document at a time / masked over every depth-0 key
-        gp, sp = grads(seg, by_document)
+        gp, sp = _grads(head, seg, by_document)
         assert gf.keys() == gp.keys() and "mask_hidden" in gf and "embed_tokens.weight" in gf
         worst = max(float((gf[k] - gp[k]).abs().max()) for k in gf)
         assert worst <= 1e-5, worst
         for a, b in zip(sf, sp):
             assert abs(a["kl"] - b["kl"]) < 1e-3 and torch.equal(a["total"], b["total"])
     assert int(sf[0]["total"][K - 1]) > 0 or int(sf[0]["total"][3]) > 0
+
+
+@pytest.mark.parametrize("cut", ["start", "end"])
+def test_a_deep_block_window_cut_short_changes_the_gradient(head, cut, monkeypatch):
+    """Negative control of the blocked deep attention: each block's depth-0 window one key short at either
+    end (the mask's column dropped with it) gives other gradients than the flat pass."""
+    gf, _ = _grads(head, 0)
+    real = peagle_loss.deep_blocks
+
+    def short(*args):
+        out = []
+        for s, e, ctx, m in real(*args):
+            keep = torch.ones(m.shape[1], dtype=torch.bool)
+            keep[0 if cut == "start" else ctx.stop - ctx.start - 1] = False
+            out.append((s, e, slice(ctx.start + (cut == "start"), ctx.stop - (cut == "end")), m[:, keep]))
+        return out
+    monkeypatch.setattr(peagle_loss, "DEEP_BLOCK", 5)
+    monkeypatch.setattr(peagle_loss, "deep_blocks", short)
+    gp, _ = _grads(head, 33)
+    assert max(float((gf[k] - gp[k]).abs().max()) for k in gf) > 1e-4
 
 
 def test_doc_causal_attend_is_the_masked_attention():

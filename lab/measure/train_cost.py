@@ -11,6 +11,7 @@ counts say how much deeper supervision each variant keeps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -20,58 +21,93 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from lab.measure.precision import cpu_flags
+from peagle.sampling import greedy
 from peagle.train import eagle3_loss, peagle_loss
-from peagle.train.common import PAD_ROWS, pad_linear_rows
+from peagle.train.common import PAD_ROWS, pad_linear_rows, tune_malloc
 from peagle.train.config import TrainConfig
 from peagle.train.features import to_device
 from peagle.train.loop import Trainer
 
-# (method, name, overrides): the shipped recipe first per method
+# (method, name, overrides): the shipped recipe first per method. "loss": "op" = the KL over the draft vocabulary
+# op by op on gathered rows, as shipped (the default is head_forward.DraftKL); "deep_block": P-EAGLE's deep elements
+# per attention block (default peagle_loss.DEEP_BLOCK)
+ONE_BLOCK = 1 << 30
 VARIANTS = [
-    ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention)", {"by_document": False}),
+    ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention, KL op by op)",
+     {"by_document": False, "loss": "op"}),
     ("eagle3", "anchors keep 0.7^k, 1 thread", {"ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, 1 thread", {"bf16": True}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, masked attention, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "by_document": False}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, rows not padded, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "pad": False}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL op by op, 1 thread", {"bf16": True, "ttt_keep": 0.7, "loss": "op"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 2 threads", {"bf16": True, "ttt_keep": 0.7, "threads": 2}),
-    ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention)", {"by_document": False}),
+    ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention, KL op by op)",
+     {"by_document": False, "loss": "op"}),
     ("peagle", "attention by document, float32, 1 thread", {}),
     ("peagle", "COD r 0.5, 2 threads", {"threads": 2}),
     ("peagle", "COD r 0.35 / rmin 0.05, 1 thread", {"cod_r": 0.35, "cod_rmin": 0.05}),
     ("peagle", "bf16 autocast, masked attention, 1 thread", {"bf16": True, "by_document": False}),
     ("peagle", "bf16 autocast, rows not padded, 1 thread", {"bf16": True, "pad": False}),
+    ("peagle", "bf16 autocast, KL op by op, 1 thread", {"bf16": True, "loss": "op"}),
+    ("peagle", "bf16 autocast, one deep attention block per segment, 1 thread", {"bf16": True, "deep_block": ONE_BLOCK}),
     ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
     ("peagle", "bf16 autocast, 2 threads", {"bf16": True, "threads": 2}),
 ]
 
 
+def kl_op_by_op(logits, tlogp, rows, label, hard):
+    """The shipped loss: KL(target || draft) on [E, Vd] float32 temporaries of the gathered rows."""
+    logq = torch.nn.functional.log_softmax(logits.float(), -1)
+    logp = tlogp[rows].float()
+    return (logp.exp() * (logp - logq)).sum(-1), greedy(logits)
+
+
+@contextlib.contextmanager
+def variant_code(over: dict):
+    """The loss and P-EAGLE's attention blocks the variant asks for, restored afterwards."""
+    saved = peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK
+    if over.get("loss") == "op":
+        peagle_loss.draft_loss = eagle3_loss.draft_loss = kl_op_by_op
+    peagle_loss.DEEP_BLOCK = over.get("deep_block", peagle_loss.DEEP_BLOCK)
+    try:
+        yield
+    finally:
+        peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK = saved
+
+
 def step_rows(tr: Trainer, rows, over: dict):
     """Forward + backward of the rows under the variant; returns (supervised tokens, elements per depth)."""
-    c, K = tr.cfg, tr.K
     torch.set_num_threads(over.get("threads", 1))
-    sup0, per = 0, torch.zeros(K, dtype=torch.long)
+    sup0, per = 0, torch.zeros(tr.K, dtype=torch.long)
     dt = torch.bfloat16 if over.get("bf16") else None
     pads = pad_linear_rows(tr.head, PAD_ROWS) if dt is not None and over.get("pad", True) else []  # as Trainer
-    for i, r in rows:
-        g = torch.Generator().manual_seed(i)
-        if tr.method == "peagle":
-            el = peagle_loss.make_elements(r, K, over.get("cod_r", c.cod_r), over.get("cod_rmin", c.cod_rmin), g)
-            st = peagle_loss.row_step(tr.head, to_device(r, tr.device), el, tr.table, K, 1000.0, c.segment_len,
-                                      autocast_dtype=dt, by_document=over.get("by_document", True))
-        else:
-            plan = eagle3_loss.ttt_plan(r, K, over.get("ttt_keep", 1.0), g)
-            counts = eagle3_loss.step_counts(r, K, plan)
-            st = eagle3_loss.row_step(tr.head, r, tr.table, K, counts, c.decay, plan=plan, autocast_dtype=dt,
-                                      by_document=over.get("by_document", True))
-        sup0 += int(st["total"][0])
-        per += st["total"].cpu()
+    with variant_code(over):
+        for i, r in rows:
+            t = row_cost(tr, i, r, over, dt)
+            sup0, per = sup0 + int(t[0]), per + t
     tr.head.zero_grad(set_to_none=True)
     for h in pads:
         h.remove()
     return sup0, per
+
+
+def row_cost(tr: Trainer, i: int, r: dict, over: dict, dt) -> torch.Tensor:
+    """Forward + backward of one packed row under the variant: supervised elements per depth [K]."""
+    c, K = tr.cfg, tr.K
+    g = torch.Generator().manual_seed(i)
+    if tr.method == "peagle":
+        el = peagle_loss.make_elements(r, K, over.get("cod_r", c.cod_r), over.get("cod_rmin", c.cod_rmin), g)
+        st = peagle_loss.row_step(tr.head, to_device(r, tr.device), el, tr.table, K, 1000.0, c.segment_len,
+                                  autocast_dtype=dt, by_document=over.get("by_document", True))
+    else:
+        plan = eagle3_loss.ttt_plan(r, K, over.get("ttt_keep", 1.0), g)
+        counts = eagle3_loss.step_counts(r, K, plan)
+        st = eagle3_loss.row_step(tr.head, r, tr.table, K, counts, c.decay, plan=plan, autocast_dtype=dt,
+                                  by_document=over.get("by_document", True))
+    return st["total"].cpu()
 
 
 CELLS = ("float32", "bf16 not padded", "bf16")
@@ -121,6 +157,7 @@ def main():
                          "method, float32 and bfloat16 autocast alternating, one thread")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    tune_malloc()     # as `peagle train` does
     trainers, res = {}, {}
     for method, head, extra in (("eagle3", a.eagle3_head, {"layers": 1, "ttt_steps": 7}),
                                 ("peagle", a.peagle_head, {"layers": 2, "depths": 8, "cod_r": 0.5, "cod_rmin": 0.1})):

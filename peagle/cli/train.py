@@ -11,6 +11,7 @@ import argparse
 from ..device import add_arguments as add_device_arguments
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
+from ..train.common import tune_malloc
 from ..train.config import TrainConfig
 from ..train.loop import Trainer
 
@@ -80,6 +81,7 @@ def run(a):
     if a.target is None:
         a.target = DEFAULT_MODEL
     cfg = TrainConfig.from_namespace(a)
+    tune_malloc()     # a step's large buffers stay in the heap instead of page-faulting back in
     t = Trainer(cfg)
     rec = t.run()
     if t.rank == 0:

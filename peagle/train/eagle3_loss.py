@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import greedy
 from .cod import supervised
 from .common import autocast
 from .head_forward import doc_spans, draft_loss, ttt_forward
@@ -137,13 +136,13 @@ def row_step(head, row: dict, table: MaskTable, ttt: int, counts: torch.Tensor, 
             s = supervised(q, torch.full_like(q, k), doc, row["lmask"])
             if not bool(s.any()) or counts[k] == 0:
                 continue
-            logits = head.draft_logits(normed[0, s]).float()
+            logits = head.draft_logits(normed[0, s])
             label = row["label"][(q + k + 2)[s]]
-            ce = draft_loss(logits, None if hard else row["tlogp"][(q + k + 1)[s]], label, hard)
+            ce, top = draft_loss(logits, row["tlogp"], (q + k + 1)[s], label, hard)
             loss = loss + (decay ** k) * ce.sum() / float(counts[k])
             with torch.no_grad():
                 ce_sum[k] = ce.sum()
-                ok = greedy(logits) == label
+                ok = top == label
                 total[k] += s.sum()
                 correct[k] += ok.sum()
     if backward and torch.is_tensor(loss):

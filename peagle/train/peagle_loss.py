@@ -10,9 +10,10 @@ of supervised elements in the whole (multi-row, multi-rank) batch.  Partitioned 
 same gradients (tests/test_train_peagle.py)."""
 from __future__ import annotations
 
+import bisect
+
 import torch
 
-from ..sampling import greedy
 from .cod import sample_cod, supervised
 from .common import autocast
 from .head_forward import doc_spans, draft_loss, ttt_forward
@@ -56,12 +57,35 @@ def _kl_stats(head, normed, row, a, d, denom, K, acc, hard=False):
     loss sum) and updates acc."""
     logits = head.draft_logits(normed)
     label = row["label"][a + d + 2]
-    kl = draft_loss(logits, None if hard else row["tlogp"][a + d + 1], label, hard)
+    kl, top = draft_loss(logits, row["tlogp"], a + d + 1, label, hard)
     with torch.no_grad():
-        ok = greedy(logits) == label
+        ok = top == label
         acc[1] += torch.bincount(d, minlength=K)[:K]
         acc[0] += torch.bincount(d[ok], minlength=K)[:K]
     return kl.sum() / denom, float(kl.detach().sum())
+
+
+DEEP_BLOCK = 128     # deep elements per attention block (whole rollouts: blocks end where an anchor does)
+
+
+def deep_blocks(a, d, a0, d0, C, table: MaskTable, spans) -> list:
+    """blocked_attend's blocks for a segment's deep elements in anchor-major order (a [E], d [E]) over the
+    whole-document depth-0 stream (a0, d0; spans): about DEEP_BLOCK elements per block, never splitting an
+    anchor's rollout; a block's context is the depth-0 keys from its first anchor's document start to its
+    last anchor, what the P-EAGLE mask lets any of its queries see. One host read of the anchors."""
+    E, al = a.shape[0], a.tolist()
+    starts = [s for s, _ in spans]
+    blocks, s = [], 0
+    while s < E:
+        e = min(s + DEEP_BLOCK, E)
+        while e < E and al[e] == al[e - 1]:
+            e += 1
+        doc_start = starts[bisect.bisect_right(starts, al[s]) - 1]
+        ctx = slice(doc_start, al[e - 1] + 1)
+        mask = table.peagle(C, a[s:e], d[s:e], torch.cat([a0[ctx], a[s:e]]), torch.cat([d0[ctx], d[s:e]]))
+        blocks.append((s, e, ctx, mask))
+        s = e
+    return blocks
 
 
 def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, seg_len: int = 0,
@@ -110,26 +134,29 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
         deep = deep[deep >= n0]
         if len(o0) == 0 and len(od) == 0:
             continue
-        loss = 0.0
         with autocast(head.fc.weight.device, autocast_dtype):
-            if len(o0):
-                l, k = _kl_stats(head, normed0[0, o0], row, a0[o0], d0[o0], denom, K, acc, hard)
-                loss, kl_sum = loss + l, kl_sum + k
+            rows_n, rows_a, rows_d = [normed0[0, o0]], [a0[o0]], [d0[o0]]
             if len(od):
                 # the segment's deep elements (all of them: supervised ones may attend to unsupervised
                 # shallower slots of their rollout) over [depth-0 context | own deep elements]
+                if whole:   # anchor-major: a block of whole rollouts (blocked_attend)
+                    deep = deep[torch.sort(anchor[deep], stable=True).indices]
                 a, d = anchor[deep], depth[deep]
                 ids, hid, pos = element_inputs(head, row, a, d)
-                ctx, past = slice(0, n0), kv0
-                if whole:   # depth-0 keys from the first anchor's document start to the last anchor: no
-                    lo = int(a.min())      # element sees other documents' or later positions
-                    ctx = slice(next(s for s, e in spans if e > lo), int(a.max()) + 1)
-                    past = [(k[:, :, ctx], v[:, :, ctx]) for k, v in kv0]
-                mask = table.peagle(C, a, d, torch.cat([a0[ctx], a]), torch.cat([d0[ctx], d]))
-                normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], mask[None, None], past=past)
+                if whole:
+                    blocks = deep_blocks(a, d, a0, d0, C, table, spans)
+                    normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], None, past=kv0, blocks=blocks)
+                else:
+                    mask = table.peagle(C, a, d, torch.cat([a0, a]), torch.cat([d0, d]))
+                    normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], mask[None, None], past=kv0)
                 keep = sup[deep]
-                l, k = _kl_stats(head, normed[0, keep], row, a[keep], d[keep], denom, K, acc, hard)
-                loss, kl_sum = loss + l, kl_sum + k
+                rows_n.append(normed[0, keep])
+                rows_a.append(a[keep])
+                rows_d.append(d[keep])
+            # the segment's supervised elements of every depth in one logits product (one weight gradient)
+            loss, k = _kl_stats(head, torch.cat(rows_n), row, torch.cat(rows_a), torch.cat(rows_d), denom, K,
+                                acc, hard)
+            kl_sum += k
         if backward:
             loss.backward()
     if backward:
