@@ -30,7 +30,8 @@ from peagle.train.loop import Trainer
 
 # (method, name, overrides): the shipped recipe first per method. "loss": "op" = the KL over the draft vocabulary
 # op by op on gathered rows, as shipped (the default is head_forward.DraftKL); "deep_block": P-EAGLE's deep elements
-# per attention block (default peagle_loss.DEEP_BLOCK)
+# per attention block (default peagle_loss.DEEP_BLOCK); "segment_len": P-EAGLE's anchors per segment (default the
+# TrainConfig's)
 ONE_BLOCK = 1 << 30
 VARIANTS = [
     ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention, KL op by op)",
@@ -44,8 +45,8 @@ VARIANTS = [
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL op by op, 1 thread", {"bf16": True, "ttt_keep": 0.7, "loss": "op"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 2 threads", {"bf16": True, "ttt_keep": 0.7, "threads": 2}),
-    ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention, KL op by op)",
-     {"by_document": False, "loss": "op"}),
+    ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention, KL op by op, segments of 512)",
+     {"by_document": False, "loss": "op", "segment_len": 512}),
     ("peagle", "attention by document, float32, 1 thread", {}),
     ("peagle", "COD r 0.5, 2 threads", {"threads": 2}),
     ("peagle", "COD r 0.35 / rmin 0.05, 1 thread", {"cod_r": 0.35, "cod_rmin": 0.05}),
@@ -53,6 +54,7 @@ VARIANTS = [
     ("peagle", "bf16 autocast, rows not padded, 1 thread", {"bf16": True, "pad": False}),
     ("peagle", "bf16 autocast, KL op by op, 1 thread", {"bf16": True, "loss": "op"}),
     ("peagle", "bf16 autocast, one deep attention block per segment, 1 thread", {"bf16": True, "deep_block": ONE_BLOCK}),
+    ("peagle", "bf16 autocast, segments of 512 anchors, 1 thread", {"bf16": True, "segment_len": 512}),
     ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
     ("peagle", "bf16 autocast, 2 threads", {"bf16": True, "threads": 2}),
 ]
@@ -100,7 +102,8 @@ def row_cost(tr: Trainer, i: int, r: dict, over: dict, dt) -> torch.Tensor:
     g = torch.Generator().manual_seed(i)
     if tr.method == "peagle":
         el = peagle_loss.make_elements(r, K, over.get("cod_r", c.cod_r), over.get("cod_rmin", c.cod_rmin), g)
-        st = peagle_loss.row_step(tr.head, to_device(r, tr.device), el, tr.table, K, 1000.0, c.segment_len,
+        st = peagle_loss.row_step(tr.head, to_device(r, tr.device), el, tr.table, K, 1000.0,
+                                  over.get("segment_len", c.segment_len),
                                   autocast_dtype=dt, by_document=over.get("by_document", True))
     else:
         plan = eagle3_loss.ttt_plan(r, K, over.get("ttt_keep", 1.0), g)

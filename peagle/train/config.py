@@ -34,7 +34,7 @@ class TrainConfig:
     loss: str = "kl"                         # "kl" to the target's distribution | "hard" on the drafted token
     cod_r: float = 0.7
     cod_rmin: float = 0.2
-    segment_len: int = 512
+    segment_len: int = 1024    # P-EAGLE anchors per segment: fewer segments cost less CPU (train-cost.md)
     # data and schedule
     max_tokens: int = 2048
     batch_rows: int = 1

@@ -1,11 +1,18 @@
-"""Drafter forwards shared by the EAGLE-3 and P-EAGLE training losses (no KV cache: explicit masks).
+"""Drafter forwards and the loss shared by the EAGLE-3 and P-EAGLE trainers (no KV cache: explicit masks).
+
+Invariant: every structured path (per-document attention, attention in blocks, the KL in blocks) gives the
+values and gradients of its dense reference (masked SDPA over all keys, the op-by-op KL), which the tests
+check against it with negative controls.
 
 - ttt_forward: one pass of the head over a block of elements that attend under an explicit mask to the keys
   of earlier passes (``past``) and their own; it returns those keys/values for the next pass (EAGLE-3's
   test-time-training unroll, and P-EAGLE's depth-0 stream that partitioned segments read).
 - doc_spans / doc_causal_attend: a stream of whole, contiguous documents attended causally inside each one
   (what the doc-causal mask allows) as one causal SDPA per document, so no query meets another document's
-  keys: about sum(n_i^2)/2 pairs instead of the masked n^2."""
+  keys: about sum(n_i^2)/2 pairs instead of the masked n^2.
+- blocked_attend: P-EAGLE's deep elements in blocks of whole rollouts, each over only the keys its queries
+  may see.
+- draft_loss / DraftKL: KL(target || draft) over the draft vocabulary (or hard labels) and the greedy id."""
 from __future__ import annotations
 
 import torch

@@ -103,8 +103,10 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
     backward pushes the accumulated leaf gradients through the depth-0 stream.  Attention work drops from (3.4n)^2
     to ~3.4n^2 and peak memory from O((3.4n)^2) to O(n * 3.4L); the accumulated gradient equals the flat pass's
     (tests/test_train_peagle.py). With COD's elements (depth 0 = every anchor) the depth-0 stream attends one
-    document at a time and a segment reads only its documents' depth-0 keys (what the masks allow anyway);
-    by_document=False keeps the masked attention over every depth-0 key (the reference)."""
+    document at a time, and a segment's deep elements attend in blocks of whole rollouts, each block over the
+    depth-0 keys of its own anchors' documents up to its last anchor (deep_blocks: what the masks allow anyway);
+    by_document=False keeps the masked attention over every depth-0 key (the reference). A segment's supervised
+    elements of every depth share one logits product."""
     if seg_len <= 0:
         return _row_step_flat(head, row, el, table, K, denom, backward, autocast_dtype, hard)
     anchor, depth, sup = el["anchor"], el["depth"], el["sup"]
