@@ -55,14 +55,20 @@ def resolve(device="auto", dtype="auto") -> tuple[torch.device, torch.dtype]:
     return dev, resolve_dtype(dtype, dev)
 
 
+def cpuinfo(field: str) -> str | None:
+    """The value of /proc/cpuinfo's first `field` line ("model name", "flags"): "" where no line has it, None
+    where the file cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith(field)), "")
+    except OSError:
+        return None
+
+
 def cpu_native_bf16() -> bool:
     """Does this CPU multiply bfloat16 in hardware (avx512_bf16 or AMX-BF16 in /proc/cpuinfo's flags)? Without
     them oneDNN emulates bfloat16 and autocast costs more than float32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = (cpuinfo("flags") or "").split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

@@ -22,6 +22,8 @@ import platform
 import numpy as np
 import torch
 
+from ..device import cpuinfo
+
 FORMAT = 2      # 2: meta carries the measured drafter_row_s
 
 
@@ -42,11 +44,8 @@ def shown_path(path: str | None) -> str | None:
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        return platform.processor() or platform.machine()
+    name = cpuinfo("model name")
+    return (platform.processor() or platform.machine()) if name is None else name
 
 
 def _files_id(d: str) -> dict:

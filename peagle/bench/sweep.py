@@ -11,6 +11,7 @@ import time
 import torch
 
 from ..data.benchmarks import load_dataset
+from ..device import cpuinfo
 from ..errors import PeagleError
 from ..paths import REPO, portable_path, portable_settings
 from ..sampling import SamplingParams
@@ -22,12 +23,7 @@ PATH_SETTINGS = ("model", "eagle3_head", "peagle_head", "out", "notes", "from_js
 
 
 def machine_info() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpuinfo("model name") or platform.processor() or ""
     mem = None
     try:
         with open("/proc/meminfo") as f:

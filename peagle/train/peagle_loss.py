@@ -141,16 +141,13 @@ def row_step(head, row: dict, el: dict, table: MaskTable, K: int, denom: float, 
             if len(od):
                 # the segment's deep elements (all of them: supervised ones may attend to unsupervised
                 # shallower slots of their rollout) over [depth-0 context | own deep elements]
-                if whole:   # anchor-major: a block of whole rollouts (blocked_attend)
+                if whole:   # anchor-major: blocks of whole rollouts (blocked_attend)
                     deep = deep[torch.sort(anchor[deep], stable=True).indices]
                 a, d = anchor[deep], depth[deep]
                 ids, hid, pos = element_inputs(head, row, a, d)
-                if whole:
-                    blocks = deep_blocks(a, d, a0, d0, C, table, spans)
-                    normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], None, past=kv0, blocks=blocks)
-                else:
-                    mask = table.peagle(C, a, d, torch.cat([a0, a]), torch.cat([d0, d]))
-                    normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], mask[None, None], past=kv0)
+                blocks = deep_blocks(a, d, a0, d0, C, table, spans) if whole else None
+                mask = None if whole else table.peagle(C, a, d, torch.cat([a0, a]), torch.cat([d0, d]))[None, None]
+                normed, _, _ = ttt_forward(head, ids[None], hid[None], pos[None], mask, past=kv0, blocks=blocks)
                 keep = sup[deep]
                 rows_n.append(normed[0, keep])
                 rows_a.append(a[keep])
