@@ -18,6 +18,9 @@
 
 #include "quant_avx2_inline.h"
 #endif
+#ifdef PEAGLE_ATTEND_AVX512
+#include "exp16_inline.h"
+#endif
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -64,23 +67,7 @@ static inline __m256 exp_neg8(__m256 x) {
 }
 #endif
 #ifdef PEAGLE_ATTEND_AVX512
-// ... and on 16 (exp8_clamped's operations lane by lane: roundscale 0 = round to integer in the current mode).
-static inline __m512 exp_neg16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(peagle_exp::LOG2E)),
-                                        _MM_FROUND_CUR_DIRECTION);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(peagle_exp::LN2_HI), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(peagle_exp::LN2_LO), r);
-  __m512 p = _mm512_set1_ps(peagle_exp::P0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(peagle_exp::P5));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
+using peagle_exp::exp_neg16;   // exp16_inline.h: exp8_clamped's operations lane by lane, on 16
 
 // Which of the 16 keys at m are visible (a mask row's bools: bit k set for key k).
 static inline __mmask16 visible16(const bool* m) {

@@ -144,15 +144,30 @@ def test_hard_loss_is_cross_entropy_on_the_drafted_token():
     assert float(soft.abs().max()) < 1e-5 and float(got.sum()) > 1
 
 
+@pytest.mark.parametrize("path", ["avx2", "avx512", "torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_blocked_kl_equals_the_op_by_op_form(dtype):
-    """DraftKL (blocks of KL_CHUNK rows, tlogp read through rows) = KL(p || softmax(z)) written op by op on the
-    gathered rows: values, gradients (also for a weighted sum) and the greedy id; E spans several blocks and
-    ends mid-block. A wrong row index changes both (negative control)."""
+def test_blocked_kl_equals_the_op_by_op_form(dtype, path, monkeypatch):
+    """DraftKL (the C++ kernel's AVX2 / AVX-512 path, one pass per element; or torch blocks of KL_CHUNK rows;
+    tlogp read through rows) = KL(p || softmax(z)) written op by op on the gathered rows: values, gradients
+    (also for a weighted sum) and the greedy id, the first maximum where rows tie; E spans several blocks and
+    ends mid-block, V is not a multiple of 16 (the AVX-512 tail). A wrong row index changes both (negative
+    control). On a CPU without AVX-512 its path must refuse."""
+    from peagle.models import quant_ext
+    from peagle.train import head_forward
     from peagle.train.head_forward import KL_CHUNK, draft_loss
+    fused = path != "torch"
+    monkeypatch.setattr(head_forward, "FUSED_KL", fused)
+    monkeypatch.setattr(head_forward, "KL_IMPL", {"avx2": 2, "avx512": 3, "torch": 0}[path])
     g = torch.Generator().manual_seed(1)
-    E, V, n = 2 * KL_CHUNK + 5, 64, 11
+    E, V, n = 2 * KL_CHUNK + 5, 72, 11
     z0 = (torch.randn(E, V, generator=g) * 3).to(dtype)
+    z0[3, 40] = z0[3, 7] = z0[3].max() + 1                         # ties: the first maximum (7) is the id
+    z0[4, 9:] = z0[4, 8] = z0[4].max() + 1
+    assert (head_forward._kl_kernel(z0, torch.zeros(1, V)) is not None) == fused   # the path under test runs
+    if path == "avx512" and not quant_ext.get().has_avx512():
+        with pytest.raises(RuntimeError, match="no AVX-512"):
+            draft_loss(z0, torch.log_softmax(torch.randn(n, V), -1), torch.zeros(E, dtype=torch.long), None, False)
+        return
     tlogp = torch.log_softmax(torch.randn(n, V, generator=g) * 2, -1)
     rows = torch.randint(0, n, (E,), generator=g)
     w = torch.rand(E, generator=g)
@@ -173,3 +188,13 @@ def test_blocked_kl_equals_the_op_by_op_form(dtype):
     assert torch.equal(top, z0.float().argmax(-1))
     other = (rows + 1) % n
     assert not torch.allclose(draft_loss(z0, tlogp, other, None, hard=False)[0], want.detach(), atol=1e-3)
+
+
+def test_kl_kernel_refuses_rows_outside_the_teacher():
+    """The C++ loss reads the teacher through rows: an index past it is an error, not a read out of bounds."""
+    from peagle.train import head_forward
+    z, t = torch.randn(3, 16), torch.log_softmax(torch.randn(2, 16), -1)
+    assert head_forward._kl_kernel(z, t) is not None
+    with pytest.raises(RuntimeError, match="rows out of range"):
+        head_forward.draft_loss(z, t, torch.tensor([0, 1, 2]), None, hard=False)
+    assert head_forward.draft_loss(z, t, torch.tensor([0, 1, 1]), None, hard=False)[0].shape == (3,)

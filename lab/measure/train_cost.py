@@ -22,14 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from lab.measure.precision import cpu_flags
 from peagle.sampling import greedy
-from peagle.train import eagle3_loss, peagle_loss
+from peagle.train import eagle3_loss, head_forward, peagle_loss
 from peagle.train.common import PAD_ROWS, pad_linear_rows, tune_malloc
 from peagle.train.config import TrainConfig
 from peagle.train.features import to_device
 from peagle.train.loop import Trainer
 
 # (method, name, overrides): the shipped recipe first per method. "loss": "op" = the KL over the draft vocabulary
-# op by op on gathered rows, as shipped (the default is head_forward.DraftKL); "deep_block": P-EAGLE's deep elements
+# op by op on gathered rows, as shipped, "blocks" = DraftKL's torch form (the default is its C++ kernel where the
+# extension runs: head_forward.FUSED_KL); "deep_block": P-EAGLE's deep elements
 # per attention block (default peagle_loss.DEEP_BLOCK); "segment_len": P-EAGLE's anchors per segment (default the
 # TrainConfig's)
 ONE_BLOCK = 1 << 30
@@ -43,6 +44,8 @@ VARIANTS = [
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, rows not padded, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "pad": False}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL op by op, 1 thread", {"bf16": True, "ttt_keep": 0.7, "loss": "op"}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL in torch blocks, 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "loss": "blocks"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 2 threads", {"bf16": True, "ttt_keep": 0.7, "threads": 2}),
     ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention, KL op by op, segments of 512)",
@@ -53,6 +56,7 @@ VARIANTS = [
     ("peagle", "bf16 autocast, masked attention, 1 thread", {"bf16": True, "by_document": False}),
     ("peagle", "bf16 autocast, rows not padded, 1 thread", {"bf16": True, "pad": False}),
     ("peagle", "bf16 autocast, KL op by op, 1 thread", {"bf16": True, "loss": "op"}),
+    ("peagle", "bf16 autocast, KL in torch blocks, 1 thread", {"bf16": True, "loss": "blocks"}),
     ("peagle", "bf16 autocast, one deep attention block per segment, 1 thread", {"bf16": True, "deep_block": ONE_BLOCK}),
     ("peagle", "bf16 autocast, segments of 512 anchors, 1 thread", {"bf16": True, "segment_len": 512}),
     ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
@@ -70,14 +74,15 @@ def kl_op_by_op(logits, tlogp, rows, label, hard):
 @contextlib.contextmanager
 def variant_code(over: dict):
     """The loss and P-EAGLE's attention blocks the variant asks for, restored afterwards."""
-    saved = peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK
+    saved = peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL
+    head_forward.FUSED_KL = over.get("loss") != "blocks"
     if over.get("loss") == "op":
         peagle_loss.draft_loss = eagle3_loss.draft_loss = kl_op_by_op
     peagle_loss.DEEP_BLOCK = over.get("deep_block", peagle_loss.DEEP_BLOCK)
     try:
         yield
     finally:
-        peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK = saved
+        peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL = saved
 
 
 def step_rows(tr: Trainer, rows, over: dict):
