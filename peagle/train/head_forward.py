@@ -79,18 +79,19 @@ def ttt_forward(head, ids, hidden, pos, mask, past=None, spans=None, blocks=None
 KL_CHUNK = 16    # element rows per pass of the torch KL: [16, Vd] float32 blocks stay in the core's cache
 
 
+FUSED_KL = True   # False: the torch blocks below everywhere (tests, A/B runs)
+KL_IMPL = 0       # the kernel's path: 0 best for this CPU, 2 AVX2, 3 AVX-512 (tests)
+
+
 def _kl_kernel(logits: torch.Tensor, tlogp: torch.Tensor):
-    """The C++ extension when it runs these tensors (csrc/draft_kl.cpp: one pass per element, AVX2), else None."""
+    """The C++ extension when it runs these tensors (csrc/draft_kl.cpp: one pass per element, AVX2 or
+    AVX-512), else None."""
     if not (FUSED_KL and logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16)
             and tlogp.dtype == torch.float32 and logits.shape[-1] % 8 == 0):
         return None
     from ..models import quant_ext
     ext = quant_ext.get()
     return ext if ext is not None and hasattr(ext, "draft_kl_forward") and ext.has_avx2() else None
-
-
-FUSED_KL = True   # False: the torch blocks below everywhere (tests, A/B runs)
-KL_IMPL = 0       # the kernel's path: 0 best for this CPU, 2 AVX2, 3 AVX-512 (tests)
 
 
 class DraftKL(torch.autograd.Function):
@@ -100,8 +101,9 @@ class DraftKL(torch.autograd.Function):
         KL = sum p * (log p - z) + logsumexp(z),    dKL/dz = softmax(z) - p,
     so forward keeps only logsumexp per element and backward rebuilds softmax(z) - p: no [E, Vd] float32
     temporaries or gathered copy of tlogp. On the CPU with the extension: csrc/draft_kl.cpp, each element's row
-    in one pass (measured 3-4x faster than the torch form below); else torch ops in blocks of KL_CHUNK rows. Both
-    give the op-by-op form's values (tests)."""
+    in one pass (alone 1.8x / 3.9x faster than the torch form below on AVX2 / AVX-512, one thread; see
+    docs/training-study/train-cost.md); else torch ops in blocks of KL_CHUNK rows. Both give the op-by-op
+    form's values (tests)."""
 
     @staticmethod
     def forward(ctx, logits, tlogp, rows):
