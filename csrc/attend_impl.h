@@ -61,10 +61,7 @@ static inline float exp_neg(float x) {
 }
 
 #ifdef PEAGLE_ATTEND_AVX2
-// The same operations on 8 lanes at once (attend_avx2.cpp).
-static inline __m256 exp_neg8(__m256 x) {
-  return peagle_quant::avx2::exp8_clamped(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)));
-}
+using peagle_quant::avx2::exp_neg8;   // the same operations on 8 lanes at once (quant_avx2_inline.h)
 #endif
 #ifdef PEAGLE_ATTEND_AVX512
 using peagle_exp::exp_neg16;   // exp16_inline.h: exp8_clamped's operations lane by lane, on 16

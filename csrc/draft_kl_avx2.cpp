@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C path of the fused draft loss (draft_kl.h). No torch headers: this translation unit is
 // compiled for AVX2 through the target pragma. Two passes over an element's logits forward (the max and its
 // first index; then sum e^(z - m) and sum e^t (t - z)), one backward; 8-lane partial sums folded 4+4, 2+2, 1+1.
-// e^x is peagle's Cephes polynomial (exp8_clamped, ~1 ulp) on arguments clamped to [-87, 0].
+// e^x is peagle's Cephes polynomial (exp_neg8, ~1 ulp) on arguments clamped to [-87, 0].
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
@@ -15,7 +15,7 @@ namespace peagle_kl {
 
 namespace {
 
-using peagle_quant::avx2::exp8_clamped;
+using peagle_quant::avx2::exp_neg8;
 using peagle_quant::avx2::fold;
 
 inline __m256 load8(const KLArgs& a, int64_t e, int64_t v) {
@@ -26,8 +26,6 @@ inline __m256 load8(const KLArgs& a, int64_t e, int64_t v) {
   }
   return _mm256_loadu_ps((const float*)a.z + e * a.zs + v);
 }
-
-inline __m256 exp8(__m256 x) { return exp8_clamped(_mm256_max_ps(x, _mm256_set1_ps(-87.0f))); }
 
 inline float hmax(__m256 x) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -73,8 +71,8 @@ void forward_avx2(const KLArgs& a, int64_t e0, int64_t e1, float* kl, float* lse
     __m256 s8 = _mm256_setzero_ps(), k8 = _mm256_setzero_ps();
     for (int64_t v = 0; v < a.V; v += 8) {
       const __m256 z = load8(a, e, v), tv = _mm256_loadu_ps(t + v);
-      s8 = _mm256_add_ps(s8, exp8(_mm256_sub_ps(z, mz)));
-      k8 = _mm256_fmadd_ps(exp8(tv), _mm256_sub_ps(tv, z), k8);
+      s8 = _mm256_add_ps(s8, exp_neg8(_mm256_sub_ps(z, mz)));
+      k8 = _mm256_fmadd_ps(exp_neg8(tv), _mm256_sub_ps(tv, z), k8);
     }
     lse[e] = m + std::log(fold(s8));
     kl[e] = fold(k8) + lse[e];
@@ -86,7 +84,7 @@ void backward_avx2(const KLArgs& a, int64_t e0, int64_t e1, const float* lse, co
     const float* t = a.t + a.rows[e] * a.ts;
     const __m256 l8 = _mm256_set1_ps(lse[e]), g8 = _mm256_set1_ps(g[e]);
     for (int64_t v = 0; v < a.V; v += 8) {
-      const __m256 d = _mm256_sub_ps(exp8(_mm256_sub_ps(load8(a, e, v), l8)), exp8(_mm256_loadu_ps(t + v)));
+      const __m256 d = _mm256_sub_ps(exp_neg8(_mm256_sub_ps(load8(a, e, v), l8)), exp_neg8(_mm256_loadu_ps(t + v)));
       const __m256 r = _mm256_mul_ps(d, g8);
       if (a.bf16) store_bf16((uint16_t*)grad + e * a.V + v, r);
       else _mm256_storeu_ps((float*)grad + e * a.V + v, r);

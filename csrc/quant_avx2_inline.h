@@ -44,5 +44,9 @@ static inline __m256 exp8_clamped(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
+// e^x for x <= 0 (clamped below at -87: e^-87 ~ 1.6e-38, the smallest normal scale): the exact attention's and
+// the draft loss's 8-lane e^x (attend_impl.h's exp_neg lane by lane).
+static inline __m256 exp_neg8(__m256 x) { return exp8_clamped(_mm256_max_ps(x, _mm256_set1_ps(-87.0f))); }
+
 }  // namespace avx2
 }  // namespace peagle_quant
