@@ -63,6 +63,13 @@ static inline void group_f32(const float* g, const float* x, int64_t K, float* y
     }
 }
 
+template <int NR>
+static inline void group_f32_pf(int pf, const float* g, const float* x, int64_t K, float* y, int64_t N, int nv) {
+  if (pf == 1) group_f32<NR, 1>(g, x, K, y, N, nv);
+  else if (pf == 2) group_f32<NR, 2>(g, x, K, y, N, nv);
+  else group_f32<NR, 0>(g, x, K, y, N, nv);
+}
+
 // Outputs n0..n1-1 (n0 a multiple of 8) of every row, rows in tiles of up to 4 per group (16 accumulators; a
 // group's weights, 8 x 4K bytes, are read from memory once, prefetched by the first tile of several rows, and
 // from L1 / L2 for further tiles).
@@ -76,18 +83,11 @@ static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K
       float* yr = y + r * N + n;
       // the first tile streams its group (1 row: the hardware prefetcher alone), the second the next group
       const int pf = r == 0 ? (M > 1 ? 1 : 0) : (r == 4 && n + 8 < n1 ? 2 : 0);
-      switch (std::min<int64_t>(4, M - r) * 3 + pf) {
-        case 12: group_f32<4, 0>(g, xr, K, yr, N, nv); break;
-        case 13: group_f32<4, 1>(g, xr, K, yr, N, nv); break;
-        case 14: group_f32<4, 2>(g, xr, K, yr, N, nv); break;
-        case 9: group_f32<3, 0>(g, xr, K, yr, N, nv); break;
-        case 10: group_f32<3, 1>(g, xr, K, yr, N, nv); break;
-        case 11: group_f32<3, 2>(g, xr, K, yr, N, nv); break;
-        case 6: group_f32<2, 0>(g, xr, K, yr, N, nv); break;
-        case 7: group_f32<2, 1>(g, xr, K, yr, N, nv); break;
-        case 8: group_f32<2, 2>(g, xr, K, yr, N, nv); break;
-        case 5: group_f32<1, 2>(g, xr, K, yr, N, nv); break;
-        default: group_f32<1, 0>(g, xr, K, yr, N, nv); break;
+      switch (std::min<int64_t>(4, M - r)) {
+        case 4: group_f32_pf<4>(pf, g, xr, K, yr, N, nv); break;
+        case 3: group_f32_pf<3>(pf, g, xr, K, yr, N, nv); break;
+        case 2: group_f32_pf<2>(pf, g, xr, K, yr, N, nv); break;
+        default: group_f32_pf<1>(pf, g, xr, K, yr, N, nv); break;
       }
     }
   }
