@@ -91,7 +91,7 @@ def _kl_kernel(logits: torch.Tensor, tlogp: torch.Tensor):
         return None
     from ..models import quant_ext
     ext = quant_ext.get()
-    return ext if ext is not None and hasattr(ext, "draft_kl_forward") and ext.has_avx2() else None
+    return ext if ext is not None and ext.has_avx2() else None   # a loaded build is never stale (quant_ext)
 
 
 class DraftKL(torch.autograd.Function):
