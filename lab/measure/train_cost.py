@@ -53,6 +53,8 @@ VARIANTS = [
     ("peagle", "attention by document, float32, 1 thread", {}),
     ("peagle", "COD r 0.5, 2 threads", {"threads": 2}),
     ("peagle", "COD r 0.35 / rmin 0.05, 1 thread", {"cod_r": 0.35, "cod_rmin": 0.05}),
+    ("peagle", "bf16 autocast, COD r 0.7 / rmin 0.2 (speculators' n*0.7^d), 1 thread",
+     {"bf16": True, "cod_r": 0.7, "cod_rmin": 0.2}),
     ("peagle", "bf16 autocast, masked attention, 1 thread", {"bf16": True, "by_document": False}),
     ("peagle", "bf16 autocast, rows not padded, 1 thread", {"bf16": True, "pad": False}),
     ("peagle", "bf16 autocast, KL op by op, 1 thread", {"bf16": True, "loss": "op"}),
