@@ -22,6 +22,16 @@ inline __m512 load16(const KLArgs& a, int64_t e, int64_t v) {
   return _mm512_loadu_ps((const float*)a.z + e * a.zs + v);
 }
 
+// The 8 logits at v..v+7 in the low half, the high half zero (the tail where V is not a multiple of 16).
+inline __m512 load_lo8(const KLArgs& a, int64_t e, int64_t v) {
+  const __mmask16 lo = 0x00ff;
+  if (a.bf16) {
+    const uint16_t* p = (const uint16_t*)a.z + e * a.zs + v;
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(lo, _mm256_maskz_loadu_epi16(lo, p)), 16));
+  }
+  return _mm512_maskz_loadu_ps(lo, (const float*)a.z + e * a.zs + v);
+}
+
 using peagle_exp::exp_neg16;   // e^x on [-87, 0], clamped below (exp16_inline.h)
 
 // float32 -> bfloat16 rounded to nearest even, 16 lanes.
@@ -73,9 +83,7 @@ void forward_avx512(const KLArgs& a, int64_t e0, int64_t e1, float* kl, float* l
     }
     if (v < a.V) {                               // 8 left: the low half, the high half masked to zero
       const __mmask16 lo = 0x00ff;
-      const __m512 z = a.bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(
-                                    lo, _mm256_maskz_loadu_epi16(lo, (const uint16_t*)a.z + e * a.zs + v)), 16))
-                              : _mm512_maskz_loadu_ps(lo, (const float*)a.z + e * a.zs + v);
+      const __m512 z = load_lo8(a, e, v);
       const __m512 tv = _mm512_maskz_loadu_ps(lo, t + v);
       s16 = _mm512_mask_add_ps(s16, lo, s16, exp_neg16(_mm512_sub_ps(z, mz)));
       k16 = _mm512_mask3_fmadd_ps(exp_neg16(tv), _mm512_sub_ps(tv, z), k16, lo);
@@ -99,9 +107,7 @@ void backward_avx512(const KLArgs& a, int64_t e0, int64_t e1, const float* lse, 
     }
     if (v < a.V) {                               // the last 8
       const __mmask16 lo = 0x00ff;
-      const __m512 z = a.bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(
-                                    lo, _mm256_maskz_loadu_epi16(lo, (const uint16_t*)a.z + e * a.zs + v)), 16))
-                              : _mm512_maskz_loadu_ps(lo, (const float*)a.z + e * a.zs + v);
+      const __m512 z = load_lo8(a, e, v);
       const __m512 r = _mm512_mul_ps(_mm512_sub_ps(exp_neg16(_mm512_sub_ps(z, l16)),
                                                    exp_neg16(_mm512_maskz_loadu_ps(lo, t + v))), g16);
       if (a.bf16) {

@@ -76,9 +76,7 @@ def ttt_forward(head, ids, hidden, pos, mask, past=None, spans=None, blocks=None
     return normed, pre, kv
 
 
-KL_CHUNK = 16    # element rows per pass of the torch KL: [16, Vd] float32 blocks stay in the core's cache
-
-
+KL_CHUNK = 16     # element rows per pass of the torch KL: [16, Vd] float32 blocks stay in the core's cache
 FUSED_KL = True   # False: the torch blocks below everywhere (tests, A/B runs)
 KL_IMPL = 0       # the kernel's path: 0 best for this CPU, 2 AVX2, 3 AVX-512 (tests)
 
@@ -108,10 +106,12 @@ class DraftKL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, tlogp, rows):
         ext = _kl_kernel(logits, tlogp)
-        if ext is not None:
-            kl, lse, top = ext.draft_kl_forward(logits.contiguous(), tlogp.contiguous(), rows.contiguous(), KL_IMPL)
+        if ext is not None:   # the kernel reads contiguous rows; backward takes the same path on these
+            logits, tlogp, rows = logits.contiguous(), tlogp.contiguous(), rows.contiguous()
+            kl, lse, top = ext.draft_kl_forward(logits, tlogp, rows, KL_IMPL)
         else:
             kl, lse, top = _kl_forward_torch(logits, tlogp, rows)
+        ctx.ext = ext
         ctx.save_for_backward(logits, tlogp, rows, lse)
         ctx.mark_non_differentiable(top)
         return kl, top
@@ -119,10 +119,8 @@ class DraftKL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g, _):
         logits, tlogp, rows, lse = ctx.saved_tensors
-        ext = _kl_kernel(logits, tlogp)
-        if ext is not None:
-            grad = ext.draft_kl_backward(logits.contiguous(), tlogp.contiguous(), rows.contiguous(), lse, g, KL_IMPL)
-            return grad, None, None
+        if ctx.ext is not None:
+            return ctx.ext.draft_kl_backward(logits, tlogp, rows, lse, g, KL_IMPL), None, None
         return _kl_backward_torch(logits, tlogp, rows, lse, g), None, None
 
 
