@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "draft_kl.h"
+#include "bf16_inline.h"
 #include "exp16_inline.h"
 
 namespace peagle_kl {
@@ -34,13 +35,7 @@ inline __m512 load_lo8(const KLArgs& a, int64_t e, int64_t v) {
 
 using peagle_exp::exp_neg16;   // e^x on [-87, 0], clamped below (exp16_inline.h)
 
-// float32 -> bfloat16 rounded to nearest even, 16 lanes.
-inline void store_bf16(uint16_t* p, __m512 x) {
-  const __m512i b = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
-}
+using peagle_bf16::store_bf16;     // rounded to nearest even (bf16_inline.h)
 
 }  // namespace
 
@@ -111,9 +106,7 @@ void backward_avx512(const KLArgs& a, int64_t e0, int64_t e1, const float* lse, 
       const __m512 r = _mm512_mul_ps(_mm512_sub_ps(exp_neg16(_mm512_sub_ps(z, l16)),
                                                    exp_neg16(_mm512_maskz_loadu_ps(lo, t + v))), g16);
       if (a.bf16) {
-        alignas(64) uint16_t w[16];
-        store_bf16(w, r);
-        __builtin_memcpy((uint16_t*)grad + e * a.V + v, w, 16);
+        peagle_bf16::store_bf16_n((uint16_t*)grad + e * a.V + v, r, 8);
       } else {
         _mm512_mask_storeu_ps((float*)grad + e * a.V + v, lo, r);
       }

@@ -18,6 +18,7 @@ namespace po = peagle_ops;
 static bool cpu_has_avx2() { return po::has_avx2(); }
 void bind_forward(py::module& m);   // forward.cpp
 void bind_draft_kl(py::module& m);  // draft_kl.cpp
+void bind_train_attn(py::module& m);  // train_attn.cpp
 
 // F32 (qtype 0, packed by 8) is a weight of the float-activation product (qlinear) only.
 static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool f32_ok = true) {
@@ -242,4 +243,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_amx", &po::has_amx, "AMX-TILE + AMX-INT8 usable here, with AVX-512 (impl 4)");
   bind_forward(m);
   bind_draft_kl(m);
+  bind_train_attn(m);
 }

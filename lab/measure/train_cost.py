@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from lab.measure.precision import cpu_flags
 from peagle.sampling import greedy
-from peagle.train import eagle3_loss, head_forward, peagle_loss
+from peagle.train import eagle3_loss, head_forward, peagle_loss, train_attention
 from peagle.train.common import PAD_ROWS, pad_linear_rows, tune_malloc
 from peagle.train.config import TrainConfig
 from peagle.train.features import to_device
@@ -32,7 +32,7 @@ from peagle.train.loop import Trainer
 # op by op on gathered rows, as shipped, "blocks" = DraftKL's torch form (the default is its C++ kernel where the
 # extension runs: head_forward.FUSED_KL); "deep_block": P-EAGLE's deep elements
 # per attention block (default peagle_loss.DEEP_BLOCK); "segment_len": P-EAGLE's anchors per segment (default the
-# TrainConfig's)
+# TrainConfig's); "attn": "sdpa" = torch's flash attention instead of train_attention's kernel (bf16 only)
 ONE_BLOCK = 1 << 30
 VARIANTS = [
     ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention, KL op by op)",
@@ -46,6 +46,8 @@ VARIANTS = [
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL op by op, 1 thread", {"bf16": True, "ttt_keep": 0.7, "loss": "op"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL in torch blocks, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "loss": "blocks"}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, torch's flash attention, 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "attn": "sdpa"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 2 threads", {"bf16": True, "ttt_keep": 0.7, "threads": 2}),
     ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention, KL op by op, segments of 512)",
@@ -61,6 +63,7 @@ VARIANTS = [
     ("peagle", "bf16 autocast, KL in torch blocks, 1 thread", {"bf16": True, "loss": "blocks"}),
     ("peagle", "bf16 autocast, one deep attention block per segment, 1 thread", {"bf16": True, "deep_block": ONE_BLOCK}),
     ("peagle", "bf16 autocast, segments of 512 anchors, 1 thread", {"bf16": True, "segment_len": 512}),
+    ("peagle", "bf16 autocast, torch's flash attention, 1 thread", {"bf16": True, "attn": "sdpa"}),
     ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
     ("peagle", "bf16 autocast, 2 threads", {"bf16": True, "threads": 2}),
 ]
@@ -75,16 +78,19 @@ def kl_op_by_op(logits, tlogp, rows, label, hard):
 
 @contextlib.contextmanager
 def variant_code(over: dict):
-    """The loss and P-EAGLE's attention blocks the variant asks for, restored afterwards."""
-    saved = peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL
+    """The loss and the attention the variant asks for, restored afterwards."""
+    saved = (peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL,
+             train_attention.USE_KERNEL)
     head_forward.FUSED_KL = over.get("loss") != "blocks"
+    train_attention.USE_KERNEL = over.get("attn") != "sdpa"
     if over.get("loss") == "op":
         peagle_loss.draft_loss = eagle3_loss.draft_loss = kl_op_by_op
     peagle_loss.DEEP_BLOCK = over.get("deep_block", peagle_loss.DEEP_BLOCK)
     try:
         yield
     finally:
-        peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL = saved
+        (peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL,
+         train_attention.USE_KERNEL) = saved
 
 
 def step_rows(tr: Trainer, rows, over: dict):
@@ -120,12 +126,13 @@ def row_cost(tr: Trainer, i: int, r: dict, over: dict, dt) -> torch.Tensor:
     return st["total"].cpu()
 
 
-CELLS = ("float32", "bf16 not padded", "bf16")
+CELLS = ("float32", "bf16 not padded", "bf16 flash attention", "bf16")
 
 
 def whole_steps(trainers: dict, n: int, rounds: int) -> list:
     """Seconds per whole Trainer.train_step (the shipped recipes: EAGLE-3 with anchors kept 0.7^k), float32 vs
-    bf16 autocast alternating on the same steps' rows, new rows every round as in training (bf16's products
+    bf16 autocast (with torch's flash attention instead of train_attention's kernel, and as shipped) alternating
+    on the same steps' rows, new rows every round as in training (bf16's products
     meet each row's shapes for the first time, as they do in a run)."""
     torch.set_num_threads(1)
     secs = {}
@@ -134,22 +141,25 @@ def whole_steps(trainers: dict, n: int, rounds: int) -> list:
         for method, tr in trainers.items():
             for cell in CELLS:
                 tr.dtype = torch.bfloat16 if cell != "float32" else None
-                pads = pad_linear_rows(tr.head, PAD_ROWS) if cell == "bf16" else []   # what Trainer does
+                train_attention.USE_KERNEL = cell != "bf16 flash attention"
+                pads = pad_linear_rows(tr.head, PAD_ROWS) if cell in ("bf16", "bf16 flash attention") else []
                 t0 = time.perf_counter()
                 for s in range(1 + rnd * n, 1 + (rnd + 1) * n):
                     tr.train_step(s)
                 for h in pads:
                     h.remove()
+                train_attention.USE_KERNEL = True
                 secs.setdefault((method, cell), []).append((time.perf_counter() - t0) / n)
                 print(f"round {rnd} {method:6s} whole step {cell:16s} {secs[method, cell][-1]:.3f} s", flush=True)
     out = ["", f"Whole training steps ({n} steps x {rounds} rounds per cell, one thread; new rows every round, the "
            "same for every cell): row and teacher, forward + backward, AdamW; EAGLE-3 with anchors kept 0.7^k. Median "
            "seconds per step.", "",
-           "| method | float32 s/step | bf16, rows not padded | bf16 (Trainer: rows padded to 64) | float32 / bf16 |",
-           "|---|---|---|---|---|"]
+           "| method | float32 s/step | bf16, rows not padded | bf16, torch's flash attention | bf16 (Trainer: rows "
+           "padded to 64) | float32 / bf16 | flash attention / bf16 |",
+           "|---|---|---|---|---|---|---|"]
     for method in trainers:
-        f, u, b = (sorted(secs[method, c])[len(secs[method, c]) // 2] for c in CELLS)
-        out.append(f"| {method} | {f:.3f} | {u:.3f} | {b:.3f} | {f / b:.2f}x |")
+        f, u, fa, b = (sorted(secs[method, c])[len(secs[method, c]) // 2] for c in CELLS)
+        out.append(f"| {method} | {f:.3f} | {u:.3f} | {fa:.3f} | {b:.3f} | {f / b:.2f}x | {fa / b:.2f}x |")
     return out
 
 

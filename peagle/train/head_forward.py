@@ -8,10 +8,10 @@ which the tests check against it with negative controls.
   of earlier passes (``past``) and their own; it returns those keys/values for the next pass (EAGLE-3's
   test-time-training unroll, and P-EAGLE's depth-0 stream that partitioned segments read).
 - doc_spans / doc_causal_attend: a stream of whole, contiguous documents attended causally inside each one
-  (what the doc-causal mask allows) as one causal SDPA per document, so no query meets another document's
-  keys: about sum(n_i^2)/2 pairs instead of the masked n^2.
+  (what the doc-causal mask allows) as one causal attention per document, so no query meets another
+  document's keys: about sum(n_i^2)/2 pairs instead of the masked n^2.
 - blocked_attend: P-EAGLE's deep elements in blocks of whole rollouts, each over only the keys its queries
-  may see.
+  may see. Both attend through train_attention (a C++ softmax in bfloat16 on AVX-512 CPUs, else SDPA).
 - draft_loss / DraftKL: KL(target || draft) over the draft vocabulary (or hard labels) and the greedy id."""
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..models.layers import attend
 from ..sampling import greedy
+from .train_attention import causal_attention, masked_attention
 
 
 def doc_spans(doc: torch.Tensor) -> list[tuple[int, int]]:
@@ -36,8 +37,7 @@ def doc_causal_attend(q, k, v, spans):
     document's queries over its own keys, causally (the doc-causal mask's result)."""
     B, T, nh, hd = q.shape
     qt = q.transpose(1, 2)
-    o = torch.cat([F.scaled_dot_product_attention(qt[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
-                                                  enable_gqa=(k.shape[1] != nh)) for s, e in spans], 2)
+    o = torch.cat([causal_attention(qt[:, :, s:e], k[:, :, s:e], v[:, :, s:e]) for s, e in spans], 2)
     return o.transpose(1, 2).reshape(B, T, nh * hd)
 
 
@@ -47,11 +47,10 @@ def blocked_attend(q, k, v, past, blocks):
     mask)]: elements start..end-1 attend to past keys ctx (a slice) and to their own keys under the bool mask
     [end-start, ctx_len + end-start] (every key a query may see must be in its block's set)."""
     B, T, nh, hd = q.shape
-    qt, gqa = q.transpose(1, 2), k.shape[1] != nh
-    o = torch.cat([F.scaled_dot_product_attention(
-        qt[:, :, s:e], torch.cat([past[0][:, :, ctx], k[:, :, s:e]], 2),
-        torch.cat([past[1][:, :, ctx], v[:, :, s:e]], 2), attn_mask=m[None, None], enable_gqa=gqa)
-        for s, e, ctx, m in blocks], 2)
+    qt = q.transpose(1, 2)
+    o = torch.cat([masked_attention(qt[:, :, s:e], torch.cat([past[0][:, :, ctx], k[:, :, s:e]], 2),
+                                    torch.cat([past[1][:, :, ctx], v[:, :, s:e]], 2), m)
+                   for s, e, ctx, m in blocks], 2)
     return o.transpose(1, 2).reshape(B, T, nh * hd)
 
 

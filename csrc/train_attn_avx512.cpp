@@ -1,0 +1,103 @@
+// AVX-512 path of the training attention's softmax (train_attn.h): per row, a max pass, an e^x pass that keeps the
+// exponentials and their lane sums, and a scaling pass that writes float32 and bfloat16. Lane sums reduced by
+// _mm512_reduce_add_ps (a training op: the tests hold it to a float64 reference within tolerance). No torch headers.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "bf16_inline.h"
+#include "exp16_inline.h"
+#include "train_attn.h"
+
+namespace peagle_tattn {
+
+namespace {
+
+using peagle_bf16::store_bf16;
+using peagle_exp::exp_neg16;
+
+// Lanes j..j+15 that exist (j + lane < S) and are visible (mask byte non-zero).
+inline __mmask16 visible16(const bool* m, int64_t j, int64_t S) {
+  const __mmask16 in = S - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (S - j)) - 1);
+  const __m128i b = _mm_maskz_loadu_epi8(in, m + j);
+  return _mm_test_epi8_mask(b, b);
+}
+
+inline __mmask16 tail16(int64_t j, int64_t S) {
+  return S - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (S - j)) - 1);
+}
+
+}  // namespace
+
+void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, float scale, int64_t r0, int64_t r1,
+                        float* p, uint16_t* p16) {
+  const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = s + r * S;
+    const bool* m = mask + (r % T) * S;
+    float* o = p + r * S;
+    uint16_t* o16 = p16 + r * S;
+    __m512 mx = ninf;
+    for (int64_t j = 0; j < S; j += 16) {
+      const __mmask16 vis = visible16(m, j, S);
+      mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_mul_ps(_mm512_maskz_loadu_ps(vis, x + j), sc));
+    }
+    const float mmax = _mm512_reduce_max_ps(mx);
+    if (mmax == -INFINITY) {                       // no visible key: zeros
+      for (int64_t j = 0; j < S; j += 16) {
+        const __mmask16 in = tail16(j, S);
+        _mm512_mask_storeu_ps(o + j, in, _mm512_setzero_ps());
+        _mm256_mask_storeu_epi16(o16 + j, in, _mm256_setzero_si256());
+      }
+      continue;
+    }
+    const __m512 mv = _mm512_set1_ps(mmax);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < S; j += 16) {
+      const __mmask16 vis = visible16(m, j, S);
+      const __m512 e = _mm512_maskz_mov_ps(vis, exp_neg16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(vis, x + j), sc, mv)));
+      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_storeu_ps(o + j, tail16(j, S), e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    int64_t j = 0;
+    for (; j + 16 <= S; j += 16) {
+      const __m512 q = _mm512_mul_ps(_mm512_loadu_ps(o + j), inv);
+      _mm512_storeu_ps(o + j, q);
+      store_bf16(o16 + j, q);
+    }
+    if (j < S) {
+      const __mmask16 in = tail16(j, S);
+      const __m512 q = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, o + j), inv);
+      _mm512_mask_storeu_ps(o + j, in, q);
+      peagle_bf16::store_bf16_n(o16 + j, q, S - j);
+    }
+  }
+}
+
+void softmax_bwd_avx512(const float* dp, const float* p, int64_t S, float scale, int64_t r0, int64_t r1,
+                        uint16_t* ds) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float *g = dp + r * S, *q = p + r * S;
+    uint16_t* o = ds + r * S;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < S; j += 16) {
+      const __mmask16 in = tail16(j, S);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, q + j), _mm512_maskz_loadu_ps(in, g + j), acc);
+    }
+    const __m512 d = _mm512_set1_ps(_mm512_reduce_add_ps(acc)), sc = _mm512_set1_ps(scale);
+    int64_t j = 0;
+    for (; j + 16 <= S; j += 16)
+      store_bf16(o + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(q + j), _mm512_sub_ps(_mm512_loadu_ps(g + j), d)), sc));
+    if (j < S) {
+      const __mmask16 in = tail16(j, S);
+      const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(in, q + j),
+                                                   _mm512_sub_ps(_mm512_maskz_loadu_ps(in, g + j), d)), sc);
+      peagle_bf16::store_bf16_n(o + j, v, S - j);
+    }
+  }
+}
+
+}  // namespace peagle_tattn
