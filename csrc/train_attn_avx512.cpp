@@ -18,15 +18,15 @@ namespace {
 using peagle_bf16::store_bf16;
 using peagle_exp::exp_neg16;
 
-// Lanes j..j+15 that exist (j + lane < S) and are visible (mask byte non-zero).
-inline __mmask16 visible16(const bool* m, int64_t j, int64_t S) {
-  const __mmask16 in = S - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (S - j)) - 1);
-  const __m128i b = _mm_maskz_loadu_epi8(in, m + j);
-  return _mm_test_epi8_mask(b, b);
-}
-
+// Lanes j..j+15 that exist (j + lane < S).
 inline __mmask16 tail16(int64_t j, int64_t S) {
   return S - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (S - j)) - 1);
+}
+
+// Those of them that are visible (mask byte non-zero).
+inline __mmask16 visible16(const bool* m, int64_t j, int64_t S) {
+  const __m128i b = _mm_maskz_loadu_epi8(tail16(j, S), m + j);
+  return _mm_test_epi8_mask(b, b);
 }
 
 }  // namespace
@@ -57,7 +57,9 @@ void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, 
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < S; j += 16) {
       const __mmask16 vis = visible16(m, j, S);
-      const __m512 e = _mm512_maskz_mov_ps(vis, exp_neg16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(vis, x + j), sc, mv)));
+      // x * sc rounded as in the max pass, so the maximum's exponent is exactly 0
+      const __m512 xs = _mm512_mul_ps(_mm512_maskz_loadu_ps(vis, x + j), sc);
+      const __m512 e = _mm512_maskz_mov_ps(vis, exp_neg16(_mm512_sub_ps(xs, mv)));
       sum = _mm512_add_ps(sum, e);
       _mm512_mask_storeu_ps(o + j, tail16(j, S), e);
     }

@@ -1,4 +1,4 @@
-"""The drafters' training attention in bfloat16 as three products and a fused softmax (where the CPU has AVX-512).
+"""The drafters' training attention in bfloat16: oneDNN / MKL products around a C++ softmax (on AVX-512 CPUs).
 
 Invariant: ``masked_attention(q, k, v, mask)`` is softmax(q k^T * scale, hidden keys -inf) v with its gradients --
 what ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` computes -- and the tests hold both paths to a
@@ -62,7 +62,7 @@ class _MaskedAttention(torch.autograd.Function):
 def masked_attention(q, k, v, mask):
     """q [B,nh,T,hd], k/v [B,nkv,S,hd] (GQA when nkv < nh), mask [T,S] bool (True = visible) -> [B,nh,T,hd]."""
     ext = _kernel(q)
-    if ext is None or k.dtype != q.dtype or v.dtype != q.dtype:
+    if ext is None or k.dtype != q.dtype or v.dtype != q.dtype or q.shape[2] == 0:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=k.shape[1] != q.shape[1])
     return _MaskedAttention.apply(q, k, v, mask.contiguous(), ext)
 
