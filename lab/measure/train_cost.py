@@ -141,14 +141,13 @@ def whole_steps(trainers: dict, n: int, rounds: int) -> list:
         for method, tr in trainers.items():
             for cell in CELLS:
                 tr.dtype = torch.bfloat16 if cell != "float32" else None
-                train_attention.USE_KERNEL = cell != "bf16 flash attention"
                 pads = pad_linear_rows(tr.head, PAD_ROWS) if cell in ("bf16", "bf16 flash attention") else []
                 t0 = time.perf_counter()
-                for s in range(1 + rnd * n, 1 + (rnd + 1) * n):
-                    tr.train_step(s)
+                with variant_code({"attn": "sdpa"} if cell == "bf16 flash attention" else {}):
+                    for s in range(1 + rnd * n, 1 + (rnd + 1) * n):
+                        tr.train_step(s)
                 for h in pads:
                     h.remove()
-                train_attention.USE_KERNEL = True
                 secs.setdefault((method, cell), []).append((time.perf_counter() - t0) / n)
                 print(f"round {rnd} {method:6s} whole step {cell:16s} {secs[method, cell][-1]:.3f} s", flush=True)
     out = ["", f"Whole training steps ({n} steps x {rounds} rounds per cell, one thread; new rows every round, the "
