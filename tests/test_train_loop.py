@@ -204,34 +204,3 @@ def test_a_head_that_shares_the_target_embedding_stores_none_and_stays_lossless(
     _train(target, data, str(tmp_path / "pe2"), "peagle", 2, ["--depths", "3", "--mask-token", "4", "--init", out])
     with safe_open(os.path.join(str(tmp_path / "pe2"), "model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" not in f.keys()
-
-
-def test_padded_linear_rows_keep_values_and_gradients():
-    """pad_linear_rows: a head's products over rows padded to a multiple give its unpadded outputs and
-    gradients (to float rounding: the kernels may sum by shape), and the hooks really pad (a product sees a
-    multiple of 64 rows); removing them restores the plain module."""
-    from peagle.train.common import pad_linear_rows
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.SiLU(), torch.nn.Linear(24, 8))
-    x = torch.randn(1, 37, 16, requires_grad=True)
-
-    def run():
-        net.zero_grad(set_to_none=True)
-        x.grad = None
-        y = net(x)
-        (y * torch.linspace(-1, 1, 8)).sum().backward()
-        return y.detach(), x.grad.clone(), net[0].weight.grad.clone()
-    ref = run()
-    seen = []
-    probe = net[2].register_forward_hook(lambda m, a, o: seen.append(a[0].shape[-2]))
-    handles = pad_linear_rows(net, 64)
-    got = run()
-    assert seen == [64] and got[0].shape == ref[0].shape
-    for a, b in zip(ref, got):
-        assert torch.allclose(a, b, atol=1e-6), float((a - b).abs().max())
-    for h in handles + [probe]:
-        h.remove()
-    seen.clear()
-    net[2].register_forward_hook(lambda m, a, o: seen.append(a[0].shape[-2]))
-    run()
-    assert seen == [37]

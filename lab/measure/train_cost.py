@@ -23,16 +23,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from lab.measure.precision import cpu_flags
 from peagle.sampling import greedy
 from peagle.train import eagle3_loss, head_forward, peagle_loss, train_attention
-from peagle.train.common import PAD_ROWS, pad_linear_rows, tune_malloc
+from peagle.train.common import tune_malloc
 from peagle.train.config import TrainConfig
 from peagle.train.features import to_device
 from peagle.train.loop import Trainer
+from peagle.train.train_linear import PAD_ROWS, install_linears, pad_linear_rows
 
 # (method, name, overrides): the shipped recipe first per method. "loss": "op" = the KL over the draft vocabulary
 # op by op on gathered rows, as shipped, "blocks" = DraftKL's torch form (the default is its C++ kernel where the
 # extension runs: head_forward.FUSED_KL); "deep_block": P-EAGLE's deep elements
 # per attention block (default peagle_loss.DEEP_BLOCK); "segment_len": P-EAGLE's anchors per segment (default the
-# TrainConfig's); "attn": "sdpa" = torch's flash attention instead of train_attention's kernel (bf16 only)
+# TrainConfig's); "attn": "sdpa" = torch's flash attention instead of train_attention's kernel (bf16 only);
+# "linears" (bf16 only): "peagle" = train_linear's products (the Trainer's), "torch" = torch's linear on rows padded
+# to 64 (pad_linear_rows), "none" = torch's linear on the rows as they come
 ONE_BLOCK = 1 << 30
 VARIANTS = [
     ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention, KL op by op)",
@@ -42,7 +45,9 @@ VARIANTS = [
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, masked attention, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "by_document": False}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, rows not padded, 1 thread",
-     {"bf16": True, "ttt_keep": 0.7, "pad": False}),
+     {"bf16": True, "ttt_keep": 0.7, "linears": "none"}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, torch's linears (rows padded), 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "linears": "torch"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL op by op, 1 thread", {"bf16": True, "ttt_keep": 0.7, "loss": "op"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, KL in torch blocks, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "loss": "blocks"}),
@@ -58,7 +63,8 @@ VARIANTS = [
     ("peagle", "bf16 autocast, COD r 0.7 / rmin 0.2 (speculators' n*0.7^d), 1 thread",
      {"bf16": True, "cod_r": 0.7, "cod_rmin": 0.2}),
     ("peagle", "bf16 autocast, masked attention, 1 thread", {"bf16": True, "by_document": False}),
-    ("peagle", "bf16 autocast, rows not padded, 1 thread", {"bf16": True, "pad": False}),
+    ("peagle", "bf16 autocast, rows not padded, 1 thread", {"bf16": True, "linears": "none"}),
+    ("peagle", "bf16 autocast, torch's linears (rows padded), 1 thread", {"bf16": True, "linears": "torch"}),
     ("peagle", "bf16 autocast, KL op by op, 1 thread", {"bf16": True, "loss": "op"}),
     ("peagle", "bf16 autocast, KL in torch blocks, 1 thread", {"bf16": True, "loss": "blocks"}),
     ("peagle", "bf16 autocast, one deep attention block per segment, 1 thread", {"bf16": True, "deep_block": ONE_BLOCK}),
@@ -93,12 +99,18 @@ def variant_code(over: dict):
          train_attention.USE_KERNEL) = saved
 
 
+def head_linears(head, how: str) -> list:
+    """The head's linears as the variant asks (handles to remove): "peagle" as the bf16 Trainer installs them."""
+    return {"none": lambda: [], "torch": lambda: pad_linear_rows(head, PAD_ROWS),
+            "peagle": lambda: install_linears(head)}[how]()
+
+
 def step_rows(tr: Trainer, rows, over: dict):
     """Forward + backward of the rows under the variant; returns (supervised tokens, elements per depth)."""
     torch.set_num_threads(over.get("threads", 1))
     sup0, per = 0, torch.zeros(tr.K, dtype=torch.long)
     dt = torch.bfloat16 if over.get("bf16") else None
-    pads = pad_linear_rows(tr.head, PAD_ROWS) if dt is not None and over.get("pad", True) else []  # as Trainer
+    pads = head_linears(tr.head, over.get("linears", "peagle") if dt is not None else "none")
     with variant_code(over):
         for i, r in rows:
             t = row_cost(tr, i, r, over, dt)
@@ -126,7 +138,8 @@ def row_cost(tr: Trainer, i: int, r: dict, over: dict, dt) -> torch.Tensor:
     return st["total"].cpu()
 
 
-CELLS = ("float32", "bf16 not padded", "bf16 flash attention", "bf16")
+CELLS = ("float32", "bf16 not padded", "bf16 torch linears", "bf16 flash attention", "bf16")
+CELL_LINEARS = {"float32": "none", "bf16 not padded": "none", "bf16 torch linears": "torch"}
 
 
 def whole_steps(trainers: dict, n: int, rounds: int) -> list:
@@ -141,7 +154,7 @@ def whole_steps(trainers: dict, n: int, rounds: int) -> list:
         for method, tr in trainers.items():
             for cell in CELLS:
                 tr.dtype = torch.bfloat16 if cell != "float32" else None
-                pads = pad_linear_rows(tr.head, PAD_ROWS) if cell in ("bf16", "bf16 flash attention") else []
+                pads = head_linears(tr.head, CELL_LINEARS.get(cell, "peagle"))
                 t0 = time.perf_counter()
                 with variant_code({"attn": "sdpa"} if cell == "bf16 flash attention" else {}):
                     for s in range(1 + rnd * n, 1 + (rnd + 1) * n):
@@ -153,12 +166,13 @@ def whole_steps(trainers: dict, n: int, rounds: int) -> list:
     out = ["", f"Whole training steps ({n} steps x {rounds} rounds per cell, one thread; new rows every round, the "
            "same for every cell): row and teacher, forward + backward, AdamW; EAGLE-3 with anchors kept 0.7^k. Median "
            "seconds per step.", "",
-           "| method | float32 s/step | bf16, rows not padded | bf16, torch's flash attention | bf16 (Trainer: rows "
-           "padded to 64) | float32 / bf16 | flash attention / bf16 |",
-           "|---|---|---|---|---|---|---|"]
+           "| method | float32 s/step | bf16, rows not padded | bf16, torch's linears (rows padded) | bf16, torch's "
+           "flash attention | bf16 (Trainer) | float32 / bf16 | torch's linears / bf16 | flash attention / bf16 |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for method in trainers:
-        f, u, fa, b = (sorted(secs[method, c])[len(secs[method, c]) // 2] for c in CELLS)
-        out.append(f"| {method} | {f:.3f} | {u:.3f} | {fa:.3f} | {b:.3f} | {f / b:.2f}x | {fa / b:.2f}x |")
+        f, u, tl, fa, b = (sorted(secs[method, c])[len(secs[method, c]) // 2] for c in CELLS)
+        out.append(f"| {method} | {f:.3f} | {u:.3f} | {tl:.3f} | {fa:.3f} | {b:.3f} | {f / b:.2f}x | {tl / b:.2f}x | "
+                   f"{fa / b:.2f}x |")
     return out
 
 

@@ -57,33 +57,6 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
-PAD_ROWS = 64     # bfloat16 training on a CPU: token rows of every head product padded to a multiple of this
-
-
-def pad_linear_rows(module: torch.nn.Module, multiple: int) -> list:
-    """Every nn.Linear of `module` multiplies its input with the token rows (dim -2) padded with zeros to a
-    multiple of `multiple`, then drops the padded output rows: the same values (up to the order of the products'
-    sums, which their kernels may choose by shape), but a training run's products and their backward products
-    see a few shapes instead of new ones every row. On a CPU, bfloat16 products go through oneDNN, which builds
-    a kernel per shape (~4 ms for a [900 x 576] x [576 x 1536] product against 1.6 ms to run it), so new shapes
-    every row ate most of bfloat16's gain. Returns the hook handles (remove() undoes it)."""
-    def pad(mod, args):                 # the forward hook sees the padded input: the true row count rides along
-        x = args[0]
-        extra = -x.shape[-2] % multiple if x.dim() >= 2 else 0
-        mod._rows = x.shape[-2] if extra else None
-        return (torch.nn.functional.pad(x, (0, 0, 0, extra)),) if extra else None
-
-    def unpad(mod, args, out):
-        return out if mod._rows is None else out[..., :mod._rows, :]
-
-    handles = []
-    for m in module.modules():
-        if isinstance(m, torch.nn.Linear):
-            handles.append(m.register_forward_pre_hook(pad))
-            handles.append(m.register_forward_hook(unpad))
-    return handles
-
-
 def lr_factor(step: int, progress: float, warmup: int, min_ratio: float) -> float:
     """Linear warm-up over ``warmup`` steps, then cosine from 1 to ``min_ratio`` as ``progress``
     (fraction of the run done, by steps or by time) goes from the end of warm-up to 1."""

@@ -27,7 +27,6 @@ from ..models.loader import load_target
 from ..paths import portable_path, portable_paths
 from . import eagle3_loss, peagle_loss
 from .common import (
-    PAD_ROWS,
     CheckpointClock,
     all_sum,
     barrier,
@@ -35,7 +34,6 @@ from .common import (
     dist_setup,
     load_checkpoint,
     lr_factor,
-    pad_linear_rows,
     resolve_device,
     rng_state,
     save_checkpoint,
@@ -46,6 +44,7 @@ from .data import epoch_rows, load_docs
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
+from .train_linear import install_linears
 
 
 class GradSync(torch.nn.Module):
@@ -139,8 +138,8 @@ class Trainer:
         elif src is not None:
             load_eagle3_into(self.head, src)
         self.head.to(self.device)
-        if self.dtype == torch.bfloat16 and self.device.type == "cpu":   # oneDNN builds a kernel per shape
-            pad_linear_rows(self.head, PAD_ROWS)
+        if self.dtype == torch.bfloat16 and self.device.type == "cpu":   # oneDNN's shapes and layouts
+            install_linears(self.head)
         self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
         if self.hs is None and c.feature_cache:        # extract once (resumable), then every run reads it
             if self.rank == 0:
