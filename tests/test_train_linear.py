@@ -103,6 +103,43 @@ def test_linear_follows_weight_updates_and_dtypes():
     assert torch.equal(lin(x), F.linear(x, lin.weight))
 
 
+def test_head_step_with_grouped_products(tiny_dirs):
+    """A P-EAGLE head's bfloat16 row step (segments, deep blocks) with the installed linears, q/k/v and gate/up
+    each run as one product, gives the loss and gradients of torch's linears under autocast within bfloat16
+    rounding; another row's gradients are far off (negative control); removing the handles restores the head."""
+    from heads import head_config
+    from test_train_peagle import random_row
+
+    from peagle.heads.model import DrafterHead
+    from peagle.train.mask import MaskTable
+    from peagle.train.peagle_loss import make_elements, row_step
+    torch.manual_seed(0)
+    head = DrafterHead(head_config(tiny_dirs["llama"], layers=2, draft_vocab=256))
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+
+    def step(seed):
+        head.zero_grad(set_to_none=True)
+        row = random_row(seed=seed)
+        el = make_elements(row, 8, gen=torch.Generator().manual_seed(0))
+        st = row_step(head, row, el, MaskTable(128), 8, float(el["sup"].sum()), 32, autocast_dtype=torch.bfloat16)
+        return st["kl"], torch.cat([p.grad.flatten() for p in head.parameters() if p.grad is not None])
+    kl_ref, g_ref = step(3)
+    handles = tl.install_linears(head)
+    kl, grad = step(3)
+    for L in head.layers:
+        assert set(L.self_attn.q_proj._bf16_weights) == {3} and set(L.mlp.gate_proj._bf16_weights) == {2}
+    assert abs(kl - kl_ref) <= 1e-2 * abs(kl_ref) and grad.shape == g_ref.shape
+    err = float((grad - g_ref).norm() / g_ref.norm())
+    other = float((step(4)[1] - g_ref).norm() / g_ref.norm())
+    assert err < 0.03 and other > 10 * err, (err, other)
+    for h in handles:
+        h.remove()
+    assert not any("project" in m.__dict__ or "forward" in m.__dict__ for m in head.modules())
+
+
 def test_padded_linear_rows_keep_values_and_gradients():
     """pad_linear_rows: a head's products over rows padded to a multiple give its unpadded outputs and
     gradients (to float rounding: the kernels may sum by shape), and the hooks really pad (a product sees a

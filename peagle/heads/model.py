@@ -38,13 +38,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(nh * hd, H, bias=False)
         self.hd = hd
 
+    def project(self, x):
+        """The training path's q, k, v products of x (bfloat16 training runs them as one: train_linear)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def qkv(self, x, cos, sin):
         """Training path projections: q [B,T,nh,hd] (rotated), k/v [B,nkv,T,hd] (k rotated)."""
         B, T, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(B, T, -1, self.hd), cos, sin)
-        k = apply_rope(self.k_proj(x).view(B, T, -1, self.hd), cos, sin)
-        v = self.v_proj(x).view(B, T, -1, self.hd)
-        return q, k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = self.project(x)
+        q = apply_rope(q.view(B, T, -1, self.hd), cos, sin)
+        k = apply_rope(k.view(B, T, -1, self.hd), cos, sin)
+        return q, k.transpose(1, 2), v.view(B, T, -1, self.hd).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -53,8 +57,13 @@ class MLP(nn.Module):
         self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
         self.down_proj = nn.Linear(I, H, bias=False)
 
+    def project(self, x):
+        """The gate and up products of x (bfloat16 training runs them as one: train_linear)."""
+        return self.gate_proj(x), self.up_proj(x)
+
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        g, u = self.project(x)
+        return self.down_proj(F.silu(g) * u)
 
 
 class DrafterLayer(nn.Module):

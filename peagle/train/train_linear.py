@@ -5,15 +5,20 @@ output ``bf16(x) @ bf16(W)^T``, and the gradients of x and W of those bfloat16 p
 as autocast's cast backward leaves it -- up to the order of the products' sums, which the tests hold to the
 autocast reference with negative controls. Outside autocast it is ``F.linear``.
 
-Why (measured in docs/training-study/train-cost.md): oneDNN's bfloat16 products on a CPU
-- build a kernel per new shape (~4 ms for [900 x 576] x [576 x 1536] against 1.6 ms to run it), so token rows
-  are padded with zeros to a multiple of ``PAD_ROWS`` and a run sees a few shapes;
-- run 2-3x slower with a transposed left operand, the form of a weight gradient g^T x: it is computed from a
-  row-major copy of g^T, or as (x^T g)^T when x^T and the transposed result are the smaller copies (the LM
-  head), written by the extension's transposing pass (csrc/transpose_avx512.cpp; torch's copy elsewhere);
-- and autocast casts every weight again in each autocast region: here once per weight version.
+Why (measured in docs/training-study/train-cost.md), on a CPU:
+- oneDNN builds a bfloat16 product's kernel per new shape (~4 ms for [900 x 576] x [576 x 1536] against 1.6 ms
+  to run it), so token rows are padded with zeros to a multiple of ``PAD_ROWS`` and a run sees a few shapes;
+- its bfloat16 products run 2-3x slower with a transposed left operand, the form of a weight gradient g^T x:
+  that is computed from a row-major copy of g^T, or as (x^T g)^T when x^T and the transposed result are the
+  smaller copies (the LM head), written by the extension's transposing pass (csrc/transpose_avx512.cpp;
+  torch's copy elsewhere);
+- autocast casts every weight again in each autocast region: here once per weight version;
+- one product of a wider weight costs less than several narrow ones of one input: q/k/v and gate/up run as one
+  (their module's ``project``).
 ``pad_linear_rows`` is the padding alone around torch's own linear (the previous path, kept for A/B runs)."""
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -34,22 +39,23 @@ def _transpose(x: torch.Tensor, rows_pad: int, to_float32: bool = False) -> torc
     return out
 
 
-def _weight_bf16(mod: torch.nn.Linear) -> torch.Tensor:
-    """mod.weight in bfloat16, cast again only when the weight changed (its version counter moved)."""
-    w = mod.weight
-    key = (w._version, w.data_ptr())
-    cached = getattr(mod, "_bf16_weight", None)
-    if cached is None or cached[0] != key:
-        cached = (key, w.detach().to(BF16))
-        mod._bf16_weight = cached
-    return cached[1]
+def _weight_bf16(mods: tuple) -> torch.Tensor:
+    """The weights of mods stacked [sum out, in] in bfloat16, cast again only when one of them changed (its
+    version counter moved); cached on the first module, one entry per group size."""
+    key = tuple((m.weight._version, m.weight.data_ptr()) for m in mods)
+    cache = mods[0].__dict__.setdefault("_bf16_weights", {})
+    if cache.get(len(mods), (None,))[0] != key:
+        w = torch.cat([m.weight.detach() for m in mods]) if len(mods) > 1 else mods[0].weight.detach()
+        cache[len(mods)] = (key, w.to(BF16))
+    return cache[len(mods)][1]
 
 
 class _Linear(torch.autograd.Function):
-    """x [.., in] (any float dtype), w [out, in] float32 -> bf16 [.., out]; see the module docstring."""
+    """x [.., in] (any float dtype), the weights [out_i, in] float32 of mods -> bf16 [.., sum out_i]; see the
+    module docstring."""
 
     @staticmethod
-    def forward(ctx, x, w, mod):
+    def forward(ctx, x, mods, *weights):
         n_in = x.shape[-1]
         x2 = x.reshape(-1, n_in)
         n = x2.shape[0]
@@ -57,10 +63,11 @@ class _Linear(torch.autograd.Function):
         xb = torch.empty(pad, n_in, dtype=BF16, device=x.device)   # [pad, in]: x's rows, then zeros
         xb[:n].copy_(x2)
         xb[n:].zero_()
-        wb = _weight_bf16(mod)                                     # [out, in]
+        wb = _weight_bf16(mods)                                    # [out, in]
         y = torch.mm(xb, wb.t())[:n]                               # [n, out]
         ctx.save_for_backward(xb, wb)
         ctx.n, ctx.x_shape, ctx.x_dtype = n, x.shape, x.dtype
+        ctx.outs = [w.shape[0] for w in weights]
         return y.view(*x.shape[:-1], wb.shape[0])
 
     @staticmethod
@@ -73,19 +80,36 @@ class _Linear(torch.autograd.Function):
         gx = gw = None
         if ctx.needs_input_grad[0]:
             gx = torch.mm(gp, wb)[:n].to(ctx.x_dtype).view(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
+        if any(ctx.needs_input_grad[2:]):
             if pad * n_out <= pad * n_in + n_in * n_out:     # g^T [out, pad] is the smaller copy
                 gw = torch.mm(_transpose(gp, pad), xb).float()                   # [out, in]
             else:                                            # x^T [in, pad] and the [in, out] result
                 gw = _transpose(torch.mm(_transpose(xb, pad), gp), n_in, True)   # [out, in]
-        return gx, gw, None
+        return (gx, None) + (gw.split(ctx.outs) if gw is not None else (None,) * len(ctx.outs))
+
+
+def _bf16_autocast(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16
 
 
 def _forward(mod: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16:
+    if _bf16_autocast(x):
         with torch.autocast("cpu", enabled=False):
-            return _Linear.apply(x, mod.weight, mod)
+            return _Linear.apply(x, (mod,), mod.weight)
     return F.linear(x, mod.weight)
+
+
+def _grouped(owner, mods: tuple, x: torch.Tensor) -> tuple:
+    """owner.project(x): the outputs of mods (bias-free linears of one input) from one product."""
+    if not _bf16_autocast(x):
+        return type(owner).project(owner, x)
+    with torch.autocast("cpu", enabled=False):
+        y = _Linear.apply(x, mods, *(m.weight for m in mods))
+    return y.split([m.weight.shape[0] for m in mods], -1)
+
+
+# a module's project(x) that returns these linears' outputs of one input runs them as one product
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class _Installed:
@@ -95,18 +119,26 @@ class _Installed:
         self.mod = mod
 
     def remove(self):
-        self.mod.__dict__.pop("forward", None)
-        self.mod.__dict__.pop("_bf16_weight", None)
+        for k in ("forward", "project", "_bf16_weights"):
+            self.mod.__dict__.pop(k, None)
 
 
 def install_linears(module: torch.nn.Module) -> list:
-    """Every bias-free nn.Linear of `module` takes this module's path under CPU bfloat16 autocast. Returns
-    handles whose remove() undoes it."""
+    """Every bias-free nn.Linear of `module` takes this module's path under CPU bfloat16 autocast, and a module
+    whose project(x) returns one of GROUPS' outputs runs them as one product. Returns handles whose remove()
+    undoes it."""
     handles = []
     for m in module.modules():
         if isinstance(m, torch.nn.Linear) and m.bias is None:
-            m.forward = _forward.__get__(m)
+            m.forward = partial(_forward, m)
             handles.append(_Installed(m))
+        for names in GROUPS:
+            mods = tuple(getattr(m, k, None) for k in names)
+            if callable(getattr(m, "project", None)) and all(
+                    isinstance(L, torch.nn.Linear) and L.bias is None and L.in_features == mods[0].in_features
+                    for L in mods):
+                m.project = partial(_grouped, m, mods)
+                handles.append(_Installed(m))
     return handles
 
 
