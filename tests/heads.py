@@ -16,6 +16,21 @@ def head_config(target_dir, layers=1, parallel=True, draft_vocab=None, aux=None)
     return HeadConfig.for_target(target, layers, draft_vocab, MASK if parallel else None, aux)
 
 
+def training_head(target_dir, layers=2, parallel=True, draft_vocab=256, seed=0):
+    """A random drafter head with 2-D weights ~ N(0, 0.1) (large enough that the loss and gradients are not
+    dominated by rounding), for the training tests."""
+    import torch
+
+    from peagle.heads.model import DrafterHead
+    torch.manual_seed(seed)
+    h = DrafterHead(head_config(target_dir, layers, parallel, draft_vocab))
+    with torch.no_grad():
+        for p in h.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+    return h
+
+
 def save_random_head(target_dir, path, seed=0, parallel=True, **kw):
     return random_head(target_dir, path, parallel=parallel, seed=seed, mask_token=MASK if parallel else None, **kw)
 

@@ -1,7 +1,7 @@
 """EAGLE-3 TTT trainer: the unrolled training forward gives the logits of peagle's Eagle3Proposer."""
 import pytest
 import torch
-from heads import head_config, propose_capturing_logits, random_target_states
+from heads import head_config, propose_capturing_logits, random_target_states, training_head
 
 from peagle.heads.model import DrafterHead
 from peagle.train.head_forward import ttt_forward
@@ -12,12 +12,7 @@ def test_ttt_unroll_matches_inference_proposer(tiny_dirs):
     from peagle.drafters.eagle3 import Eagle3Proposer
     from peagle.models.llama import Transformer
     target = Transformer.from_pretrained(tiny_dirs["llama"])
-    torch.manual_seed(0)
-    head = DrafterHead(head_config(tiny_dirs["llama"], layers=2, parallel=False, draft_vocab=256))
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.1)
+    head = training_head(tiny_dirs["llama"], parallel=False)
     head.eval()
     m, K = 11, 5
     x, aux = random_target_states(target, head.aux_ids, m + K + 2, seed=3)

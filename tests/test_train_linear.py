@@ -107,18 +107,12 @@ def test_head_step_with_grouped_products(tiny_dirs):
     """A P-EAGLE head's bfloat16 row step (segments, deep blocks) with the installed linears, q/k/v and gate/up
     each run as one product, gives the loss and gradients of torch's linears under autocast within bfloat16
     rounding; another row's gradients are far off (negative control); removing the handles restores the head."""
-    from heads import head_config
+    from heads import training_head
     from test_train_peagle import random_row
 
-    from peagle.heads.model import DrafterHead
     from peagle.train.mask import MaskTable
     from peagle.train.peagle_loss import make_elements, row_step
-    torch.manual_seed(0)
-    head = DrafterHead(head_config(tiny_dirs["llama"], layers=2, draft_vocab=256))
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.1)
+    head = training_head(tiny_dirs["llama"])
 
     def step(seed):
         head.zero_grad(set_to_none=True)

@@ -1,9 +1,8 @@
 """P-EAGLE trainer: COD / mask invariants, partitioned == flat gradients, and train == inference logits."""
 import pytest
 import torch
-from heads import head_config, propose_capturing_logits, random_target_states
+from heads import propose_capturing_logits, random_target_states, training_head
 
-from peagle.heads.model import DrafterHead
 from peagle.train import peagle_loss
 from peagle.train.cod import sample_cod, supervised
 from peagle.train.mask import MaskTable
@@ -26,13 +25,7 @@ def random_row(n=90, docs=(30, 25, 35), T=64, Vd=256, seed=0, mask_p=0.7):
 
 @pytest.fixture(scope="module")
 def head(tiny_dirs):
-    torch.manual_seed(0)
-    h = DrafterHead(head_config(tiny_dirs["llama"], layers=2, draft_vocab=256))
-    with torch.no_grad():
-        for p in h.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.1)
-    return h
+    return training_head(tiny_dirs["llama"])
 
 
 def test_cod_invariants():
