@@ -44,7 +44,8 @@ def _weight_bf16(mods: tuple) -> torch.Tensor:
     version counter moved); cached on the first module, one entry per group size."""
     key = tuple((m.weight._version, m.weight.data_ptr()) for m in mods)
     cache = mods[0].__dict__.setdefault("_bf16_weights", {})
-    if cache.get(len(mods), (None,))[0] != key:
+    hit = cache.get(len(mods))
+    if hit is None or hit[0] != key:
         w = torch.cat([m.weight.detach() for m in mods]) if len(mods) > 1 else mods[0].weight.detach()
         cache[len(mods)] = (key, w.to(BF16))
     return cache[len(mods)][1]
@@ -92,20 +93,21 @@ def _bf16_autocast(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16
 
 
+def _product(x: torch.Tensor, mods: tuple) -> torch.Tensor:
+    """x [.., in] times the stacked weights of mods -> bf16 [.., sum out] (_Linear, autocast off inside)."""
+    with torch.autocast("cpu", enabled=False):
+        return _Linear.apply(x, mods, *(m.weight for m in mods))
+
+
 def _forward(mod: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if _bf16_autocast(x):
-        with torch.autocast("cpu", enabled=False):
-            return _Linear.apply(x, (mod,), mod.weight)
-    return F.linear(x, mod.weight)
+    return _product(x, (mod,)) if _bf16_autocast(x) else F.linear(x, mod.weight)
 
 
 def _grouped(owner, mods: tuple, x: torch.Tensor) -> tuple:
     """owner.project(x): the outputs of mods (bias-free linears of one input) from one product."""
     if not _bf16_autocast(x):
         return type(owner).project(owner, x)
-    with torch.autocast("cpu", enabled=False):
-        y = _Linear.apply(x, mods, *(m.weight for m in mods))
-    return y.split([m.weight.shape[0] for m in mods], -1)
+    return _product(x, mods).split([m.weight.shape[0] for m in mods], -1)
 
 
 # a module's project(x) that returns these linears' outputs of one input runs them as one product
