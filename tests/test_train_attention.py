@@ -64,11 +64,17 @@ def test_softmax_kernels_are_the_masked_softmax_and_its_gradient():
         ext.attn_softmax_forward(torch.zeros(5, 8), torch.ones(2, 8, dtype=torch.bool), 1.0)
 
 
+def _one_block(mask):
+    """block_attention over one source and one block, in masked SDPA's [B,nh,T,hd] layout."""
+    T, S = mask.shape
+    return lambda q, k, v: ta.block_attention(q.transpose(1, 2), (k, v), [(0, T, [(0, 0, S)], mask)]).transpose(1, 2)
+
+
 @pytest.mark.parametrize("kernel", [True, False])
-def test_masked_attention_matches_float64(kernel, monkeypatch):
-    """Output and gradients of q, k, v (GQA 6 heads over 2, batch of 2, S = 70 not a multiple of 16) within
-    bfloat16 rounding of the float64 reference, through the kernel or torch's SDPA (the fallback); the kernel
-    path really runs. Negative control: the reference of a mask with one more hidden key per query differs."""
+def test_block_attention_matches_float64(kernel, monkeypatch):
+    """One block: output and gradients of q, k, v (GQA 6 heads over 2, batch of 2, S = 70 not a multiple of 16)
+    within bfloat16 rounding of the float64 reference, through the kernel or torch's SDPA (the fallback); the
+    kernel path really runs. Negative control: the reference of a mask with one more hidden key per query differs."""
     if kernel and not HAS_KERNEL:
         pytest.skip("the kernel needs the extension on an AVX-512 CPU")
     monkeypatch.setattr(ta, "USE_KERNEL", kernel)
@@ -76,7 +82,7 @@ def test_masked_attention_matches_float64(kernel, monkeypatch):
     mask = torch.rand(37, 70, generator=torch.Generator().manual_seed(2)) < 0.5
     mask[:, 3] = True
     assert (ta._kernel(q) is not None) == kernel
-    got = _run(lambda q, k, v: ta.masked_attention(q, k, v, mask), q, k, v, do)
+    got = _run(_one_block(mask), q, k, v, do)
     ref = _ref64(q, k, v, mask, do)
     assert _worst(got, ref) < 2e-2, _worst(got, ref)
     fewer = mask.clone()
@@ -84,18 +90,62 @@ def test_masked_attention_matches_float64(kernel, monkeypatch):
     assert _worst(got, _ref64(q, k, v, fewer, do)) > 5e-2
 
 
+@pytest.mark.parametrize("kernel", [True, False])
+def test_blocks_over_shared_key_slices_match_float64(kernel, monkeypatch):
+    """Three blocks of queries over overlapping slices of a second source (a past) and their own keys -- the
+    gradients of a past key several blocks read are summed -- equal one masked float64 attention over [past |
+    own] keys whose mask is the blocks' masks placed at their slices. Negative control: a block that drops its
+    past slice's last key gives other values."""
+    if kernel and not HAS_KERNEL:
+        pytest.skip("the kernel needs the extension on an AVX-512 CPU")
+    monkeypatch.setattr(ta, "USE_KERNEL", kernel)
+    g = torch.Generator().manual_seed(5)
+    T, P = 40, 50
+    q, k, v, do = _qkv(1, 6, 2, T, T + P, seed=3)
+    spec = [(0, 9, 0, 20), (9, 25, 5, 41), (25, 40, 30, 50)]            # (a, b, past start, past end)
+    full = torch.zeros(T, T + P, dtype=torch.bool)
+    blocks = []
+    for a, b, s, e in spec:
+        m = torch.rand(b - a, e - s + b - a, generator=g) < 0.6
+        m[:, 0] = True
+        full[a:b, s:e], full[a:b, P + a:P + b] = m[:, :e - s], m[:, e - s:]
+        blocks.append((a, b, [(1, s, e), (0, a, b)], m))
+
+    def fn(blocks):
+        return lambda q, k, v: ta.block_attention(q.transpose(1, 2), (k[:, :, P:], v[:, :, P:], k[:, :, :P], v[:, :, :P]),
+                                                  blocks).transpose(1, 2)
+    got = _run(fn(blocks), q, k, v, do)
+    ref = _ref64(q, k, v, full, do)
+    assert _worst(got, ref) < 2e-2, _worst(got, ref)
+    short = [(a, b, [(1, s, e - 1), (0, a, b)], torch.cat([m[:, :e - s - 1], m[:, e - s:]], 1))
+             for (a, b, _, m), (_, _, s, e) in zip(blocks, spec)]
+    assert _worst(_run(fn(short), q, k, v, do), ref) > 5e-2
+
+
 @needs_kernel
 @pytest.mark.parametrize("n,chunk", [(300, 128), (40, 16), (9, 128)])
 def test_causal_attention_in_chunks_matches_float64(n, chunk):
-    """One causal document in query chunks over the keys up to each chunk's end = the causal float64 reference
-    (and torch's causal flash kernel, within rounding). Negative control: chunks that see one key too few."""
+    """Two causal documents of one stream in query chunks over each document's keys up to the chunk's end = the
+    block-diagonal causal float64 reference (and torch's causal flash kernel per document, within rounding).
+    Negative control: chunks that see one key too few."""
     q, k, v, do = _qkv(1, 9, 3, n, n, seed=n)
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    spans = [(0, n // 3), (n // 3, n)]
+    causal = torch.zeros(n, n, dtype=torch.bool)
+    for s, e in spans:
+        causal[s:e, s:e] = torch.ones(e - s, e - s, dtype=torch.bool).tril()
     ref = _ref64(q, k, v, causal, do)
-    got = _run(lambda q, k, v: ta.causal_attention(q, k, v, chunk), q, k, v, do)
-    flash = _run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-                 q, k, v, do)
+
+    def doc_causal(chunk, kernel=True):
+        def fn(q, k, v):
+            ta.USE_KERNEL = kernel
+            try:
+                return ta.causal_attention(q.transpose(1, 2), k, v, spans, chunk).transpose(1, 2)
+            finally:
+                ta.USE_KERNEL = True
+        return fn
+    got = _run(doc_causal(chunk), q, k, v, do)
+    flash = _run(doc_causal(chunk, kernel=False), q, k, v, do)
     assert _worst(got, ref) < 2e-2 and _worst(flash, ref) < 2e-2
-    shifted = torch.ones(n, n, dtype=torch.bool).tril(-1)
-    shifted[0, 0] = True
+    shifted = causal.clone()
+    shifted[1:, :] &= torch.ones(n, n, dtype=torch.bool).tril(-1)[1:, :]
     assert _worst(got, _ref64(q, k, v, shifted, do)) > 5e-2

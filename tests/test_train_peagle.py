@@ -3,6 +3,7 @@ import pytest
 import torch
 from heads import propose_capturing_logits, random_target_states, training_head
 
+from peagle.models import quant_ext
 from peagle.train import peagle_loss
 from peagle.train.cod import sample_cod, supervised
 from peagle.train.mask import MaskTable
@@ -76,13 +77,14 @@ def test_element_positions(head):
     assert torch.equal(ids[d == 0], row["ids"][a[d == 0] + 1])
 
 
-def _grads(head, seg_len, by_document=True):
+def _grads(head, seg_len, by_document=True, dtype=None):
     row, row2 = random_row(seed=4), random_row(n=60, docs=(20, 40), seed=5)
     t = MaskTable(128)
     els = [make_elements(r, K, gen=torch.Generator().manual_seed(i)) for i, r in enumerate((row, row2))]
     denom = float(sum(int(e["sup"].sum()) for e in els))
     head.zero_grad(set_to_none=True)
-    st = [row_step(head, r, e, t, K, denom, seg_len, by_document=by_document) for r, e in zip((row, row2), els)]
+    st = [row_step(head, r, e, t, K, denom, seg_len, by_document=by_document, autocast_dtype=dtype)
+          for r, e in zip((row, row2), els)]
     return {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}, st
 
 
@@ -120,6 +122,29 @@ def test_a_deep_block_window_cut_short_changes_the_gradient(head, cut, monkeypat
     monkeypatch.setattr(peagle_loss, "deep_blocks", short)
     gp, _ = _grads(head, 33)
     assert max(float((gf[k] - gp[k]).abs().max()) for k in gf) > 1e-4
+
+
+def _rel(ga, gb):
+    return max(float((ga[k].float() - gb[k].float()).abs().max() / gb[k].float().abs().max()) for k in gb)
+
+
+@pytest.mark.skipif(not (quant_ext.get() is not None and quant_ext.get().has_avx512()),
+                    reason="train_attention's kernel needs the extension on an AVX-512 CPU")
+def test_partitioned_bf16_blocks_equal_the_masked_attention(head, monkeypatch):
+    """Under bfloat16 autocast the by-document path runs train_attention's kernel over many blocks that share
+    depth-0 key slices (gradients summed in place): its gradients equal the masked SDPA over every depth-0 key
+    within bfloat16 rounding. Negative control: every block's window one key short at its start."""
+    monkeypatch.setattr(peagle_loss, "DEEP_BLOCK", 5)
+    ref, _ = _grads(head, 33, by_document=False, dtype=torch.bfloat16)
+    got, _ = _grads(head, 33, by_document=True, dtype=torch.bfloat16)
+    assert got.keys() == ref.keys()
+    real = peagle_loss.deep_blocks
+
+    def short(*args):
+        return [(s, e, slice(ctx.start + 1, ctx.stop), m[:, 1:]) for s, e, ctx, m in real(*args)]
+    monkeypatch.setattr(peagle_loss, "deep_blocks", short)
+    bad, _ = _grads(head, 33, by_document=True, dtype=torch.bfloat16)
+    assert _rel(got, ref) < 0.03 < _rel(bad, ref)
 
 
 def test_doc_causal_attend_is_the_masked_attention():

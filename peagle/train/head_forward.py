@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..models.layers import attend
 from ..sampling import greedy
-from .train_attention import causal_attention, masked_attention
+from .train_attention import block_attention, causal_attention
 
 
 def doc_spans(doc: torch.Tensor) -> list[tuple[int, int]]:
@@ -36,9 +36,7 @@ def doc_causal_attend(q, k, v, spans):
     """q [B,T,nh,hd], k/v [B,nkv,T,hd] of one stream whose documents are the spans -> [B,T,nh*hd]: each
     document's queries over its own keys, causally (the doc-causal mask's result)."""
     B, T, nh, hd = q.shape
-    qt = q.transpose(1, 2)
-    o = torch.cat([causal_attention(qt[:, :, s:e], k[:, :, s:e], v[:, :, s:e]) for s, e in spans], 2)
-    return o.transpose(1, 2).reshape(B, T, nh * hd)
+    return causal_attention(q, k, v, spans).reshape(B, T, nh * hd)
 
 
 def blocked_attend(q, k, v, past, blocks):
@@ -47,11 +45,9 @@ def blocked_attend(q, k, v, past, blocks):
     mask)]: elements start..end-1 attend to past keys ctx (a slice) and to their own keys under the bool mask
     [end-start, ctx_len + end-start] (every key a query may see must be in its block's set)."""
     B, T, nh, hd = q.shape
-    qt = q.transpose(1, 2)
-    o = torch.cat([masked_attention(qt[:, :, s:e], torch.cat([past[0][:, :, ctx], k[:, :, s:e]], 2),
-                                    torch.cat([past[1][:, :, ctx], v[:, :, s:e]], 2), m)
-                   for s, e, ctx, m in blocks], 2)
-    return o.transpose(1, 2).reshape(B, T, nh * hd)
+    o = block_attention(q, (k, v, past[0], past[1]),
+                        [(s, e, [(1, ctx.start, ctx.stop), (0, s, e)], m) for s, e, ctx, m in blocks])
+    return o.reshape(B, T, nh * hd)
 
 
 def ttt_forward(head, ids, hidden, pos, mask, past=None, spans=None, blocks=None):

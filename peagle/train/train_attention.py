@@ -1,12 +1,14 @@
 """The drafters' training attention in bfloat16: oneDNN / MKL products around a C++ softmax (on AVX-512 CPUs).
 
-Invariant: ``masked_attention(q, k, v, mask)`` is softmax(q k^T * scale, hidden keys -inf) v with its gradients --
-what ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` computes -- and the tests hold both paths to a
-float64 reference. Where it runs (bfloat16 q/k/v, the C++ extension with AVX-512): the scores q k^T and dP = dO v^T
-in float32 products (as a flash kernel accumulates them), the softmax and its backward in one pass each
-(csrc/train_attn_avx512.cpp), P and dS rounded to bfloat16 for the value, query and key products: the backward
-is four products and a pass, where torch's CPU flash backward recomputes the scores block by block. Elsewhere
-(float32, no AVX-512, no extension): torch's SDPA."""
+Invariant: ``block_attention(q, kv, blocks)`` gives each block's queries softmax(q k^T * scale, hidden keys -inf) v
+over the key slices the block names, with its gradients -- what ``F.scaled_dot_product_attention`` computes block
+by block over the gathered keys -- and the tests hold every path to a float64 reference. Where it runs (bfloat16
+q/k/v, the C++ extension with AVX-512): the scores q k^T and dP = dO v^T in float32 products (as a flash kernel
+accumulates them), the softmax and its backward in one pass each (csrc/train_attn_avx512.cpp), P and dS rounded to
+bfloat16 for the value, query and key products: the backward is four products and a pass, where torch's CPU flash
+backward recomputes the scores block by block. All blocks of a stream are one autograd node: a key slice that
+several blocks read gets its gradients summed in place (float32) instead of one zero-filled full-size tensor per
+slice and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
 from __future__ import annotations
 
 import torch
@@ -14,65 +16,101 @@ import torch.nn.functional as F
 
 USE_KERNEL = True   # False: torch's SDPA everywhere (A/B runs, tests)
 CAUSAL_CHUNK = 128  # queries per block of a causal document
+BF16 = torch.bfloat16
 
 
 def _kernel(q: torch.Tensor):
     """The extension when it runs this attention, else None."""
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or not USE_KERNEL:
+    if q.dtype != BF16 or q.device.type != "cpu" or not USE_KERNEL:
         return None
     from ..models import quant_ext
     ext = quant_ext.get()
     return ext if ext is not None and ext.has_avx512() else None
 
 
-class _MaskedAttention(torch.autograd.Function):
-    """q [B,nh,T,hd], k/v [B,nkv,S,hd] bfloat16 (nh a multiple of nkv: head h reads kv head h // (nh/nkv)),
-    mask [T,S] bool shared by every head -> [B,nh,T,hd]."""
+def _gather(srcs, parts) -> torch.Tensor:
+    """The key (or value) rows parts = [(source, start, end)] of srcs [B,nkv,S_i,hd], concatenated along S."""
+    views = [srcs[i][:, :, s:e] for i, s, e in parts]
+    return views[0] if len(views) == 1 else torch.cat(views, 2)
+
+
+class _Blocks(torch.autograd.Function):
+    """q [B,T,nh,hd] bfloat16, blocks (see block_attention), ext, then kv = (k0, v0, k1, v1, ..) [B,nkv,S_i,hd]
+    bfloat16 (nh a multiple of nkv: head h reads kv head h // (nh/nkv)) -> [B,T,nh,hd]."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, ext):
-        B, nh, T, hd = q.shape
-        nkv, S = k.shape[1], k.shape[2]
-        scale = hd ** -0.5
+    def forward(ctx, q, blocks, ext, *kv):
+        B, T, nh, hd = q.shape
+        nkv = kv[0].shape[1]
+        scale, out, saved = hd ** -0.5, q.new_zeros(B, T, nh, hd), []
         with torch.autocast("cpu", enabled=False):
-            qg = q.reshape(B, nkv, nh // nkv * T, hd)                         # [B,nkv,g*T,hd], row = (head, t)
-            kt = k.float().transpose(-1, -2).contiguous()                     # [B,nkv,hd,S]: MKL's fast layout
-            s = torch.matmul(qg.float(), kt)                                  # [B,nkv,g*T,S] float32
-            p, p16 = ext.attn_softmax_forward(s.view(-1, S), mask, scale)     # [R,S] float32 / bfloat16
-            o = torch.matmul(p16.view(B, nkv, -1, S), v).view(B, nh, T, hd)
-        ctx.save_for_backward(qg, k, v, p, p16)
-        ctx.ext, ctx.scale = ext, scale
-        return o
+            for a, b, parts, mask in blocks:
+                k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
+                S = k.shape[2]
+                qg = q[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd)              # [B,nkv,g*n,hd], row = (head, t)
+                s = torch.matmul(qg.float(), k.float().transpose(-1, -2).contiguous())  # [B,nkv,g*n,S] float32
+                p, p16 = ext.attn_softmax_forward(s.view(-1, S), mask, scale)      # [R,S] float32 / bfloat16
+                o = torch.matmul(p16.view(B, nkv, -1, S), v)                       # [B,nkv,g*n,hd]
+                out[:, a:b] = o.view(B, nh, b - a, hd).transpose(1, 2)
+                saved.append((qg, p, p16))
+        ctx.save_for_backward(*kv)
+        ctx.blocks, ctx.saved, ctx.ext, ctx.scale = blocks, saved, ext, scale
+        return out
 
     @staticmethod
     def backward(ctx, do):
-        qg, k, v, p, p16 = ctx.saved_tensors
-        B, nkv, gT, hd = qg.shape
-        S = k.shape[2]
+        kv = ctx.saved_tensors
+        B, T, nh, hd = do.shape
+        nkv = kv[0].shape[1]
+        dq = do.new_zeros(B, T, nh, hd, dtype=BF16)
+        acc = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) if need else None
+               for t, need in zip(kv, ctx.needs_input_grad[3:])]                    # key/value gradients, summed
         with torch.autocast("cpu", enabled=False):
-            dog = do.to(torch.bfloat16).reshape(B, nkv, gT, hd)
-            dv = torch.matmul(p16.view(B, nkv, gT, S).transpose(-1, -2), dog)           # [B,nkv,S,hd]
-            dp = torch.matmul(dog.float(), v.float().transpose(-1, -2).contiguous())     # [B,nkv,g*T,S] float32
-            ds = ctx.ext.attn_softmax_backward(dp.view(-1, S), p, ctx.scale).view(B, nkv, gT, S)
-            dq = torch.matmul(ds, k).view(do.shape)                                      # [B,nh,T,hd]
-            dk = torch.matmul(ds.transpose(-1, -2), qg)                                  # [B,nkv,S,hd]
-        return dq, dk, dv, None, None
+            for (a, b, parts, _), (qg, p, p16) in zip(ctx.blocks, ctx.saved):
+                k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
+                S = k.shape[2]
+                dog = do[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd).to(BF16)   # [B,nkv,g*n,hd]
+                dp = torch.matmul(dog.float(), v.float().transpose(-1, -2).contiguous())  # [B,nkv,g*n,S] float32
+                ds = ctx.ext.attn_softmax_backward(dp.view(-1, S), p, ctx.scale).view(B, nkv, -1, S)
+                dq[:, a:b] = torch.matmul(ds, k).view(B, nh, b - a, hd).transpose(1, 2)
+                dk = torch.matmul(ds.transpose(-1, -2), qg)                          # [B,nkv,S,hd]
+                dv = torch.matmul(p16.view(B, nkv, -1, S).transpose(-1, -2), dog)    # [B,nkv,S,hd]
+                off = 0
+                for i, s, e in parts:
+                    for j, d in ((2 * i, dk), (2 * i + 1, dv)):
+                        if acc[j] is not None:
+                            acc[j][:, :, s:e] += d[:, :, off:off + e - s]
+                    off += e - s
+        return (dq, None, None) + tuple(None if t is None else t.to(BF16) for t in acc)
 
 
-def masked_attention(q, k, v, mask):
-    """q [B,nh,T,hd], k/v [B,nkv,S,hd] (GQA when nkv < nh), mask [T,S] bool (True = visible) -> [B,nh,T,hd]."""
+def block_attention(q, kv, blocks):
+    """q [B,T,nh,hd]; kv = (k0, v0, k1, v1, ..): key/value sources [B,nkv,S_i,hd] (GQA when nkv < nh);
+    blocks = [(a, b, parts, mask)] in query order, covering 0..T-1: queries a..b-1 attend over the source rows
+    parts = [(source, start, end)] concatenated, under mask [b-a, keys] bool (True = visible) -> [B,T,nh,hd]."""
     ext = _kernel(q)
-    if ext is None or k.dtype != q.dtype or v.dtype != q.dtype or q.shape[2] == 0:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=k.shape[1] != q.shape[1])
-    return _MaskedAttention.apply(q, k, v, mask.contiguous(), ext)
+    if ext is not None and all(t.dtype == q.dtype for t in kv):
+        return _Blocks.apply(q, [(a, b, p, m.contiguous()) for a, b, p, m in blocks if b > a], ext, *kv)
+    qt, gqa = q.transpose(1, 2), kv[0].shape[1] != q.shape[2]
+    o = torch.cat([F.scaled_dot_product_attention(qt[:, :, a:b], _gather(kv[0::2], parts), _gather(kv[1::2], parts),
+                                                  attn_mask=mask[None, None], enable_gqa=gqa)
+                   for a, b, parts, mask in blocks], 2)
+    return o.transpose(1, 2)
 
 
-def causal_attention(q, k, v, chunk: int = CAUSAL_CHUNK):
-    """One causal document: q [B,nh,n,hd], k/v [B,nkv,n,hd] -> [B,nh,n,hd]. With the kernel, queries in chunks
-    of ``chunk``, each over the keys up to its last query (about half the masked square's pairs)."""
-    n = q.shape[2]
-    if _kernel(q) is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
-    tril = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
-    return torch.cat([masked_attention(q[:, :, a:b], k[:, :, :b], v[:, :, :b], tril[a:b, :b])
-                      for a, b in ((a, min(a + chunk, n)) for a in range(0, n, chunk))], 2)
+def causal_blocks(spans, device, chunk: int = CAUSAL_CHUNK) -> list:
+    """block_attention's blocks for whole documents (start, end) of one stream attended causally: queries in
+    chunks of ``chunk``, each over its document's keys up to its last query (about half the masked square)."""
+    return [(a, min(a + chunk, e), [(0, s, min(a + chunk, e))],
+             torch.ones(min(a + chunk, e) - a, min(a + chunk, e) - s, dtype=torch.bool, device=device).tril_(a - s))
+            for s, e in spans for a in range(s, e, chunk)]
+
+
+def causal_attention(q, k, v, spans, chunk: int = CAUSAL_CHUNK):
+    """Whole documents (spans) of one stream, each attended causally: q [B,T,nh,hd], k/v [B,nkv,T,hd] ->
+    [B,T,nh,hd]. Without the kernel: torch's causal SDPA (its flash kernel) per document."""
+    if _kernel(q) is not None:
+        return block_attention(q, (k, v), causal_blocks(spans, q.device, chunk))
+    qt, gqa = q.transpose(1, 2), k.shape[1] != q.shape[2]
+    return torch.cat([F.scaled_dot_product_attention(qt[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
+                                                     enable_gqa=gqa) for s, e in spans], 2).transpose(1, 2)
