@@ -20,6 +20,7 @@ void bind_forward(py::module& m);   // forward.cpp
 void bind_draft_kl(py::module& m);  // draft_kl.cpp
 void bind_train_attn(py::module& m);  // train_attn.cpp
 void bind_transpose(py::module& m);   // transpose.cpp
+void bind_train_ops(py::module& m);   // train_ops.cpp
 
 // F32 (qtype 0, packed by 8) is a weight of the float-activation product (qlinear) only.
 static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool f32_ok = true) {
@@ -246,4 +247,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_draft_kl(m);
   bind_train_attn(m);
   bind_transpose(m);
+  bind_train_ops(m);
 }

@@ -28,6 +28,7 @@ from peagle.train.config import TrainConfig
 from peagle.train.features import to_device
 from peagle.train.loop import Trainer
 from peagle.train.train_linear import PAD_ROWS, install_linears, pad_linear_rows
+from peagle.train.train_ops import install_ops
 
 # (method, name, overrides): the shipped recipe first per method. "loss": "op" = the KL over the draft vocabulary
 # op by op on gathered rows, as shipped, "blocks" = DraftKL's torch form (the default is its C++ kernel where the
@@ -35,7 +36,9 @@ from peagle.train.train_linear import PAD_ROWS, install_linears, pad_linear_rows
 # per attention block (default peagle_loss.DEEP_BLOCK); "segment_len": P-EAGLE's anchors per segment (default the
 # TrainConfig's); "attn": "sdpa" = torch's flash attention instead of train_attention's kernel (bf16 only);
 # "linears" (bf16 only): "peagle" = train_linear's products (the Trainer's), "torch" = torch's linear on rows padded
-# to 64 (pad_linear_rows), "none" = torch's linear on the rows as they come
+# to 64 (pad_linear_rows), "none" = torch's linear on the rows as they come; "ops": "torch" = autograd's RMSNorm
+# and silu * up instead of train_ops' fused passes (bf16 only); "attn": "per-block" = each attention block its own
+# autograd node over key slices torch gathers (the previous form: a zero-filled gradient per slice and block)
 ONE_BLOCK = 1 << 30
 VARIANTS = [
     ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention, KL op by op)",
@@ -53,6 +56,10 @@ VARIANTS = [
      {"bf16": True, "ttt_keep": 0.7, "loss": "blocks"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, torch's flash attention, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "attn": "sdpa"}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, attention blocks as separate nodes, 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "attn": "per-block"}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, torch's RMSNorm and SwiGLU, 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "ops": "torch"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 2 threads", {"bf16": True, "ttt_keep": 0.7, "threads": 2}),
     ("peagle", "shipped (COD r 0.5, float32, 1 thread, masked attention, KL op by op, segments of 512)",
@@ -70,6 +77,8 @@ VARIANTS = [
     ("peagle", "bf16 autocast, one deep attention block per segment, 1 thread", {"bf16": True, "deep_block": ONE_BLOCK}),
     ("peagle", "bf16 autocast, segments of 512 anchors, 1 thread", {"bf16": True, "segment_len": 512}),
     ("peagle", "bf16 autocast, torch's flash attention, 1 thread", {"bf16": True, "attn": "sdpa"}),
+    ("peagle", "bf16 autocast, attention blocks as separate nodes, 1 thread", {"bf16": True, "attn": "per-block"}),
+    ("peagle", "bf16 autocast, torch's RMSNorm and SwiGLU, 1 thread", {"bf16": True, "ops": "torch"}),
     ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
     ("peagle", "bf16 autocast, 2 threads", {"bf16": True, "threads": 2}),
 ]
@@ -86,8 +95,10 @@ def kl_op_by_op(logits, tlogp, rows, label, hard):
 def variant_code(over: dict):
     """The loss and the attention the variant asks for, restored afterwards."""
     saved = (peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL,
-             train_attention.USE_KERNEL)
+             train_attention.USE_KERNEL, head_forward.block_attention, train_attention.block_attention)
     head_forward.FUSED_KL = over.get("loss") != "blocks"
+    if over.get("attn") == "per-block":
+        head_forward.block_attention = train_attention.block_attention = attention_per_block
     train_attention.USE_KERNEL = over.get("attn") != "sdpa"
     if over.get("loss") == "op":
         peagle_loss.draft_loss = eagle3_loss.draft_loss = kl_op_by_op
@@ -96,13 +107,24 @@ def variant_code(over: dict):
         yield
     finally:
         (peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL,
-         train_attention.USE_KERNEL) = saved
+         train_attention.USE_KERNEL, head_forward.block_attention, train_attention.block_attention) = saved
 
 
-def head_linears(head, how: str) -> list:
-    """The head's linears as the variant asks (handles to remove): "peagle" as the bf16 Trainer installs them."""
+BLOCKS = train_attention.block_attention
+
+
+def attention_per_block(q, kv, blocks):
+    """train_attention.block_attention with each block its own call over the key slices autograd gathers."""
+    one = [(BLOCKS(q[:, a:b], (train_attention._gather(kv[0::2], p), train_attention._gather(kv[1::2], p)),
+                   [(0, b - a, [(0, 0, m.shape[1])], m)])) for a, b, p, m in blocks]
+    return torch.cat(one, 1)
+
+
+def head_linears(head, how: str, ops: bool) -> list:
+    """The head's linears as the variant asks (handles to remove): "peagle" as the bf16 Trainer installs them; ops:
+    train_ops' RMSNorm and SwiGLU too (as the Trainer does)."""
     return {"none": lambda: [], "torch": lambda: pad_linear_rows(head, PAD_ROWS),
-            "peagle": lambda: install_linears(head)}[how]()
+            "peagle": lambda: install_linears(head)}[how]() + (install_ops(head) if ops else [])
 
 
 def step_rows(tr: Trainer, rows, over: dict):
@@ -110,7 +132,8 @@ def step_rows(tr: Trainer, rows, over: dict):
     torch.set_num_threads(over.get("threads", 1))
     sup0, per = 0, torch.zeros(tr.K, dtype=torch.long)
     dt = torch.bfloat16 if over.get("bf16") else None
-    pads = head_linears(tr.head, over.get("linears", "peagle") if dt is not None else "none")
+    pads = head_linears(tr.head, over.get("linears", "peagle") if dt is not None else "none",
+                        dt is not None and over.get("ops") != "torch")
     with variant_code(over):
         for i, r in rows:
             t = row_cost(tr, i, r, over, dt)
@@ -154,7 +177,7 @@ def whole_steps(trainers: dict, n: int, rounds: int) -> list:
         for method, tr in trainers.items():
             for cell in CELLS:
                 tr.dtype = torch.bfloat16 if cell != "float32" else None
-                pads = head_linears(tr.head, CELL_LINEARS.get(cell, "peagle"))
+                pads = head_linears(tr.head, CELL_LINEARS.get(cell, "peagle"), cell != "float32")
                 t0 = time.perf_counter()
                 with variant_code({"attn": "sdpa"} if cell == "bf16 flash attention" else {}):
                     for s in range(1 + rnd * n, 1 + (rnd + 1) * n):

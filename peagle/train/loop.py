@@ -45,6 +45,7 @@ from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
 from .train_linear import install_linears
+from .train_ops import install_ops
 
 
 class GradSync(torch.nn.Module):
@@ -140,6 +141,7 @@ class Trainer:
         self.head.to(self.device)
         if self.dtype == torch.bfloat16 and self.device.type == "cpu":   # oneDNN's shapes and layouts
             install_linears(self.head)
+            install_ops(self.head)
         self.teacher = Teacher(self.target, self.head.aux_ids, draft_ids)
         if self.hs is None and c.feature_cache:        # extract once (resumable), then every run reads it
             if self.rank == 0:

@@ -89,7 +89,7 @@ class _Linear(torch.autograd.Function):
         return (gx, None) + (gw.split(ctx.outs) if gw is not None else (None,) * len(ctx.outs))
 
 
-def _bf16_autocast(x: torch.Tensor) -> bool:
+def bf16_autocast(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16
 
 
@@ -100,12 +100,12 @@ def _product(x: torch.Tensor, mods: tuple) -> torch.Tensor:
 
 
 def _forward(mod: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return _product(x, (mod,)) if _bf16_autocast(x) else F.linear(x, mod.weight)
+    return _product(x, (mod,)) if bf16_autocast(x) else F.linear(x, mod.weight)
 
 
 def _grouped(owner, mods: tuple, x: torch.Tensor) -> tuple:
     """owner.project(x): the outputs of mods (bias-free linears of one input) from one product."""
-    if not _bf16_autocast(x):
+    if not bf16_autocast(x):
         return type(owner).project(owner, x)
     return _product(x, mods).split([m.weight.shape[0] for m in mods], -1)
 
@@ -114,14 +114,15 @@ def _grouped(owner, mods: tuple, x: torch.Tensor) -> tuple:
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-class _Installed:
-    """Undoes install_linears on one module (the handle's remove(), as torch's hooks have)."""
+class Installed:
+    """Undoes an install on one module: remove() drops the attributes `keys` the install set (as torch's hooks'
+    handles do)."""
 
-    def __init__(self, mod):
-        self.mod = mod
+    def __init__(self, mod, keys=("forward", "project", "_bf16_weights")):
+        self.mod, self.keys = mod, keys
 
     def remove(self):
-        for k in ("forward", "project", "_bf16_weights"):
+        for k in self.keys:
             self.mod.__dict__.pop(k, None)
 
 
@@ -133,14 +134,14 @@ def install_linears(module: torch.nn.Module) -> list:
     for m in module.modules():
         if isinstance(m, torch.nn.Linear) and m.bias is None:
             m.forward = partial(_forward, m)
-            handles.append(_Installed(m))
+            handles.append(Installed(m))
         for names in GROUPS:
             mods = tuple(getattr(m, k, None) for k in names)
             if callable(getattr(m, "project", None)) and all(
                     isinstance(L, torch.nn.Linear) and L.bias is None and L.in_features == mods[0].in_features
                     for L in mods):
                 m.project = partial(_grouped, m, mods)
-                handles.append(_Installed(m))
+                handles.append(Installed(m))
     return handles
 
 
