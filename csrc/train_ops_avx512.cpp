@@ -15,22 +15,9 @@ namespace peagle_tops {
 
 namespace {
 
+using peagle_bf16::load16;
+using peagle_bf16::store16;
 using peagle_bf16::store_bf16;
-
-inline __m512 load16(const void* p, bool bf16, int64_t i) {
-  if (bf16) {
-    const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)p + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  return _mm512_loadu_ps((const float*)p + i);
-}
-
-inline void store16(void* p, bool bf16, int64_t i, __m512 x) {
-  if (bf16)
-    store_bf16((uint16_t*)p + i, x);
-  else
-    _mm512_storeu_ps((float*)p + i, x);
-}
 
 // sig(a) on 16 lanes from e^-|a| (never overflows): a >= 0: 1 / (1 + e), else e / (1 + e).
 inline __m512 sigmoid16(__m512 a) {

@@ -13,21 +13,6 @@ namespace peagle_transpose {
 
 namespace {
 
-inline __m512 load_row(const void* src, bool bf16, int64_t i) {
-  if (bf16) {
-    const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)src + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  return _mm512_loadu_ps((const float*)src + i);
-}
-
-inline void store_col(void* dst, bool bf16, int64_t i, __m512 x) {
-  if (bf16)
-    peagle_bf16::store_bf16((uint16_t*)dst + i, x);
-  else
-    _mm512_storeu_ps((float*)dst + i, x);
-}
-
 // r[i] = row i of a 16 x 16 tile -> r[c] = column c.
 inline void transpose16(__m512 r[16]) {
   __m512 t[16];
@@ -64,9 +49,9 @@ void transpose_avx512(const void* src, bool src_bf16, int64_t R, int64_t C, void
     for (int64_t c = c0; c < c1; c += 16)
       for (int64_t r0 = rb; r0 < ldd && r0 < rb + RB; r0 += 16) {
         for (int i = 0; i < 16; i++)
-          r[i] = r0 + i < R ? load_row(src, src_bf16, (r0 + i) * C + c) : _mm512_setzero_ps();
+          r[i] = r0 + i < R ? peagle_bf16::load16(src, src_bf16, (r0 + i) * C + c) : _mm512_setzero_ps();
         transpose16(r);
-        for (int i = 0; i < 16; i++) store_col(dst, dst_bf16, (c + i) * ldd + r0, r[i]);
+        for (int i = 0; i < 16; i++) peagle_bf16::store16(dst, dst_bf16, (c + i) * ldd + r0, r[i]);
       }
 }
 
