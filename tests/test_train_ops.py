@@ -72,7 +72,8 @@ def test_swiglu_matches_float64(kernel, monkeypatch):
 
 def test_head_step_with_fused_ops(tiny_dirs, monkeypatch):
     """A P-EAGLE head's bfloat16 row step with the installed norms and SwiGLU (beside the installed linears) gives
-    the loss and gradients of autocast's ops within bfloat16 rounding; removing the handles restores the modules.
+    the loss and gradients of autocast's ops within bfloat16 rounding; removing the handles restores the modules
+    and leaves the linears' installs.
     Negative control: SwiGLU with its halves swapped."""
     from heads import training_head
     from test_train_peagle import random_row
@@ -101,3 +102,4 @@ def test_head_step_with_fused_ops(tiny_dirs, monkeypatch):
     for h in handles:
         h.remove()
     assert not any("forward" in m.__dict__ for m in head.modules() if isinstance(m, (to.RMSNorm, to.MLP)))
+    assert all("project" in L.mlp.__dict__ for L in head.layers)     # the linears' own installs stay

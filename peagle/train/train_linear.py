@@ -118,7 +118,7 @@ class Installed:
     """Undoes an install on one module: remove() drops the attributes `keys` the install set (as torch's hooks'
     handles do)."""
 
-    def __init__(self, mod, keys=("forward", "project", "_bf16_weights")):
+    def __init__(self, mod, keys):
         self.mod, self.keys = mod, keys
 
     def remove(self):
@@ -134,14 +134,14 @@ def install_linears(module: torch.nn.Module) -> list:
     for m in module.modules():
         if isinstance(m, torch.nn.Linear) and m.bias is None:
             m.forward = partial(_forward, m)
-            handles.append(Installed(m))
+            handles.append(Installed(m, ("forward", "_bf16_weights")))
         for names in GROUPS:
             mods = tuple(getattr(m, k, None) for k in names)
             if callable(getattr(m, "project", None)) and all(
                     isinstance(L, torch.nn.Linear) and L.bias is None and L.in_features == mods[0].in_features
                     for L in mods):
                 m.project = partial(_grouped, m, mods)
-                handles.append(Installed(m))
+                handles.append(Installed(m, ("project",)))
     return handles
 
 
