@@ -7,8 +7,7 @@ import torch.nn.functional as F
 from peagle.models import quant_ext
 from peagle.train import train_ops as to
 
-ext = quant_ext.get()
-HAS_KERNEL = ext is not None and ext.has_avx512()
+HAS_KERNEL = quant_ext.avx512() is not None
 PATHS = [pytest.param(True, marks=pytest.mark.skipif(not HAS_KERNEL, reason="the C++ path needs AVX-512")), False]
 
 

@@ -128,7 +128,7 @@ def _rel(ga, gb):
     return max(float((ga[k].float() - gb[k].float()).abs().max() / gb[k].float().abs().max()) for k in gb)
 
 
-@pytest.mark.skipif(not (quant_ext.get() is not None and quant_ext.get().has_avx512()),
+@pytest.mark.skipif(quant_ext.avx512() is None,
                     reason="train_attention's kernel needs the extension on an AVX-512 CPU")
 def test_partitioned_bf16_blocks_equal_the_masked_attention(head, monkeypatch):
     """Under bfloat16 autocast the by-document path runs train_attention's kernel over many blocks that share

@@ -85,6 +85,12 @@ def get():
     return _mod
 
 
+def avx512():
+    """The loaded extension when this CPU runs its AVX-512 paths (the training kernels' only path), else None."""
+    m = get()
+    return m if m is not None and m.has_avx512() else None
+
+
 def why_not() -> str | None:
     get()
     return _why

@@ -24,8 +24,7 @@ def _kernel(q: torch.Tensor):
     if q.dtype != BF16 or q.device.type != "cpu" or not USE_KERNEL:
         return None
     from ..models import quant_ext
-    ext = quant_ext.get()
-    return ext if ext is not None and ext.has_avx512() else None
+    return quant_ext.avx512()
 
 
 def _gather(srcs, parts) -> torch.Tensor:

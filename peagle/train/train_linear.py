@@ -30,9 +30,9 @@ BF16 = torch.bfloat16
 def _transpose(x: torch.Tensor, rows_pad: int, to_float32: bool = False) -> torch.Tensor:
     """x [R, C] (contiguous) -> [C, rows_pad] in bfloat16 (or float32), zero from column R."""
     from ..models import quant_ext
-    ext = quant_ext.get()
+    ext = quant_ext.avx512()
     R, C = x.shape
-    if ext is not None and ext.has_avx512() and C % 16 == 0 and rows_pad % 16 == 0:
+    if ext is not None and C % 16 == 0 and rows_pad % 16 == 0:
         return ext.transpose_pad(x, rows_pad, to_float32)
     out = torch.zeros(C, rows_pad, dtype=torch.float32 if to_float32 else BF16, device=x.device)
     out[:, :R] = x.t()

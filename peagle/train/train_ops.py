@@ -27,8 +27,7 @@ def _kernel(x: torch.Tensor):
     if not USE_KERNEL or x.device.type != "cpu" or x.shape[-1] % 16 or x.dtype not in (torch.float32, BF16):
         return None
     from ..models import quant_ext
-    ext = quant_ext.get()
-    return ext if ext is not None and ext.has_avx512() else None
+    return quant_ext.avx512()
 
 
 class _RMSNorm(torch.autograd.Function):
