@@ -41,6 +41,15 @@ bool has_avx512() {
 
 bool has_amx() { return has_avx512() && pq::amx::available(); }
 
+bool has_amx_bf16() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    return has_amx() && ((d >> 22) & 1);                 // AMX-BF16, with the tile state granted (has_amx)
+  }();
+  return ok;
+}
+
 bool use_avx2(int64_t impl) {
   TORCH_CHECK(impl >= 0 && impl <= 4, "unknown kernel path impl=", impl,
               " (0 best, 1 scalar, 2 AVX2, 3 AVX-512, 4 AMX)");

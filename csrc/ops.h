@@ -14,6 +14,7 @@ namespace peagle_ops {
 bool has_avx2();
 bool has_avx512();             // AVX-512 F, VL, BW, DQ and VNNI (and AVX2)
 bool has_amx();                // AMX-TILE + AMX-INT8 usable by this process (and AVX-512)
+bool has_amx_bf16();           // and AMX-BF16 (the training attention's scores)
 bool use_avx2(int64_t impl);   // impl 2, 3 or 4 without the CPU's support raises
 bool use_avx512(int64_t impl);
 // The 8-bit-activation products of M rows on the tile unit: impl 4 always, impl 0 from AMX_MIN_ROWS rows.

@@ -242,6 +242,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
   m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
   m.def("has_avx512", &po::has_avx512, "AVX-512 F/VL/BW/DQ + VNNI on this CPU (impl 3)");
+  m.def("has_amx_bf16", &po::has_amx_bf16, "AMX-BF16 usable here, with has_amx (training attention's scores)");
   m.def("has_amx", &po::has_amx, "AMX-TILE + AMX-INT8 usable here, with AVX-512 (impl 4)");
   bind_forward(m);
   bind_draft_kl(m);

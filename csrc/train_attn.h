@@ -4,7 +4,10 @@
 //   forward   m = max_{visible j} s_j * scale,  p_j = e^(s_j * scale - m) / sum_{visible i} e^(s_i * scale - m)
 //             (hidden keys, and every key of a row with none visible: 0), written as float32 and bfloat16;
 //   backward  ds_j = p_j (dp_j - sum_i p_i dp_i) * scale  (d loss / d raw score), written as bfloat16.
-// No torch headers: train_attn_avx512.cpp is compiled for AVX-512; train_attn.cpp binds it.
+// The scores feeding them (train_scores_amx.cpp, AMX-BF16): out [M, N] float32 = a [M, D] b [N, D]^T for
+// bfloat16 a and b (D a multiple of 32), from b packed by pack_pairs.
+// No torch headers: train_attn_avx512.cpp and train_scores_amx.cpp are compiled for AVX-512 / AMX;
+// train_attn.cpp binds them.
 #pragma once
 #include <cstdint>
 
@@ -15,5 +18,20 @@ void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, 
                         float* p, uint16_t* p16);
 void softmax_bwd_avx512(const float* dp, const float* p, int64_t S, float scale, int64_t r0, int64_t r1,
                         uint16_t* ds);
+
+// b [N, D] (row stride ldb) -> out, packed_pairs_size(N, D) words.
+int64_t packed_pairs_size(int64_t N, int64_t D);
+void pack_pairs(const uint16_t* b, int64_t ldb, int64_t N, int64_t D, uint16_t* out);
+// Rows m0..m1-1 of out (row stride ldo) from a (row stride lda) and the packed b.
+void scores_amx(const uint16_t* a, int64_t lda, const uint16_t* bp, int64_t N, int64_t D, int64_t m0,
+                       int64_t m1, float* out, int64_t ldo);
+
+// Flush-to-zero and denormals-are-zero for this thread while in scope: a softmax's tails below float32's smallest
+// normal (~1.2e-38) otherwise take the CPU's slow path on every operation (measured 3x slower softmax backward).
+struct FlushDenormals {
+  unsigned int saved;
+  FlushDenormals();
+  ~FlushDenormals();
+};
 
 }  // namespace peagle_tattn

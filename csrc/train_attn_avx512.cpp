@@ -31,6 +31,9 @@ inline __mmask16 visible16(const bool* m, int64_t j, int64_t S) {
 
 }  // namespace
 
+FlushDenormals::FlushDenormals() : saved(_mm_getcsr()) { _mm_setcsr(saved | 0x8040); }   // FTZ | DAZ
+FlushDenormals::~FlushDenormals() { _mm_setcsr(saved); }
+
 void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, float scale, int64_t r0, int64_t r1,
                         float* p, uint16_t* p16) {
   const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);

@@ -64,6 +64,40 @@ def test_softmax_kernels_are_the_masked_softmax_and_its_gradient():
         ext.attn_softmax_forward(torch.zeros(5, 8), torch.ones(2, 8, dtype=torch.bool), 1.0)
 
 
+def test_softmax_tails_below_the_smallest_normal_are_zero():
+    """Denormals are flushed in the softmax passes (the CPU's slow path otherwise): a row whose smallest
+    probability is e^-87 / 2 (below float32's smallest normal, 1.18e-38) gives 0 there, and the rest of the row
+    as before. It fails where the passes compute in denormals."""
+    if not HAS_KERNEL:
+        pytest.skip("the kernel needs the extension on an AVX-512 CPU")
+    s = torch.tensor([[0.0, 0.0] + [-200.0] * 18])
+    p, _ = ext.attn_softmax_forward(s, torch.ones(1, 20, dtype=torch.bool), 1.0)
+    assert float(p[0, 2:].abs().max()) == 0.0 and torch.allclose(p[0, :2], torch.tensor([0.5, 0.5]))
+    ds = ext.attn_softmax_backward(torch.full((1, 20), 1e-3), p, 1.0)
+    tiny = ds.float().abs()
+    assert not bool(((tiny > 0) & (tiny < torch.finfo(torch.float32).tiny)).any())
+
+
+@pytest.mark.skipif(not (HAS_KERNEL and ext.has_amx_bf16()), reason="the AMX score products need AMX-BF16")
+def test_amx_scores_are_float32_sums_of_bfloat16_products():
+    """attn_scores(a, b) = a b^T in float32 (each product exact, the sums float32): rows and keys not multiples
+    of the tiles' 16 / 32, a strided slice of b, head dims 32 / 64 / 96, within float32 summation error of
+    float64. Negative control: b one key shifted is far off; head dims not a multiple of 32 raise."""
+    g = torch.Generator().manual_seed(3)
+    for B, H, M, N, D in ((1, 3, 70, 501, 64), (2, 2, 13, 37, 32), (1, 1, 1, 1, 32), (1, 2, 40, 70, 96)):
+        a = torch.randn(B, H, M, D, generator=g).bfloat16()
+        b = torch.randn(B, H, N + 5, D, generator=g).bfloat16()[:, :, 3:3 + N]
+        ref = a.double() @ b.double().transpose(-1, -2)
+        got = ext.attn_scores(a, b)
+        assert got.dtype == torch.float32 and got.shape == (B, H, M, N)
+        assert float((got.double() - ref).abs().max()) < 1e-5 * D
+        if N > 1:
+            off = ext.attn_scores(a, b.roll(1, 2).contiguous())
+            assert float((off.double() - ref).abs().max()) > 1.0
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ext.attn_scores(torch.zeros(1, 1, 4, 16).bfloat16(), torch.zeros(1, 1, 4, 16).bfloat16())
+
+
 def _one_block(mask):
     """block_attention over one source and one block, in masked SDPA's [B,nh,T,hd] layout."""
     T, S = mask.shape

@@ -1,14 +1,15 @@
-"""The drafters' training attention in bfloat16: oneDNN / MKL products around a C++ softmax (on AVX-512 CPUs).
+"""The drafters' training attention in bfloat16: AMX / oneDNN / MKL products around a C++ softmax (AVX-512 CPUs).
 
 Invariant: ``block_attention(q, kv, blocks)`` gives each block's queries softmax(q k^T * scale, hidden keys -inf) v
 over the key slices the block names, with its gradients -- what ``F.scaled_dot_product_attention`` computes block
 by block over the gathered keys -- and the tests hold every path to a float64 reference. Where it runs (bfloat16
-q/k/v, the C++ extension with AVX-512): the scores q k^T and dP = dO v^T in float32 products (as a flash kernel
-accumulates them), the softmax and its backward in one pass each (csrc/train_attn_avx512.cpp), P and dS rounded to
-bfloat16 for the value, query and key products: the backward is four products and a pass, where torch's CPU flash
-backward recomputes the scores block by block. All blocks of a stream are one autograd node: a key slice that
-several blocks read gets its gradients summed in place (float32) instead of one zero-filled full-size tensor per
-slice and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
+q/k/v, the C++ extension with AVX-512): the scores q k^T and dP = dO v^T in float32 (as a flash kernel accumulates
+them: csrc/train_scores_amx.cpp's tiles where the CPU has AMX-BF16, else torch's float32 products), the softmax
+and its backward in one pass each (csrc/train_attn_avx512.cpp, denormals flushed), P and dS rounded to bfloat16
+for the value, query and key products: the backward is four products and a pass, where torch's CPU flash backward
+recomputes the scores block by block. All blocks of a stream are one autograd node: a key slice that several
+blocks read gets its gradients summed in place (float32) instead of one zero-filled full-size tensor per slice
+and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
 from __future__ import annotations
 
 import torch
@@ -25,6 +26,14 @@ def _kernel(q: torch.Tensor):
         return None
     from ..models import quant_ext
     return quant_ext.avx512()
+
+
+def _scores(ext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [B,H,M,hd] b [B,H,N,hd]^T in float32 from bfloat16 a and b: the extension's AMX product where the CPU
+    has AMX-BF16 (csrc/train_scores_amx.cpp), else torch's float32 product."""
+    if ext.has_amx_bf16() and a.shape[-1] % 32 == 0:
+        return ext.attn_scores(a, b)
+    return torch.matmul(a.float(), b.float().transpose(-1, -2).contiguous())
 
 
 def _gather(srcs, parts) -> torch.Tensor:
@@ -47,7 +56,7 @@ class _Blocks(torch.autograd.Function):
                 k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
                 S = k.shape[2]
                 qg = q[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd)              # [B,nkv,g*n,hd], row = (head, t)
-                s = torch.matmul(qg.float(), k.float().transpose(-1, -2).contiguous())  # [B,nkv,g*n,S] float32
+                s = _scores(ext, qg, k)                                              # [B,nkv,g*n,S] float32
                 p, p16 = ext.attn_softmax_forward(s.view(-1, S), mask, scale)      # [R,S] float32 / bfloat16
                 o = torch.matmul(p16.view(B, nkv, -1, S), v)                       # [B,nkv,g*n,hd]
                 out[:, a:b] = o.view(B, nh, b - a, hd).transpose(1, 2)
@@ -69,7 +78,7 @@ class _Blocks(torch.autograd.Function):
                 k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
                 S = k.shape[2]
                 dog = do[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd).to(BF16)   # [B,nkv,g*n,hd]
-                dp = torch.matmul(dog.float(), v.float().transpose(-1, -2).contiguous())  # [B,nkv,g*n,S] float32
+                dp = _scores(ctx.ext, dog, v)                                        # [B,nkv,g*n,S] float32
                 ds = ctx.ext.attn_softmax_backward(dp.view(-1, S), p, ctx.scale).view(B, nkv, -1, S)
                 dq[:, a:b] = torch.matmul(ds, k).view(B, nh, b - a, hd).transpose(1, 2)
                 dk = torch.matmul(ds.transpose(-1, -2), qg)                          # [B,nkv,S,hd]
