@@ -4,6 +4,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <cstring>
+#include <vector>
+
 #include "ops.h"
 #include "train_attn.h"
 
@@ -15,76 +18,123 @@ static void check_rows(const torch::Tensor& x, const char* what) {
               "train_attn: ", what, " [R, S] float32, contiguous");
 }
 
-// (p float32 [R, S], p bfloat16 [R, S]) of scores s [R, S] under mask [T, S] (R a multiple of T).
-static std::vector<torch::Tensor> attn_softmax_forward(torch::Tensor s, torch::Tensor mask, double scale) {
+// p bfloat16 [R, S] of scores s [R, S] float32 under mask [T, S] (R a multiple of T).
+static torch::Tensor attn_softmax_forward(torch::Tensor s, torch::Tensor mask, double scale) {
   check_rows(s, "scores");
   TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.is_contiguous() &&
               mask.size(1) == s.size(1) && mask.size(0) > 0 && s.size(0) % mask.size(0) == 0,
               "train_attn: mask [T, S] bool, contiguous, R a multiple of T");
-  auto p = torch::empty_like(s), p16 = torch::empty(s.sizes(), s.options().dtype(torch::kBFloat16));
+  auto p16 = torch::empty(s.sizes(), s.options().dtype(torch::kBFloat16));
   const int64_t T = mask.size(0), S = s.size(1);
   const float* sp = s.data_ptr<float>();
   const bool* mp = mask.data_ptr<bool>();
-  float* pp = p.data_ptr<float>();
   uint16_t* p16p = (uint16_t*)p16.data_ptr();
   at::parallel_for(0, s.size(0), 16, [&](int64_t r0, int64_t r1) {
     pt::FlushDenormals ftz;
-    pt::softmax_fwd_avx512(sp, mp, T, S, (float)scale, r0, r1, pp, p16p);
+    std::vector<float> e(S);
+    pt::softmax_fwd_avx512(sp + r0 * S, mp, T, S, (float)scale, r0, r1 - r0, e.data(), p16p + r0 * S);
   });
-  return {p, p16};
+  return p16;
 }
 
-// d loss / d raw scores, bfloat16 [R, S], from dp = d loss / d p and p (both [R, S] float32).
-static torch::Tensor attn_softmax_backward(torch::Tensor dp, torch::Tensor p, double scale) {
+// d loss / d raw scores, bfloat16 [R, S], from dp = d loss / d p [R, S] float32 and p [R, S] bfloat16.
+static torch::Tensor attn_softmax_backward(torch::Tensor dp, torch::Tensor p16, double scale) {
   check_rows(dp, "dp");
-  check_rows(p, "p");
-  TORCH_CHECK(dp.sizes() == p.sizes(), "train_attn: dp and p of one shape");
-  auto ds = torch::empty(p.sizes(), p.options().dtype(torch::kBFloat16));
-  const float *g = dp.data_ptr<float>(), *q = p.data_ptr<float>();
+  TORCH_CHECK(p16.scalar_type() == torch::kBFloat16 && p16.is_contiguous() && dp.sizes() == p16.sizes(),
+              "train_attn: p [R, S] bfloat16, contiguous, of dp's shape");
+  auto ds = torch::empty(p16.sizes(), p16.options());
+  const float* g = dp.data_ptr<float>();
+  const uint16_t* q = (const uint16_t*)p16.data_ptr();
   uint16_t* o = (uint16_t*)ds.data_ptr();
-  const int64_t S = p.size(1);
-  at::parallel_for(0, p.size(0), 16, [&](int64_t r0, int64_t r1) {
+  const int64_t S = p16.size(1);
+  at::parallel_for(0, p16.size(0), 16, [&](int64_t r0, int64_t r1) {
     pt::FlushDenormals ftz;
-    pt::softmax_bwd_avx512(g, q, S, (float)scale, r0, r1, o);
+    pt::softmax_bwd_avx512(g + r0 * S, q + r0 * S, S, (float)scale, r1 - r0, o + r0 * S);
   });
   return ds;
 }
 
-// float32 [B, H, M, N] = a [B, H, M, D] b [B, H, N, D]^T of bfloat16 a and b (last dims contiguous, D even).
-static torch::Tensor attn_scores(torch::Tensor a, torch::Tensor b) {
+static void check_heads(const torch::Tensor& a, const torch::Tensor& b) {
   TORCH_CHECK(peagle_ops::has_amx_bf16(), "train_attn: this CPU (or its OS) runs no AMX-BF16 tiles");
   TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == torch::kBFloat16 &&
               b.scalar_type() == torch::kBFloat16 && a.dim() == 4 && b.dim() == 4 && a.size(0) == b.size(0) &&
               a.size(1) == b.size(1) && a.size(3) == b.size(3) && a.size(3) % 32 == 0 && a.stride(3) == 1 &&
-              b.stride(3) == 1, "train_attn: scores of a [B, H, M, D], b [B, H, N, D] bfloat16, D a multiple of 32, last dims "
+              b.stride(3) == 1, "train_attn: a [B, H, M, D], b [B, H, N, D] bfloat16, D a multiple of 32, last dims "
               "contiguous");
-  const int64_t B = a.size(0), H = a.size(1), M = a.size(2), N = b.size(2), D = a.size(3), G = B * H;
-  auto out = torch::empty({B, H, M, N}, a.options().dtype(torch::kFloat32));
+}
+
+// Element offset of head g (of B * H) in t [B, H, ..].
+static int64_t head_at(const torch::Tensor& t, int64_t g) {
+  return (g / t.size(1)) * t.stride(0) + (g % t.size(1)) * t.stride(1);
+}
+
+constexpr int64_t CH = 32;   // rows per task: one strip of the kernel's 32-row step, its scores kept in cache
+
+// For each head and strip of CH rows of a [B, H, M, D]: the strip's scores a b^T [CH, N] (AMX, into scratch),
+// then fn(head, first row, rows, scores). b [B, H, N, D] packed once per head.
+template <class Fn>
+static void strips(const torch::Tensor& a, const torch::Tensor& b, Fn fn) {
+  const int64_t G = a.size(0) * a.size(1), M = a.size(2), N = b.size(2), D = a.size(3);
   const int64_t P = pt::packed_pairs_size(N, D);
   auto packed = torch::empty({G, P}, a.options());
   const auto* ap = (const uint16_t*)a.data_ptr();
   const auto* bp = (const uint16_t*)b.data_ptr();
   auto* pp = (uint16_t*)packed.data_ptr();
-  float* op = out.data_ptr<float>();
-  auto at_ = [](const torch::Tensor& t, int64_t g) { return (g / t.size(1)) * t.stride(0) + (g % t.size(1)) * t.stride(1); };
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; g++) pt::pack_pairs(bp + at_(b, g), b.stride(2), N, D, pp + g * P);
+    for (int64_t g = g0; g < g1; g++) pt::pack_pairs(bp + head_at(b, g), b.stride(2), N, D, pp + g * P);
   });
-  constexpr int64_t CH = 64;                     // rows per task (a multiple of the kernel's 32-row step)
   const int64_t chunks = (M + CH - 1) / CH;
   at::parallel_for(0, G * chunks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> s(CH * N);
     for (int64_t t = t0; t < t1; t++) {
-      const int64_t g = t / chunks, m0 = (t % chunks) * CH, m1 = std::min(M, m0 + CH);
-      pt::scores_amx(ap + at_(a, g), a.stride(2), pp + g * P, N, D, m0, m1, op + g * M * N, N);
+      const int64_t g = t / chunks, m0 = (t % chunks) * CH, n = std::min(M, m0 + CH) - m0;
+      pt::scores_amx(ap + head_at(a, g) + m0 * a.stride(2), a.stride(2), pp + g * P, N, D, 0, n, s.data(), N);
+      fn(g, m0, n, s.data());
     }
   });
-  return out;
+}
+
+// p [B, H, M, N] bfloat16: the masked softmax (mask [T, N], M a multiple of T) of the scores q k^T * scale, the
+// scores never leaving the cache.
+static torch::Tensor attn_probs(torch::Tensor q, torch::Tensor k, torch::Tensor mask, double scale) {
+  check_heads(q, k);
+  const int64_t M = q.size(2), N = k.size(2);
+  TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.is_contiguous() && mask.size(1) == N &&
+              mask.size(0) > 0 && M % mask.size(0) == 0, "train_attn: mask [T, N] bool, contiguous, M a multiple of T");
+  auto p = torch::empty({q.size(0), q.size(1), M, N}, q.options());
+  auto* pp = (uint16_t*)p.data_ptr();
+  const bool* mp = mask.data_ptr<bool>();
+  strips(q, k, [&](int64_t g, int64_t m0, int64_t n, const float* s) {
+    pt::FlushDenormals ftz;
+    std::vector<float> e(N);
+    pt::softmax_fwd_avx512(s, mp, mask.size(0), N, (float)scale, m0, n, e.data(), pp + (g * M + m0) * N);
+  });
+  return p;
+}
+
+// d loss / d raw scores [B, H, M, N] bfloat16 from dO [B, H, M, D], v [B, H, N, D] (dp = dO v^T, in cache) and
+// p [B, H, M, N] bfloat16 (attn_probs').
+static torch::Tensor attn_dscores(torch::Tensor dout, torch::Tensor v, torch::Tensor p, double scale) {
+  check_heads(dout, v);
+  const int64_t M = dout.size(2), N = v.size(2);
+  TORCH_CHECK(p.scalar_type() == torch::kBFloat16 && p.is_contiguous() && p.dim() == 4 && p.size(0) == dout.size(0) &&
+              p.size(1) == dout.size(1) && p.size(2) == M && p.size(3) == N, "train_attn: p [B, H, M, N] bfloat16");
+  auto ds = torch::empty_like(p);
+  auto* dsp = (uint16_t*)ds.data_ptr();
+  const auto* pp = (const uint16_t*)p.data_ptr();
+  strips(dout, v, [&](int64_t g, int64_t m0, int64_t n, const float* s) {
+    pt::FlushDenormals ftz;
+    pt::softmax_bwd_avx512(s, pp + (g * M + m0) * N, N, (float)scale, n, dsp + (g * M + m0) * N);
+  });
+  return ds;
 }
 
 void bind_train_attn(py::module& m) {
-  m.def("attn_scores", &attn_scores, "training attention's score products a b^T (bfloat16 in, float32 out; AMX)",
-        py::arg("a"), py::arg("b"));
-  m.def("attn_softmax_forward", &attn_softmax_forward, "training attention's masked softmax (float32, bfloat16)",
+  m.def("attn_probs", &attn_probs, "its masked softmax of the scores q k^T (AMX; bfloat16)", py::arg("q"),
+        py::arg("k"), py::arg("mask"), py::arg("scale"));
+  m.def("attn_dscores", &attn_dscores, "its gradient w.r.t. the raw scores from dO, v and p (AMX; bfloat16)",
+        py::arg("dout"), py::arg("v"), py::arg("p"), py::arg("scale"));
+  m.def("attn_softmax_forward", &attn_softmax_forward, "training attention's masked softmax (bfloat16)",
         py::arg("s"), py::arg("mask"), py::arg("scale"));
   m.def("attn_softmax_backward", &attn_softmax_backward, "its gradient w.r.t. the raw scores (bfloat16)",
         py::arg("dp"), py::arg("p"), py::arg("scale"));

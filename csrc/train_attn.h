@@ -2,8 +2,9 @@
 // one pass per direction. Scores s [R, S] float32 (R = heads x T queries; row r is query r % T) under a [T, S]
 // bool mask shared by every head (true = visible):
 //   forward   m = max_{visible j} s_j * scale,  p_j = e^(s_j * scale - m) / sum_{visible i} e^(s_i * scale - m)
-//             (hidden keys, and every key of a row with none visible: 0), written as float32 and bfloat16;
-//   backward  ds_j = p_j (dp_j - sum_i p_i dp_i) * scale  (d loss / d raw score), written as bfloat16.
+//             (hidden keys, and every key of a row with none visible: 0), written as bfloat16;
+//   backward  ds_j = p_j (dp_j - sum_i p_i dp_i) * scale  (d loss / d raw score) from those bfloat16 p, written
+//             as bfloat16 (P in bfloat16 is what the value product reads; ds is rounded to bfloat16 anyway).
 // The scores feeding them (train_scores_amx.cpp, AMX-BF16): out [M, N] float32 = a [M, D] b [N, D]^T for
 // bfloat16 a and b (D a multiple of 32), from b packed by pack_pairs.
 // No torch headers: train_attn_avx512.cpp and train_scores_amx.cpp are compiled for AVX-512 / AMX;
@@ -13,11 +14,10 @@
 
 namespace peagle_tattn {
 
-// Rows r0..r1-1 of s / p / p16 (contiguous [R, S]).
-void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, float scale, int64_t r0, int64_t r1,
-                        float* p, uint16_t* p16);
-void softmax_bwd_avx512(const float* dp, const float* p, int64_t S, float scale, int64_t r0, int64_t r1,
-                        uint16_t* ds);
+// n rows of s / p16 (pointers at the first, rows S apart), the first one query t0 of the mask; e: scratch of S floats.
+void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, float scale, int64_t t0, int64_t n,
+                        float* e, uint16_t* p16);
+void softmax_bwd_avx512(const float* dp, const uint16_t* p16, int64_t S, float scale, int64_t n, uint16_t* ds);
 
 // b [N, D] (row stride ldb) -> out, packed_pairs_size(N, D) words.
 int64_t packed_pairs_size(int64_t N, int64_t D);

@@ -41,25 +41,26 @@ def _worst(got, ref):
 @needs_kernel
 def test_softmax_kernels_are_the_masked_softmax_and_its_gradient():
     """The two passes alone on float32 rows: S not a multiple of 16 (masked tails), 3 heads over a [T, S] mask,
-    a row with no visible key gives zeros; the bfloat16 output is the float32 one rounded. Negative control: the
-    mask of the next query gives other probabilities."""
+    a row with no visible key gives zeros; the bfloat16 probabilities within one rounding of float64's, the
+    gradient from them within bfloat16 rounding. Negative control: the mask of the next query gives other
+    probabilities."""
     g = torch.Generator().manual_seed(0)
     for T, S in ((5, 1), (7, 15), (4, 17), (6, 501)):
         s, dp = torch.randn(3 * T, S, generator=g) * 4, torch.randn(3 * T, S, generator=g)
         mask = torch.rand(T, S, generator=g) < 0.6
         mask[:, 0] = True
         mask[T - 1] = False
-        p, p16 = ext.attn_softmax_forward(s, mask, 0.3)
+        p = ext.attn_softmax_forward(s, mask, 0.3)
         m = mask.repeat(3, 1)
         want = torch.softmax((s.double() * 0.3).masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)
-        assert torch.allclose(p.double(), want, rtol=1e-5, atol=1e-7) and torch.equal(p16, p.bfloat16())
+        assert p.dtype == torch.bfloat16 and torch.allclose(p.double(), want, rtol=2 ** -8, atol=1e-7)
         assert float(p.view(3, T, S)[:, T - 1].abs().max()) == 0.0
         ds = ext.attn_softmax_backward(dp, p, 0.3)
         d = p.double() * (dp.double() - (p.double() * dp.double()).sum(-1, keepdim=True)) * 0.3
         assert ds.dtype == torch.bfloat16 and torch.allclose(ds.double(), d, rtol=1e-2, atol=1e-6)
         if T > 1 and S > 1:
-            p_other, _ = ext.attn_softmax_forward(s, mask.roll(1, 0).contiguous(), 0.3)
-            assert not torch.allclose(p_other, p, atol=1e-3)
+            p_other = ext.attn_softmax_forward(s, mask.roll(1, 0).contiguous(), 0.3)
+            assert not torch.allclose(p_other.float(), p.float(), atol=1e-3)
     with pytest.raises(RuntimeError, match="mask"):
         ext.attn_softmax_forward(torch.zeros(5, 8), torch.ones(2, 8, dtype=torch.bool), 1.0)
 
@@ -71,31 +72,40 @@ def test_softmax_tails_below_the_smallest_normal_are_zero():
     if not HAS_KERNEL:
         pytest.skip("the kernel needs the extension on an AVX-512 CPU")
     s = torch.tensor([[0.0, 0.0] + [-200.0] * 18])
-    p, _ = ext.attn_softmax_forward(s, torch.ones(1, 20, dtype=torch.bool), 1.0)
-    assert float(p[0, 2:].abs().max()) == 0.0 and torch.allclose(p[0, :2], torch.tensor([0.5, 0.5]))
+    p = ext.attn_softmax_forward(s, torch.ones(1, 20, dtype=torch.bool), 1.0)
+    assert float(p[0, 2:].float().abs().max()) == 0.0 and torch.equal(p[0, :2].float(), torch.tensor([0.5, 0.5]))
     ds = ext.attn_softmax_backward(torch.full((1, 20), 1e-3), p, 1.0)
     tiny = ds.float().abs()
     assert not bool(((tiny > 0) & (tiny < torch.finfo(torch.float32).tiny)).any())
 
 
 @pytest.mark.skipif(not (HAS_KERNEL and ext.has_amx_bf16()), reason="the AMX score products need AMX-BF16")
-def test_amx_scores_are_float32_sums_of_bfloat16_products():
-    """attn_scores(a, b) = a b^T in float32 (each product exact, the sums float32): rows and keys not multiples
-    of the tiles' 16 / 32, a strided slice of b, head dims 32 / 64 / 96, within float32 summation error of
-    float64. Negative control: b one key shifted is far off; head dims not a multiple of 32 raise."""
+def test_amx_probs_and_dscores_are_the_softmax_of_float32_scores():
+    """attn_probs / attn_dscores (scores a b^T on AMX tiles, softmax in cache) against float64 of the same
+    bfloat16 values: rows and keys not multiples of the tiles' 16 / 32, a strided slice of the keys, head dims
+    32 / 64 / 96, a mask shared by 3 heads per kv head; P within one bfloat16 rounding, dS within bfloat16
+    rounding of the reference from that P. Negative controls: keys shifted by one; head dims not a multiple of 32
+    raise."""
     g = torch.Generator().manual_seed(3)
-    for B, H, M, N, D in ((1, 3, 70, 501, 64), (2, 2, 13, 37, 32), (1, 1, 1, 1, 32), (1, 2, 40, 70, 96)):
-        a = torch.randn(B, H, M, D, generator=g).bfloat16()
-        b = torch.randn(B, H, N + 5, D, generator=g).bfloat16()[:, :, 3:3 + N]
-        ref = a.double() @ b.double().transpose(-1, -2)
-        got = ext.attn_scores(a, b)
-        assert got.dtype == torch.float32 and got.shape == (B, H, M, N)
-        assert float((got.double() - ref).abs().max()) < 1e-5 * D
+    for B, H, T, N, D in ((1, 3, 70, 501, 64), (2, 2, 13, 37, 32), (1, 1, 1, 1, 32), (1, 2, 40, 70, 96)):
+        q = torch.randn(B, H, 3 * T, D, generator=g).bfloat16()
+        k = torch.randn(B, H, N + 5, D, generator=g).bfloat16()[:, :, 3:3 + N]
+        do, v = torch.randn(B, H, 3 * T, D, generator=g).bfloat16(), torch.randn(B, H, N, D, generator=g).bfloat16()
+        mask = torch.rand(T, N, generator=g) < 0.6
+        mask[:, 0] = True
+        s = (q.double() @ k.double().transpose(-1, -2) * 0.125).masked_fill(~mask.repeat(3, 1), float("-inf"))
+        p = ext.attn_probs(q, k, mask, 0.125)
+        assert p.dtype == torch.bfloat16 and torch.allclose(p.double(), s.softmax(-1), rtol=2 ** -8, atol=1e-7)
+        dp = do.double() @ v.double().transpose(-1, -2)
+        want = p.double() * (dp - (p.double() * dp).sum(-1, keepdim=True)) * 0.125
+        ds = ext.attn_dscores(do, v, p, 0.125)
+        assert ds.dtype == torch.bfloat16 and float((ds.double() - want).abs().max()) <= 2e-2 * float(want.abs().max())
         if N > 1:
-            off = ext.attn_scores(a, b.roll(1, 2).contiguous())
-            assert float((off.double() - ref).abs().max()) > 1.0
+            off = ext.attn_probs(q, k.roll(1, 2).contiguous(), mask, 0.125)
+            assert float((off.double() - s.softmax(-1)).abs().max()) > 0.05
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        ext.attn_scores(torch.zeros(1, 1, 4, 16).bfloat16(), torch.zeros(1, 1, 4, 16).bfloat16())
+        ext.attn_probs(torch.zeros(1, 1, 4, 16).bfloat16(), torch.zeros(1, 1, 4, 16).bfloat16(),
+                       torch.ones(4, 4, dtype=torch.bool), 1.0)
 
 
 def _one_block(mask):
@@ -104,14 +114,15 @@ def _one_block(mask):
     return lambda q, k, v: ta.block_attention(q.transpose(1, 2), (k, v), [(0, T, [(0, 0, S)], mask)]).transpose(1, 2)
 
 
-@pytest.mark.parametrize("kernel", [True, False])
-def test_block_attention_matches_float64(kernel, monkeypatch):
+@pytest.mark.parametrize("kernel,amx", [(True, True), (True, False), (False, False)])
+def test_block_attention_matches_float64(kernel, amx, monkeypatch):
     """One block: output and gradients of q, k, v (GQA 6 heads over 2, batch of 2, S = 70 not a multiple of 16)
     within bfloat16 rounding of the float64 reference, through the kernel or torch's SDPA (the fallback); the
     kernel path really runs. Negative control: the reference of a mask with one more hidden key per query differs."""
     if kernel and not HAS_KERNEL:
         pytest.skip("the kernel needs the extension on an AVX-512 CPU")
     monkeypatch.setattr(ta, "USE_KERNEL", kernel)
+    monkeypatch.setattr(ta, "AMX_SCORES", amx)
     q, k, v, do = _qkv(2, 6, 2, 37, 70, seed=1)
     mask = torch.rand(37, 70, generator=torch.Generator().manual_seed(2)) < 0.5
     mask[:, 3] = True
@@ -124,8 +135,8 @@ def test_block_attention_matches_float64(kernel, monkeypatch):
     assert _worst(got, _ref64(q, k, v, fewer, do)) > 5e-2
 
 
-@pytest.mark.parametrize("kernel", [True, False])
-def test_blocks_over_shared_key_slices_match_float64(kernel, monkeypatch):
+@pytest.mark.parametrize("kernel,amx", [(True, True), (True, False), (False, False)])
+def test_blocks_over_shared_key_slices_match_float64(kernel, amx, monkeypatch):
     """Three blocks of queries over overlapping slices of a second source (a past) and their own keys -- the
     gradients of a past key several blocks read are summed -- equal one masked float64 attention over [past |
     own] keys whose mask is the blocks' masks placed at their slices. Negative control: a block that drops its
@@ -133,6 +144,7 @@ def test_blocks_over_shared_key_slices_match_float64(kernel, monkeypatch):
     if kernel and not HAS_KERNEL:
         pytest.skip("the kernel needs the extension on an AVX-512 CPU")
     monkeypatch.setattr(ta, "USE_KERNEL", kernel)
+    monkeypatch.setattr(ta, "AMX_SCORES", amx)
     g = torch.Generator().manual_seed(5)
     T, P = 40, 50
     q, k, v, do = _qkv(1, 6, 2, T, T + P, seed=3)

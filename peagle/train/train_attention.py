@@ -4,18 +4,20 @@ Invariant: ``block_attention(q, kv, blocks)`` gives each block's queries softmax
 over the key slices the block names, with its gradients -- what ``F.scaled_dot_product_attention`` computes block
 by block over the gathered keys -- and the tests hold every path to a float64 reference. Where it runs (bfloat16
 q/k/v, the C++ extension with AVX-512): the scores q k^T and dP = dO v^T in float32 (as a flash kernel accumulates
-them: csrc/train_scores_amx.cpp's tiles where the CPU has AMX-BF16, else torch's float32 products), the softmax
-and its backward in one pass each (csrc/train_attn_avx512.cpp, denormals flushed), P and dS rounded to bfloat16
-for the value, query and key products: the backward is four products and a pass, where torch's CPU flash backward
-recomputes the scores block by block. All blocks of a stream are one autograd node: a key slice that several
-blocks read gets its gradients summed in place (float32) instead of one zero-filled full-size tensor per slice
-and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
+them), the softmax and its backward in one pass each (csrc/train_attn_avx512.cpp, denormals flushed) with P and
+dS in bfloat16 (what the value, query and key products read; the backward reads that P). Where the CPU has
+AMX-BF16 the scores are tiles of csrc/train_scores_amx.cpp, 32 rows at a time, softmaxed while in cache (no
+float32 [rows, keys] tensor); else torch's float32 products. The backward is four products and a pass, where
+torch's CPU flash backward recomputes the scores block by block. All blocks of a stream are one autograd node: a
+key slice that several blocks read gets its gradients summed in place (float32) instead of one zero-filled
+full-size tensor per slice and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 USE_KERNEL = True   # False: torch's SDPA everywhere (A/B runs, tests)
+AMX_SCORES = True   # False: torch's float32 score products around the softmax passes (A/B runs, tests)
 CAUSAL_CHUNK = 128  # queries per block of a causal document
 BF16 = torch.bfloat16
 
@@ -28,12 +30,27 @@ def _kernel(q: torch.Tensor):
     return quant_ext.avx512()
 
 
-def _scores(ext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [B,H,M,hd] b [B,H,N,hd]^T in float32 from bfloat16 a and b: the extension's AMX product where the CPU
-    has AMX-BF16 (csrc/train_scores_amx.cpp), else torch's float32 product."""
-    if ext.has_amx_bf16() and a.shape[-1] % 32 == 0:
-        return ext.attn_scores(a, b)
-    return torch.matmul(a.float(), b.float().transpose(-1, -2).contiguous())
+def _amx(ext, hd: int) -> bool:
+    """Scores and softmax in one pass of the extension's AMX tiles (the CPU has AMX-BF16), else torch's float32
+    products around the softmax passes."""
+    return AMX_SCORES and ext.has_amx_bf16() and hd % 32 == 0
+
+
+def _probs(ext, qg, k, mask, scale) -> torch.Tensor:
+    """softmax(qg k^T * scale under mask) in bfloat16 [B,nkv,M,S]; qg [B,nkv,M,hd], k [B,nkv,S,hd]."""
+    if _amx(ext, qg.shape[-1]):
+        return ext.attn_probs(qg, k, mask, scale)
+    s = torch.matmul(qg.float(), k.float().transpose(-1, -2).contiguous())      # [B,nkv,M,S] float32
+    return ext.attn_softmax_forward(s.view(-1, s.shape[-1]), mask, scale).view(s.shape)
+
+
+def _dscores(ext, dog, v, p16, scale) -> torch.Tensor:
+    """d loss / d raw scores in bfloat16 [B,nkv,M,S] from dO [B,nkv,M,hd], v [B,nkv,S,hd] and _probs' p16."""
+    if _amx(ext, dog.shape[-1]):
+        return ext.attn_dscores(dog, v, p16, scale)
+    dp = torch.matmul(dog.float(), v.float().transpose(-1, -2).contiguous())    # [B,nkv,M,S] float32
+    S = dp.shape[-1]
+    return ext.attn_softmax_backward(dp.view(-1, S), p16.view(-1, S), scale).view(dp.shape)
 
 
 def _gather(srcs, parts) -> torch.Tensor:
@@ -54,13 +71,11 @@ class _Blocks(torch.autograd.Function):
         with torch.autocast("cpu", enabled=False):
             for a, b, parts, mask in blocks:
                 k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
-                S = k.shape[2]
                 qg = q[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd)              # [B,nkv,g*n,hd], row = (head, t)
-                s = _scores(ext, qg, k)                                              # [B,nkv,g*n,S] float32
-                p, p16 = ext.attn_softmax_forward(s.view(-1, S), mask, scale)      # [R,S] float32 / bfloat16
-                o = torch.matmul(p16.view(B, nkv, -1, S), v)                       # [B,nkv,g*n,hd]
+                p16 = _probs(ext, qg, k, mask, scale)                                # [B,nkv,g*n,S] bfloat16
+                o = torch.matmul(p16, v)                                             # [B,nkv,g*n,hd]
                 out[:, a:b] = o.view(B, nh, b - a, hd).transpose(1, 2)
-                saved.append((qg, p, p16))
+                saved.append((qg, p16))
         ctx.save_for_backward(*kv)
         ctx.blocks, ctx.saved, ctx.ext, ctx.scale = blocks, saved, ext, scale
         return out
@@ -74,15 +89,13 @@ class _Blocks(torch.autograd.Function):
         acc = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) if need else None
                for t, need in zip(kv, ctx.needs_input_grad[3:])]                    # key/value gradients, summed
         with torch.autocast("cpu", enabled=False):
-            for (a, b, parts, _), (qg, p, p16) in zip(ctx.blocks, ctx.saved):
+            for (a, b, parts, _), (qg, p16) in zip(ctx.blocks, ctx.saved):
                 k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
-                S = k.shape[2]
                 dog = do[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd).to(BF16)   # [B,nkv,g*n,hd]
-                dp = _scores(ctx.ext, dog, v)                                        # [B,nkv,g*n,S] float32
-                ds = ctx.ext.attn_softmax_backward(dp.view(-1, S), p, ctx.scale).view(B, nkv, -1, S)
+                ds = _dscores(ctx.ext, dog, v, p16, ctx.scale)                       # [B,nkv,g*n,S] bfloat16
                 dq[:, a:b] = torch.matmul(ds, k).view(B, nh, b - a, hd).transpose(1, 2)
                 dk = torch.matmul(ds.transpose(-1, -2), qg)                          # [B,nkv,S,hd]
-                dv = torch.matmul(p16.view(B, nkv, -1, S).transpose(-1, -2), dog)    # [B,nkv,S,hd]
+                dv = torch.matmul(p16.transpose(-1, -2), dog)                        # [B,nkv,S,hd]
                 off = 0
                 for i, s, e in parts:
                     for j, d in ((2 * i, dk), (2 * i + 1, dv)):
