@@ -54,6 +54,8 @@ static torch::Tensor attn_softmax_backward(torch::Tensor dp, torch::Tensor p16, 
   return ds;
 }
 
+using Parts = std::vector<torch::Tensor>;
+
 static void check_heads(const torch::Tensor& a, const torch::Tensor& b) {
   TORCH_CHECK(peagle_ops::has_amx_bf16(), "train_attn: this CPU (or its OS) runs no AMX-BF16 tiles");
   TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == torch::kBFloat16 &&
@@ -68,20 +70,38 @@ static int64_t head_at(const torch::Tensor& t, int64_t g) {
   return (g / t.size(1)) * t.stride(0) + (g % t.size(1)) * t.stride(1);
 }
 
+// The keys (or values) as parts [B, H, n_i, D] concatenated along n, each checked against a: (row pointers
+// [B * H][N] into the parts, N).
+static std::pair<std::vector<const uint16_t*>, int64_t> rows_of(const torch::Tensor& a, const Parts& parts) {
+  TORCH_CHECK(!parts.empty(), "train_attn: no key parts");
+  int64_t N = 0;
+  for (const auto& t : parts) check_heads(a, t), N += t.size(2);
+  const int64_t G = a.size(0) * a.size(1);
+  std::vector<const uint16_t*> rows(G * N);
+  for (int64_t g = 0; g < G; g++) {
+    int64_t j = 0;
+    for (const auto& t : parts) {
+      const auto* base = (const uint16_t*)t.data_ptr() + head_at(t, g);
+      for (int64_t i = 0; i < t.size(2); i++) rows[g * N + j++] = base + i * t.stride(2);
+    }
+  }
+  return {std::move(rows), N};
+}
+
 constexpr int64_t CH = 32;   // rows per task: one strip of the kernel's 32-row step, its scores kept in cache
 
 // For each head and strip of CH rows of a [B, H, M, D]: the strip's scores a b^T [CH, N] (AMX, into scratch),
-// then fn(head, first row, rows, scores). b [B, H, N, D] packed once per head.
+// then fn(head, first row, rows, scores). b: the keys' parts (rows_of), packed once per head.
 template <class Fn>
-static void strips(const torch::Tensor& a, const torch::Tensor& b, Fn fn) {
-  const int64_t G = a.size(0) * a.size(1), M = a.size(2), N = b.size(2), D = a.size(3);
+static void strips(const torch::Tensor& a, const Parts& b, Fn fn) {
+  const auto [rows, N] = rows_of(a, b);
+  const int64_t G = a.size(0) * a.size(1), M = a.size(2), D = a.size(3);
   const int64_t P = pt::packed_pairs_size(N, D);
   auto packed = torch::empty({G, P}, a.options());
   const auto* ap = (const uint16_t*)a.data_ptr();
-  const auto* bp = (const uint16_t*)b.data_ptr();
   auto* pp = (uint16_t*)packed.data_ptr();
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; g++) pt::pack_pairs(bp + head_at(b, g), b.stride(2), N, D, pp + g * P);
+    for (int64_t g = g0; g < g1; g++) pt::pack_pairs(rows.data() + g * N, N, D, pp + g * P);
   });
   const int64_t chunks = (M + CH - 1) / CH;
   at::parallel_for(0, G * chunks, 1, [&](int64_t t0, int64_t t1) {
@@ -94,46 +114,85 @@ static void strips(const torch::Tensor& a, const torch::Tensor& b, Fn fn) {
   });
 }
 
-// p [B, H, M, N] bfloat16: the masked softmax (mask [T, N], M a multiple of T) of the scores q k^T * scale, the
-// scores never leaving the cache.
-static torch::Tensor attn_probs(torch::Tensor q, torch::Tensor k, torch::Tensor mask, double scale) {
-  check_heads(q, k);
-  const int64_t M = q.size(2), N = k.size(2);
+// Each head of the parts x (rows_of against a) packed in pairs along the keys (pack_pairs_k): [B * H, Kp * D].
+static torch::Tensor pack_k(const torch::Tensor& a, const Parts& x) {
+  const auto [rows, K] = rows_of(a, x);
+  const int64_t G = a.size(0) * a.size(1), D = a.size(3), P = (K + 31) / 32 * 32 * D;
+  auto out = torch::empty({G, P}, a.options());
+  auto* op = (uint16_t*)out.data_ptr();
+  at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g++) pt::pack_pairs_k(rows.data() + g * K, K, D, op + g * P);
+  });
+  return out;
+}
+
+static int64_t length(const Parts& x) {
+  int64_t n = 0;
+  for (const auto& t : x) n += t.size(2);
+  return n;
+}
+
+// rows n of bfloat16 p (N keys, rows N apart) times head g of the packed xp -> float32 rows of out [.., D].
+static void strip_times(const uint16_t* p, int64_t n, int64_t N, const torch::Tensor& xp, int64_t g, int64_t D,
+                        float* out) {
+  const int64_t Kp = (N + 31) / 32 * 32;
+  std::vector<uint16_t> strip(CH * Kp, 0);             // [32, Kp]: the rows, zero keys past N and rows past n
+  for (int64_t r = 0; r < n; r++) std::memcpy(strip.data() + r * Kp, p + r * N, 2 * N);
+  pt::strip_times_amx(strip.data(), Kp, n, (const uint16_t*)xp.data_ptr() + g * xp.size(1), D, out, D);
+}
+
+// (p [B, H, M, N] bfloat16, o = p v [B, H, M, D] float32): the masked softmax (mask [T, N], M a multiple of T) of
+// the scores q k^T * scale, and its product with v; k and v given as parts [B, H, n_i, D] concatenated along the
+// keys (N = sum n_i, no gathered copy); the scores and each strip of p stay in cache.
+static std::vector<torch::Tensor> attn_probs(torch::Tensor q, Parts k, Parts v, torch::Tensor mask, double scale) {
+  const int64_t M = q.size(2), N = length(k), D = q.size(3);
+  TORCH_CHECK(length(v) == N, "train_attn: k and v of one length");
   TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.is_contiguous() && mask.size(1) == N &&
               mask.size(0) > 0 && M % mask.size(0) == 0, "train_attn: mask [T, N] bool, contiguous, M a multiple of T");
   auto p = torch::empty({q.size(0), q.size(1), M, N}, q.options());
+  auto o = torch::empty({q.size(0), q.size(1), M, D}, q.options().dtype(torch::kFloat32));
   auto* pp = (uint16_t*)p.data_ptr();
+  float* op = o.data_ptr<float>();
   const bool* mp = mask.data_ptr<bool>();
+  const auto vp = pack_k(q, v);
   strips(q, k, [&](int64_t g, int64_t m0, int64_t n, const float* s) {
     pt::FlushDenormals ftz;
     std::vector<float> e(N);
-    pt::softmax_fwd_avx512(s, mp, mask.size(0), N, (float)scale, m0, n, e.data(), pp + (g * M + m0) * N);
+    uint16_t* rows = pp + (g * M + m0) * N;
+    pt::softmax_fwd_avx512(s, mp, mask.size(0), N, (float)scale, m0, n, e.data(), rows);
+    strip_times(rows, n, N, vp, g, D, op + (g * M + m0) * D);
   });
-  return p;
+  return {p, o};
 }
 
-// d loss / d raw scores [B, H, M, N] bfloat16 from dO [B, H, M, D], v [B, H, N, D] (dp = dO v^T, in cache) and
-// p [B, H, M, N] bfloat16 (attn_probs').
-static torch::Tensor attn_dscores(torch::Tensor dout, torch::Tensor v, torch::Tensor p, double scale) {
-  check_heads(dout, v);
-  const int64_t M = dout.size(2), N = v.size(2);
+// (dS [B, H, M, N] bfloat16, dq = dS k [B, H, M, D] float32): d loss / d raw scores from dO [B, H, M, D],
+// v (dp = dO v^T, in cache) and p [B, H, M, N] bfloat16 (attn_probs'), and its product with the keys k; k and v
+// as attn_probs takes them.
+static std::vector<torch::Tensor> attn_dscores(torch::Tensor dout, Parts v, torch::Tensor p, Parts k, double scale) {
+  const int64_t M = dout.size(2), N = length(v), D = dout.size(3);
+  TORCH_CHECK(length(k) == N, "train_attn: k and v of one length");
   TORCH_CHECK(p.scalar_type() == torch::kBFloat16 && p.is_contiguous() && p.dim() == 4 && p.size(0) == dout.size(0) &&
               p.size(1) == dout.size(1) && p.size(2) == M && p.size(3) == N, "train_attn: p [B, H, M, N] bfloat16");
   auto ds = torch::empty_like(p);
+  auto dq = torch::empty({dout.size(0), dout.size(1), M, D}, dout.options().dtype(torch::kFloat32));
   auto* dsp = (uint16_t*)ds.data_ptr();
+  float* dqp = dq.data_ptr<float>();
   const auto* pp = (const uint16_t*)p.data_ptr();
+  const auto kp = pack_k(dout, k);
   strips(dout, v, [&](int64_t g, int64_t m0, int64_t n, const float* s) {
     pt::FlushDenormals ftz;
-    pt::softmax_bwd_avx512(s, pp + (g * M + m0) * N, N, (float)scale, n, dsp + (g * M + m0) * N);
+    uint16_t* rows = dsp + (g * M + m0) * N;
+    pt::softmax_bwd_avx512(s, pp + (g * M + m0) * N, N, (float)scale, n, rows);
+    strip_times(rows, n, N, kp, g, D, dqp + (g * M + m0) * D);
   });
-  return ds;
+  return {ds, dq};
 }
 
 void bind_train_attn(py::module& m) {
-  m.def("attn_probs", &attn_probs, "its masked softmax of the scores q k^T (AMX; bfloat16)", py::arg("q"),
-        py::arg("k"), py::arg("mask"), py::arg("scale"));
-  m.def("attn_dscores", &attn_dscores, "its gradient w.r.t. the raw scores from dO, v and p (AMX; bfloat16)",
-        py::arg("dout"), py::arg("v"), py::arg("p"), py::arg("scale"));
+  m.def("attn_probs", &attn_probs, "its masked softmax of the scores q k^T (bfloat16) and p v (AMX)", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"));
+  m.def("attn_dscores", &attn_dscores, "its gradient w.r.t. the raw scores (bfloat16) and dS k (AMX)",
+        py::arg("dout"), py::arg("v"), py::arg("p"), py::arg("k"), py::arg("scale"));
   m.def("attn_softmax_forward", &attn_softmax_forward, "training attention's masked softmax (bfloat16)",
         py::arg("s"), py::arg("mask"), py::arg("scale"));
   m.def("attn_softmax_backward", &attn_softmax_backward, "its gradient w.r.t. the raw scores (bfloat16)",

@@ -19,12 +19,20 @@ void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, 
                         float* e, uint16_t* p16);
 void softmax_bwd_avx512(const float* dp, const uint16_t* p16, int64_t S, float scale, int64_t n, uint16_t* ds);
 
-// b [N, D] (row stride ldb) -> out, packed_pairs_size(N, D) words.
+// b [N, D] (b[j]: row j) -> out, packed_pairs_size(N, D) words.
 int64_t packed_pairs_size(int64_t N, int64_t D);
-void pack_pairs(const uint16_t* b, int64_t ldb, int64_t N, int64_t D, uint16_t* out);
+void pack_pairs(const uint16_t* const* b, int64_t N, int64_t D, uint16_t* out);
 // Rows m0..m1-1 of out (row stride ldo) from a (row stride lda) and the packed b.
 void scores_amx(const uint16_t* a, int64_t lda, const uint16_t* bp, int64_t N, int64_t D, int64_t m0,
                        int64_t m1, float* out, int64_t ldo);
+
+// b [K, N] (b[k]: row k, N a multiple of 32) -> out in pairs along K, Kp = K rounded up to 32 (zero rows):
+// Kp * N words.
+void pack_pairs_k(const uint16_t* const* b, int64_t K, int64_t N, uint16_t* out);
+// out [nr, N] float32 (row stride ldo, nr <= 32) = a [32, Kp] bfloat16 (rows past nr and keys past K zero) times
+// the b packed by pack_pairs_k.
+void strip_times_amx(const uint16_t* a, int64_t Kp, int64_t nr, const uint16_t* bp, int64_t N, float* out,
+                     int64_t ldo);
 
 // Flush-to-zero and denormals-are-zero for this thread while in scope: a softmax's tails below float32's smallest
 // normal (~1.2e-38) otherwise take the CPU's slow path on every operation (measured 3x slower softmax backward).

@@ -5,7 +5,8 @@
 // four C tiles [16 x 16] float32 sum TDPBF16PS over D / 32 steps. Each product of two bfloat16 values is exact in
 // float32; the sums run in float32 (the tile unit flushes denormals). Rows or keys past the ends go through
 // zeroed scratch tiles. Chosen where the CPU has AMX-BF16 and the OS grants the tile state (ops.h); torch's float32
-// products elsewhere. No torch headers.
+// products elsewhere. The same tiles multiply a strip of 32 rows of P (or dS), zero-padded to Kp keys, by the
+// values (or keys) packed in pairs along the keys: the attention's P V and dS K. No torch headers.
 #include <algorithm>   // the standard headers before the target pragma: none of their code is built for AMX
 #include <cstdint>
 #include <cstring>
@@ -53,7 +54,7 @@ inline void copy_part(const float* s, float* out, int64_t ldo, int64_t nr, int64
 
 int64_t packed_pairs_size(int64_t N, int64_t D) { return (N + 31) / 32 * 32 * D; }
 
-void pack_pairs(const uint16_t* b, int64_t ldb, int64_t N, int64_t D, uint16_t* out) {
+void pack_pairs(const uint16_t* const* b, int64_t N, int64_t D, uint16_t* out) {
   const int64_t Np = (N + 31) / 32 * 32;
   for (int64_t j0 = 0; j0 < Np; j0 += 16) {
     uint32_t* o = (uint32_t*)(out + j0 * D);              // [D/2][16] pairs for keys j0..j0+15
@@ -61,7 +62,7 @@ void pack_pairs(const uint16_t* b, int64_t ldb, int64_t N, int64_t D, uint16_t* 
       const int64_t j = j0 + l;
       for (int64_t p = 0; p < D / 2; p++) {
         uint32_t w = 0;
-        if (j < N) std::memcpy(&w, b + j * ldb + 2 * p, 4);
+        if (j < N) std::memcpy(&w, b[j] + 2 * p, 4);
         o[16 * p + l] = w;
       }
     }
@@ -104,6 +105,46 @@ void scores_amx(const uint16_t* a, int64_t lda, const uint16_t* bp, int64_t N, i
       STORE_C(2, o + 16 * ldo, ldo, nr - 16, nc);
       STORE_C(3, o + 16 * ldo + 16, ldo, nr - 16, nc - 16);
     }
+  }
+  _tile_release();
+}
+
+void pack_pairs_k(const uint16_t* const* b, int64_t K, int64_t N, uint16_t* out) {
+  const int64_t Kp = (K + 31) / 32 * 32;
+  for (int64_t c = 0; c < N / 16; c++) {
+    uint32_t* o = (uint32_t*)(out + c * Kp * 16);         // [Kp/2][16] pairs for columns 16c..16c+15
+    for (int64_t p = 0; p < Kp / 2; p++)
+      for (int64_t l = 0; l < 16; l++) {
+        const uint16_t lo = 2 * p < K ? b[2 * p][16 * c + l] : 0;
+        const uint16_t hi = 2 * p + 1 < K ? b[2 * p + 1][16 * c + l] : 0;
+        o[16 * p + l] = (uint32_t)lo | ((uint32_t)hi << 16);
+      }
+  }
+}
+
+void strip_times_amx(const uint16_t* a, int64_t Kp, int64_t nr, const uint16_t* bp, int64_t N, float* out,
+                     int64_t ldo) {
+  configure();
+  alignas(64) float scratch[16 * 16];
+  for (int64_t h = 0; h < N; h += 32) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    const uint16_t* b0 = bp + h * Kp;                       // columns h..h+15, then h+16..h+31
+    const uint16_t* b1 = b0 + 16 * Kp;
+    for (int64_t k = 0; k < Kp; k += 32) {
+      _tile_loadd(4, a + k, Kp * 2);
+      _tile_loadd(5, a + 16 * Kp + k, Kp * 2);
+      _tile_loadd(6, b0 + 16 * k, 64);
+      _tile_loadd(7, b1 + 16 * k, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    float* o = out + h;
+    STORE_C(0, o, ldo, nr, 16);
+    STORE_C(1, o + 16, ldo, nr, 16);
+    STORE_C(2, o + 16 * ldo, ldo, nr - 16, 16);
+    STORE_C(3, o + 16 * ldo + 16, ldo, nr - 16, 16);
   }
   _tile_release();
 }

@@ -81,10 +81,11 @@ def test_softmax_tails_below_the_smallest_normal_are_zero():
 
 @pytest.mark.skipif(not (HAS_KERNEL and ext.has_amx_bf16()), reason="the AMX score products need AMX-BF16")
 def test_amx_probs_and_dscores_are_the_softmax_of_float32_scores():
-    """attn_probs / attn_dscores (scores a b^T on AMX tiles, softmax in cache) against float64 of the same
-    bfloat16 values: rows and keys not multiples of the tiles' 16 / 32, a strided slice of the keys, head dims
-    32 / 64 / 96, a mask shared by 3 heads per kv head; P within one bfloat16 rounding, dS within bfloat16
-    rounding of the reference from that P. Negative controls: keys shifted by one; head dims not a multiple of 32
+    """attn_probs / attn_dscores (scores on AMX tiles, softmax in cache, then P V and dS K on the tiles) against
+    float64 of the same bfloat16 values: rows and keys not multiples of the tiles' 16 / 32, a strided slice of the
+    keys, keys and values in parts, head dims 32 / 64 / 96, a mask shared by 3 heads per kv head; P within one
+    bfloat16 rounding, dS within bfloat16 rounding of the reference from that P, P V and dS K float32 sums of
+    those bfloat16 values. Negative controls: keys and values shifted by one; head dims not a multiple of 32
     raise."""
     g = torch.Generator().manual_seed(3)
     for B, H, T, N, D in ((1, 3, 70, 501, 64), (2, 2, 13, 37, 32), (1, 1, 1, 1, 32), (1, 2, 40, 70, 96)):
@@ -94,18 +95,22 @@ def test_amx_probs_and_dscores_are_the_softmax_of_float32_scores():
         mask = torch.rand(T, N, generator=g) < 0.6
         mask[:, 0] = True
         s = (q.double() @ k.double().transpose(-1, -2) * 0.125).masked_fill(~mask.repeat(3, 1), float("-inf"))
-        p = ext.attn_probs(q, k, mask, 0.125)
+        p, o = ext.attn_probs(q, [k[:, :, :N // 2], k[:, :, N // 2:]], [v], mask, 0.125)
         assert p.dtype == torch.bfloat16 and torch.allclose(p.double(), s.softmax(-1), rtol=2 ** -8, atol=1e-7)
+        pv = p.double() @ v.double()                           # the products: float32 sums of bfloat16 p, v
+        assert o.dtype == torch.float32 and float((o.double() - pv).abs().max()) < 1e-5 * N
         dp = do.double() @ v.double().transpose(-1, -2)
         want = p.double() * (dp - (p.double() * dp).sum(-1, keepdim=True)) * 0.125
-        ds = ext.attn_dscores(do, v, p, 0.125)
+        ds, dq = ext.attn_dscores(do, [v[:, :, :1], v[:, :, 1:]], p, [k], 0.125)
         assert ds.dtype == torch.bfloat16 and float((ds.double() - want).abs().max()) <= 2e-2 * float(want.abs().max())
+        assert float((dq.double() - ds.double() @ k.double()).abs().max()) < 1e-5 * N
         if N > 1:
-            off = ext.attn_probs(q, k.roll(1, 2).contiguous(), mask, 0.125)
+            off, o_off = ext.attn_probs(q, [k.roll(1, 2)], [v.roll(1, 2)], mask, 0.125)
             assert float((off.double() - s.softmax(-1)).abs().max()) > 0.05
+            assert float((o_off.double() - pv).abs().max()) > 0.05
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        ext.attn_probs(torch.zeros(1, 1, 4, 16).bfloat16(), torch.zeros(1, 1, 4, 16).bfloat16(),
-                       torch.ones(4, 4, dtype=torch.bool), 1.0)
+        z = torch.zeros(1, 1, 4, 16).bfloat16()
+        ext.attn_probs(z, [z], [z], torch.ones(4, 4, dtype=torch.bool), 1.0)
 
 
 def _one_block(mask):

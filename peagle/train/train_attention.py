@@ -7,7 +7,8 @@ q/k/v, the C++ extension with AVX-512): the scores q k^T and dP = dO v^T in floa
 them), the softmax and its backward in one pass each (csrc/train_attn_avx512.cpp, denormals flushed) with P and
 dS in bfloat16 (what the value, query and key products read; the backward reads that P). Where the CPU has
 AMX-BF16 the scores are tiles of csrc/train_scores_amx.cpp, 32 rows at a time, softmaxed while in cache (no
-float32 [rows, keys] tensor); else torch's float32 products. The backward is four products and a pass, where
+float32 [rows, keys] tensor), and those rows of P (dS) times the values (keys) on the same tiles; else torch's
+float32 products and oneDNN's. The backward is four products and a pass, where
 torch's CPU flash backward recomputes the scores block by block. All blocks of a stream are one autograd node: a
 key slice that several blocks read gets its gradients summed in place (float32) instead of one zero-filled
 full-size tensor per slice and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
@@ -36,27 +37,41 @@ def _amx(ext, hd: int) -> bool:
     return AMX_SCORES and ext.has_amx_bf16() and hd % 32 == 0
 
 
-def _probs(ext, qg, k, mask, scale) -> torch.Tensor:
-    """softmax(qg k^T * scale under mask) in bfloat16 [B,nkv,M,S]; qg [B,nkv,M,hd], k [B,nkv,S,hd]."""
+def _probs(ext, qg, ks, vs, mask, scale) -> tuple:
+    """(p, p v): p = softmax(qg k^T * scale under mask) in bfloat16 [B,nkv,M,S], p v [B,nkv,M,hd]; qg
+    [B,nkv,M,hd], the keys / values as parts ks / vs [B,nkv,S_i,hd] (concatenated: S keys)."""
     if _amx(ext, qg.shape[-1]):
-        return ext.attn_probs(qg, k, mask, scale)
+        return ext.attn_probs(qg, ks, vs, mask, scale)
+    k, v = _cat(ks), _cat(vs)
     s = torch.matmul(qg.float(), k.float().transpose(-1, -2).contiguous())      # [B,nkv,M,S] float32
-    return ext.attn_softmax_forward(s.view(-1, s.shape[-1]), mask, scale).view(s.shape)
+    p16 = ext.attn_softmax_forward(s.view(-1, s.shape[-1]), mask, scale).view(s.shape)
+    return p16, torch.matmul(p16, v)
 
 
-def _dscores(ext, dog, v, p16, scale) -> torch.Tensor:
-    """d loss / d raw scores in bfloat16 [B,nkv,M,S] from dO [B,nkv,M,hd], v [B,nkv,S,hd] and _probs' p16."""
+def _dscores(ext, dog, vs, p16, ks, scale) -> tuple:
+    """(dS, dS k): d loss / d raw scores in bfloat16 [B,nkv,M,S] from dO [B,nkv,M,hd], the values (parts, as
+    _probs takes them) and _probs' p16, and its product with the keys [B,nkv,M,hd]."""
     if _amx(ext, dog.shape[-1]):
-        return ext.attn_dscores(dog, v, p16, scale)
+        return ext.attn_dscores(dog, vs, p16, ks, scale)
+    k, v = _cat(ks), _cat(vs)
     dp = torch.matmul(dog.float(), v.float().transpose(-1, -2).contiguous())    # [B,nkv,M,S] float32
     S = dp.shape[-1]
-    return ext.attn_softmax_backward(dp.view(-1, S), p16.view(-1, S), scale).view(dp.shape)
+    ds = ext.attn_softmax_backward(dp.view(-1, S), p16.view(-1, S), scale).view(dp.shape)
+    return ds, torch.matmul(ds, k)
+
+
+def _parts(srcs, parts) -> list:
+    """The key (or value) rows parts = [(source, start, end)] of srcs [B,nkv,S_i,hd], as views."""
+    return [srcs[i][:, :, s:e] for i, s, e in parts]
+
+
+def _cat(views) -> torch.Tensor:
+    return views[0] if len(views) == 1 else torch.cat(views, 2)
 
 
 def _gather(srcs, parts) -> torch.Tensor:
-    """The key (or value) rows parts = [(source, start, end)] of srcs [B,nkv,S_i,hd], concatenated along S."""
-    views = [srcs[i][:, :, s:e] for i, s, e in parts]
-    return views[0] if len(views) == 1 else torch.cat(views, 2)
+    """_parts concatenated along S."""
+    return _cat(_parts(srcs, parts))
 
 
 class _Blocks(torch.autograd.Function):
@@ -70,10 +85,9 @@ class _Blocks(torch.autograd.Function):
         scale, out, saved = hd ** -0.5, q.new_zeros(B, T, nh, hd), []
         with torch.autocast("cpu", enabled=False):
             for a, b, parts, mask in blocks:
-                k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
+                ks, vs = _parts(kv[0::2], parts), _parts(kv[1::2], parts)
                 qg = q[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd)              # [B,nkv,g*n,hd], row = (head, t)
-                p16 = _probs(ext, qg, k, mask, scale)                                # [B,nkv,g*n,S] bfloat16
-                o = torch.matmul(p16, v)                                             # [B,nkv,g*n,hd]
+                p16, o = _probs(ext, qg, ks, vs, mask, scale)                          # [B,nkv,g*n,S], [..,hd]
                 out[:, a:b] = o.view(B, nh, b - a, hd).transpose(1, 2)
                 saved.append((qg, p16))
         ctx.save_for_backward(*kv)
@@ -90,10 +104,10 @@ class _Blocks(torch.autograd.Function):
                for t, need in zip(kv, ctx.needs_input_grad[3:])]                    # key/value gradients, summed
         with torch.autocast("cpu", enabled=False):
             for (a, b, parts, _), (qg, p16) in zip(ctx.blocks, ctx.saved):
-                k, v = _gather(kv[0::2], parts), _gather(kv[1::2], parts)
+                ks, vs = _parts(kv[0::2], parts), _parts(kv[1::2], parts)
                 dog = do[:, a:b].transpose(1, 2).reshape(B, nkv, -1, hd).to(BF16)   # [B,nkv,g*n,hd]
-                ds = _dscores(ctx.ext, dog, v, p16, ctx.scale)                       # [B,nkv,g*n,S] bfloat16
-                dq[:, a:b] = torch.matmul(ds, k).view(B, nh, b - a, hd).transpose(1, 2)
+                ds, dqg = _dscores(ctx.ext, dog, vs, p16, ks, ctx.scale)               # [B,nkv,g*n,S], [..,hd]
+                dq[:, a:b] = dqg.view(B, nh, b - a, hd).transpose(1, 2)
                 dk = torch.matmul(ds.transpose(-1, -2), qg)                          # [B,nkv,S,hd]
                 dv = torch.matmul(p16.transpose(-1, -2), dog)                        # [B,nkv,S,hd]
                 off = 0
