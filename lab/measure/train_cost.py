@@ -38,7 +38,9 @@ from peagle.train.train_ops import install_ops
 # "linears" (bf16 only): "peagle" = train_linear's products (the Trainer's), "torch" = torch's linear on rows padded
 # to 64 (pad_linear_rows), "none" = torch's linear on the rows as they come; "ops": "torch" = autograd's RMSNorm
 # and silu * up instead of train_ops' fused passes (bf16 only); "attn": "per-block" = each attention block its own
-# autograd node over key slices torch gathers (the previous form: a zero-filled gradient per slice and block)
+# autograd node over key slices torch gathers (the previous form: a zero-filled gradient per slice and block);
+# "attn": "float32 scores" = the kernel's path without AMX tiles (torch's float32 score products around the softmax
+# passes, oneDNN's P V and dS K: what a CPU without AMX-BF16 runs)
 ONE_BLOCK = 1 << 30
 VARIANTS = [
     ("eagle3", "shipped (all anchors x 7 steps, float32, 1 thread, masked attention, KL op by op)",
@@ -58,6 +60,8 @@ VARIANTS = [
      {"bf16": True, "ttt_keep": 0.7, "attn": "sdpa"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, attention blocks as separate nodes, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "attn": "per-block"}),
+    ("eagle3", "bf16 autocast, anchors keep 0.7^k, float32 score products (no AMX tiles), 1 thread",
+     {"bf16": True, "ttt_keep": 0.7, "attn": "float32 scores"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, torch's RMSNorm and SwiGLU, 1 thread",
      {"bf16": True, "ttt_keep": 0.7, "ops": "torch"}),
     ("eagle3", "bf16 autocast, anchors keep 0.7^k, 1 thread", {"bf16": True, "ttt_keep": 0.7}),
@@ -78,6 +82,8 @@ VARIANTS = [
     ("peagle", "bf16 autocast, segments of 512 anchors, 1 thread", {"bf16": True, "segment_len": 512}),
     ("peagle", "bf16 autocast, torch's flash attention, 1 thread", {"bf16": True, "attn": "sdpa"}),
     ("peagle", "bf16 autocast, attention blocks as separate nodes, 1 thread", {"bf16": True, "attn": "per-block"}),
+    ("peagle", "bf16 autocast, float32 score products (no AMX tiles), 1 thread",
+     {"bf16": True, "attn": "float32 scores"}),
     ("peagle", "bf16 autocast, torch's RMSNorm and SwiGLU, 1 thread", {"bf16": True, "ops": "torch"}),
     ("peagle", "bf16 autocast, 1 thread", {"bf16": True}),
     ("peagle", "bf16 autocast, 2 threads", {"bf16": True, "threads": 2}),
@@ -95,11 +101,13 @@ def kl_op_by_op(logits, tlogp, rows, label, hard):
 def variant_code(over: dict):
     """The loss and the attention the variant asks for, restored afterwards."""
     saved = (peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL,
-             train_attention.USE_KERNEL, head_forward.block_attention, train_attention.block_attention)
+             train_attention.USE_KERNEL, train_attention.AMX_SCORES, head_forward.block_attention,
+             train_attention.block_attention)
     head_forward.FUSED_KL = over.get("loss") != "blocks"
     if over.get("attn") == "per-block":
         head_forward.block_attention = train_attention.block_attention = attention_per_block
     train_attention.USE_KERNEL = over.get("attn") != "sdpa"
+    train_attention.AMX_SCORES = over.get("attn") != "float32 scores"
     if over.get("loss") == "op":
         peagle_loss.draft_loss = eagle3_loss.draft_loss = kl_op_by_op
     peagle_loss.DEEP_BLOCK = over.get("deep_block", peagle_loss.DEEP_BLOCK)
@@ -107,7 +115,8 @@ def variant_code(over: dict):
         yield
     finally:
         (peagle_loss.draft_loss, eagle3_loss.draft_loss, peagle_loss.DEEP_BLOCK, head_forward.FUSED_KL,
-         train_attention.USE_KERNEL, head_forward.block_attention, train_attention.block_attention) = saved
+         train_attention.USE_KERNEL, train_attention.AMX_SCORES, head_forward.block_attention,
+         train_attention.block_attention) = saved
 
 
 BLOCKS = train_attention.block_attention
