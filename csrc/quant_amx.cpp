@@ -26,6 +26,7 @@
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
 #include <immintrin.h>
 
+#include "amx_inline.h"
 #include "quant_avx512_inline.h"
 #include "quant_kernels.h"
 
@@ -34,19 +35,9 @@ namespace amx {
 
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // C tiles 0, 1: [16 x 16] int32; A tiles 2, 3 and B tiles 4, 5: [16 x 64] bytes (one pair of blocks each, see
 // groups_t).
-void configure() {
-  TileConfig c;
-  for (int t = 0; t < 6; t++) c.rows[t] = 16, c.colsb[t] = 64;
-  _tile_loadconfig(&c);
-}
+void configure() { peagle_amx::configure_tiles(6); }
 
 // Block b of the pair (groups at g and g + gs) -> the B tile [8 x 64] at out.
 template <int QT>

@@ -1,6 +1,7 @@
-// Python binding of the training attention's softmax and score products (train_attn.h): rows split over threads,
-// AVX-512 only (the scores: AMX-BF16); peagle/train/train_attention.py runs torch's attention where the CPU has
-// no AVX-512 and torch's float32 products for the scores where it has no AMX-BF16.
+// Python binding of the training attention's softmax passes and AMX products (train_attn.h): rows split over
+// threads. attn_softmax_* (AVX-512) run between torch's float32 score products; attn_probs / attn_dscores (AMX-BF16)
+// fuse the scores, the pass and the P V / dS K products per strip of 32 rows. peagle/train/train_attention.py runs
+// torch's attention where the CPU has no AVX-512.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 

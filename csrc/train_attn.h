@@ -1,12 +1,13 @@
-// The softmax of the drafters' training attention between its oneDNN products (peagle/train/train_attention.py),
-// one pass per direction. Scores s [R, S] float32 (R = heads x T queries; row r is query r % T) under a [T, S]
+// The softmax of the drafters' training attention between its products (peagle/train/train_attention.py), one
+// pass per direction. Scores s [R, S] float32 (R = heads x T queries; row r is query r % T) under a [T, S]
 // bool mask shared by every head (true = visible):
 //   forward   m = max_{visible j} s_j * scale,  p_j = e^(s_j * scale - m) / sum_{visible i} e^(s_i * scale - m)
 //             (hidden keys, and every key of a row with none visible: 0), written as bfloat16;
 //   backward  ds_j = p_j (dp_j - sum_i p_i dp_i) * scale  (d loss / d raw score) from those bfloat16 p, written
 //             as bfloat16 (P in bfloat16 is what the value product reads; ds is rounded to bfloat16 anyway).
-// The scores feeding them (train_scores_amx.cpp, AMX-BF16): out [M, N] float32 = a [M, D] b [N, D]^T for
-// bfloat16 a and b (D a multiple of 32), from b packed by pack_pairs.
+// The products around them on AMX-BF16 tiles (train_scores_amx.cpp): the scores out [M, N] float32 = a [M, D]
+// b [N, D]^T for bfloat16 a and b (D a multiple of 32), from b packed by pack_pairs; a strip of P (dS) times the
+// values (keys) packed by pack_pairs_k.
 // No torch headers: train_attn_avx512.cpp and train_scores_amx.cpp are compiled for AVX-512 / AMX;
 // train_attn.cpp binds them.
 #pragma once
@@ -14,7 +15,8 @@
 
 namespace peagle_tattn {
 
-// n rows of s / p16 (pointers at the first, rows S apart), the first one query t0 of the mask; e: scratch of S floats.
+// n rows of s / p16 (pointers at the first, rows S apart), the first one query t0 of the mask; e: S floats of
+// scratch.
 void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, float scale, int64_t t0, int64_t n,
                         float* e, uint16_t* p16);
 void softmax_bwd_avx512(const float* dp, const uint16_t* p16, int64_t S, float scale, int64_t n, uint16_t* ds);

@@ -69,7 +69,10 @@ void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, 
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
     int64_t j = 0;
     for (; j + 16 <= S; j += 16) store_bf16(o16 + j, _mm512_mul_ps(_mm512_loadu_ps(e + j), inv));
-    if (j < S) peagle_bf16::store_bf16_n(o16 + j, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail16(j, S), e + j), inv), S - j);
+    if (j < S) {
+      const __m512 x = _mm512_maskz_loadu_ps(tail16(j, S), e + j);
+      peagle_bf16::store_bf16_n(o16 + j, _mm512_mul_ps(x, inv), S - j);
+    }
   }
 }
 
@@ -85,12 +88,14 @@ void softmax_bwd_avx512(const float* dp, const uint16_t* p16, int64_t S, float s
     }
     const __m512 d = _mm512_set1_ps(_mm512_reduce_add_ps(acc)), sc = _mm512_set1_ps(scale);
     int64_t j = 0;
-    for (; j + 16 <= S; j += 16)
-      store_bf16(o + j, _mm512_mul_ps(_mm512_mul_ps(load16_n(q, j, 0xffff), _mm512_sub_ps(_mm512_loadu_ps(g + j), d)), sc));
+    for (; j + 16 <= S; j += 16) {
+      const __m512 gd = _mm512_sub_ps(_mm512_loadu_ps(g + j), d);
+      store_bf16(o + j, _mm512_mul_ps(_mm512_mul_ps(load16_n(q, j, 0xffff), gd), sc));
+    }
     if (j < S) {
       const __mmask16 in = tail16(j, S);
-      const __m512 v = _mm512_mul_ps(_mm512_mul_ps(load16_n(q, j, in), _mm512_sub_ps(_mm512_maskz_loadu_ps(in, g + j), d)), sc);
-      peagle_bf16::store_bf16_n(o + j, v, S - j);
+      const __m512 gd = _mm512_sub_ps(_mm512_maskz_loadu_ps(in, g + j), d);
+      peagle_bf16::store_bf16_n(o + j, _mm512_mul_ps(_mm512_mul_ps(load16_n(q, j, in), gd), sc), S - j);
     }
   }
 }

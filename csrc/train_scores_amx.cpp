@@ -14,24 +14,15 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,amx-tile,amx-bf16")
 #include <immintrin.h>
 
+#include "amx_inline.h"
 #include "train_attn.h"
 
 namespace peagle_tattn {
 
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3: C [16 x 16] float32; 4, 5: A (two blocks of 16 rows, 32 head dims); 6, 7: B (two blocks of 16 keys).
-void configure() {
-  TileConfig c;
-  for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-  _tile_loadconfig(&c);
-}
+void configure() { peagle_amx::configure_tiles(8); }
 
 // Scratch s [16 x 16] float32 -> out (row stride ldo floats): rows < nr, keys < nc.
 inline void copy_part(const float* s, float* out, int64_t ldo, int64_t nr, int64_t nc) {
