@@ -8,10 +8,10 @@ them), the softmax and its backward in one pass each (csrc/train_attn_avx512.cpp
 dS in bfloat16 (what the value, query and key products read; the backward reads that P). Where the CPU has
 AMX-BF16 the scores are tiles of csrc/train_scores_amx.cpp, 32 rows at a time, softmaxed while in cache (no
 float32 [rows, keys] tensor), and those rows of P (dS) times the values (keys) on the same tiles; else torch's
-float32 products and oneDNN's. The backward is four products and a pass, where
-torch's CPU flash backward recomputes the scores block by block. All blocks of a stream are one autograd node: a
-key slice that several blocks read gets its gradients summed in place (float32) instead of one zero-filled
-full-size tensor per slice and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
+float32 products and oneDNN's. The backward is four products and a pass, where torch's CPU flash backward
+recomputes the scores block by block. All blocks of a stream are one autograd node: a key slice that several
+blocks read gets its gradients summed in place (float32) instead of one zero-filled full-size tensor per slice
+and block. Elsewhere (float32, no AVX-512, no extension): torch's SDPA per block."""
 from __future__ import annotations
 
 import torch
@@ -32,8 +32,8 @@ def _kernel(q: torch.Tensor):
 
 
 def _amx(ext, hd: int) -> bool:
-    """Scores and softmax in one pass of the extension's AMX tiles (the CPU has AMX-BF16), else torch's float32
-    products around the softmax passes."""
+    """The extension's AMX path (scores, softmax and P V / dS K per strip of rows; the CPU has AMX-BF16), else
+    torch's float32 products around the softmax passes."""
     return AMX_SCORES and ext.has_amx_bf16() and hd % 32 == 0
 
 
