@@ -19,12 +19,17 @@ static void check_rows(const torch::Tensor& x, const char* what) {
               "train_attn: ", what, " [R, S] float32, contiguous");
 }
 
+// A mask [T, S] for R query rows of S keys: bool, contiguous, R a multiple of T.
+static void check_mask(const torch::Tensor& mask, int64_t R, int64_t S) {
+  TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.is_contiguous() && mask.size(1) == S &&
+              mask.size(0) > 0 && R % mask.size(0) == 0,
+              "train_attn: mask [T, S] bool, contiguous, rows a multiple of T");
+}
+
 // p bfloat16 [R, S] of scores s [R, S] float32 under mask [T, S] (R a multiple of T).
 static torch::Tensor attn_softmax_forward(torch::Tensor s, torch::Tensor mask, double scale) {
   check_rows(s, "scores");
-  TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.is_contiguous() &&
-              mask.size(1) == s.size(1) && mask.size(0) > 0 && s.size(0) % mask.size(0) == 0,
-              "train_attn: mask [T, S] bool, contiguous, R a multiple of T");
+  check_mask(mask, s.size(0), s.size(1));
   auto p16 = torch::empty(s.sizes(), s.options().dtype(torch::kBFloat16));
   const int64_t T = mask.size(0), S = s.size(1);
   const float* sp = s.data_ptr<float>();
@@ -97,7 +102,7 @@ template <class Fn>
 static void strips(const torch::Tensor& a, const Parts& b, Fn fn) {
   const auto [rows, N] = rows_of(a, b);
   const int64_t G = a.size(0) * a.size(1), M = a.size(2), D = a.size(3);
-  const int64_t P = pt::packed_pairs_size(N, D);
+  const int64_t P = pt::round32(N) * D;
   auto packed = torch::empty({G, P}, a.options());
   const auto* ap = (const uint16_t*)a.data_ptr();
   auto* pp = (uint16_t*)packed.data_ptr();
@@ -118,7 +123,7 @@ static void strips(const torch::Tensor& a, const Parts& b, Fn fn) {
 // Each head of the parts x (rows_of against a) packed in pairs along the keys (pack_pairs_k): [B * H, Kp * D].
 static torch::Tensor pack_k(const torch::Tensor& a, const Parts& x) {
   const auto [rows, K] = rows_of(a, x);
-  const int64_t G = a.size(0) * a.size(1), D = a.size(3), P = (K + 31) / 32 * 32 * D;
+  const int64_t G = a.size(0) * a.size(1), D = a.size(3), P = pt::round32(K) * D;
   auto out = torch::empty({G, P}, a.options());
   auto* op = (uint16_t*)out.data_ptr();
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
@@ -136,7 +141,7 @@ static int64_t length(const Parts& x) {
 // rows n of bfloat16 p (N keys, rows N apart) times head g of the packed xp -> float32 rows of out [.., D].
 static void strip_times(const uint16_t* p, int64_t n, int64_t N, const torch::Tensor& xp, int64_t g, int64_t D,
                         float* out) {
-  const int64_t Kp = (N + 31) / 32 * 32;
+  const int64_t Kp = pt::round32(N);
   std::vector<uint16_t> strip(CH * Kp, 0);             // [32, Kp]: the rows, zero keys past N and rows past n
   for (int64_t r = 0; r < n; r++) std::memcpy(strip.data() + r * Kp, p + r * N, 2 * N);
   pt::strip_times_amx(strip.data(), Kp, n, (const uint16_t*)xp.data_ptr() + g * xp.size(1), D, out, D);
@@ -148,8 +153,7 @@ static void strip_times(const uint16_t* p, int64_t n, int64_t N, const torch::Te
 static std::vector<torch::Tensor> attn_probs(torch::Tensor q, Parts k, Parts v, torch::Tensor mask, double scale) {
   const int64_t M = q.size(2), N = length(k), D = q.size(3);
   TORCH_CHECK(length(v) == N, "train_attn: k and v of one length");
-  TORCH_CHECK(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.is_contiguous() && mask.size(1) == N &&
-              mask.size(0) > 0 && M % mask.size(0) == 0, "train_attn: mask [T, N] bool, contiguous, M a multiple of T");
+  check_mask(mask, M, N);
   auto p = torch::empty({q.size(0), q.size(1), M, N}, q.options());
   auto o = torch::empty({q.size(0), q.size(1), M, D}, q.options().dtype(torch::kFloat32));
   auto* pp = (uint16_t*)p.data_ptr();

@@ -21,8 +21,10 @@ void softmax_fwd_avx512(const float* s, const bool* mask, int64_t T, int64_t S, 
                         float* e, uint16_t* p16);
 void softmax_bwd_avx512(const float* dp, const uint16_t* p16, int64_t S, float scale, int64_t n, uint16_t* ds);
 
-// b [N, D] (b[j]: row j) -> out, packed_pairs_size(N, D) words.
-int64_t packed_pairs_size(int64_t N, int64_t D);
+// Keys rounded up to the tiles' 32 (the packed layouts' zero-padded length).
+inline int64_t round32(int64_t n) { return (n + 31) / 32 * 32; }
+
+// b [N, D] (b[j]: row j) -> out, round32(N) * D words.
 void pack_pairs(const uint16_t* const* b, int64_t N, int64_t D, uint16_t* out);
 // Rows m0..m1-1 of out (row stride ldo) from a (row stride lda) and the packed b.
 void scores_amx(const uint16_t* a, int64_t lda, const uint16_t* bp, int64_t N, int64_t D, int64_t m0,

@@ -43,10 +43,8 @@ inline void copy_part(const float* s, float* out, int64_t ldo, int64_t nr, int64
 
 }  // namespace
 
-int64_t packed_pairs_size(int64_t N, int64_t D) { return (N + 31) / 32 * 32 * D; }
-
 void pack_pairs(const uint16_t* const* b, int64_t N, int64_t D, uint16_t* out) {
-  const int64_t Np = (N + 31) / 32 * 32;
+  const int64_t Np = round32(N);
   for (int64_t j0 = 0; j0 < Np; j0 += 16) {
     uint32_t* o = (uint32_t*)(out + j0 * D);              // [D/2][16] pairs for keys j0..j0+15
     for (int64_t l = 0; l < 16; l++) {
@@ -101,7 +99,7 @@ void scores_amx(const uint16_t* a, int64_t lda, const uint16_t* bp, int64_t N, i
 }
 
 void pack_pairs_k(const uint16_t* const* b, int64_t K, int64_t N, uint16_t* out) {
-  const int64_t Kp = (K + 31) / 32 * 32;
+  const int64_t Kp = round32(K);
   for (int64_t c = 0; c < N / 16; c++) {
     uint32_t* o = (uint32_t*)(out + c * Kp * 16);         // [Kp/2][16] pairs for columns 16c..16c+15
     for (int64_t p = 0; p < Kp / 2; p++)
