@@ -80,18 +80,27 @@ static void dequant_row(const uint8_t* row, int64_t K, float* dst) {
 // NO dequantized outputs (buf rows, K apart) against NR activation rows: NO*NR accumulators, each a
 // (row, output) pair's, chunk by chunk in order.
 template <int NO, int NR, bool PACKED = false>
-static inline void tile(const float* buf, const float* x, int64_t K, float* y, int64_t N, int nv = NO) {
+static inline void tile(const float* buf, const float* x, int64_t K, float* y, int64_t N, int nv = NO,
+                        const float* next = nullptr, int share = 0, int tiles = 1) {
   // PACKED: buf is output 0's first chunk in an F32 group packed by 8 (quant_kernels.h): chunk k/8 of output o
   // at buf + 8k + 8o; else buf holds NO rows K apart. Only the first nv outputs are stored (a padded group).
+  // next (PACKED): the same outputs' chunks in the next group, prefetched into L2 at the steps s with
+  // s % tiles == share (this tile's share; see linear_rows_f32).
   __m256 acc[NR][NO];
   #pragma GCC unroll 16
   for (int r = 0; r < NR; r++)
     #pragma GCC unroll 16
     for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
+  int countdown = share;
   for (int64_t k = 0; k < K; k += 8) {
     __m256 wv[NO];
     #pragma GCC unroll 16
     for (int o = 0; o < NO; o++) wv[o] = _mm256_loadu_ps(PACKED ? buf + 8 * k + 8 * o : buf + o * K + k);
+    if (PACKED && next != nullptr) {
+      if (countdown == 0)
+        for (int o = 0; o < NO; o += 2) _mm_prefetch((const char*)(next + 8 * k + 8 * o), _MM_HINT_T1);
+      countdown = (countdown == 0 ? tiles : countdown) - 1;
+    }
     #pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {
       const __m256 xv = _mm256_loadu_ps(x + r * K + k);
@@ -180,7 +189,10 @@ static void outputs(const uint8_t* w, int64_t row_bytes, const float* x, int64_t
 // time (8 accumulators; the group, 8 x 4K bytes, is read from memory once as one stream and from L1 for further
 // rows); more rows, 4 outputs x 3 rows per register tile (7 loads per 12 FMAs instead of 9 per 8). Measured on
 // a 2-core AMD EPYC Zen 3 (the 49152 x 576 LM head, interleaved): 1-8 rows 8x1 as fast or faster, 16-64 rows
-// 4x3 15-25 % faster. Per (row, output) the same FMA chain, chunk by chunk in order, either way.
+// 4x3 15-25 % faster. Per (row, output) the same FMA chain, chunk by chunk in order, either way. Several rows:
+// each tile prefetches its share of the next group into L2 (see tile); this path on a 2-core Intel Xeon (it
+// has not run on an AVX2-only CPU since), 120 SmolLM2-shaped products: 2 / 5 / 9 / 17 rows 16.5 / 19.1 / 26.0 /
+// 34.4 -> 14.5 / 15.5 / 18.3 / 25.7 ms, 1 row 14.0-15.0 either way.
 constexpr int64_t F32_TILE_ROWS = 8;
 
 // Outputs n0..n1-1 (n0 a multiple of 8) of every row.
@@ -189,15 +201,20 @@ static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K
   for (int64_t n = n0; n < n1; n += 8) {
     const float* g = w + n * K;                // group n/8
     const int nv = (int)std::min<int64_t>(8, n1 - n);
+    // several rows: each tile prefetches its share of the next group (as the AVX-512 path's group_f32)
+    const float* next = M > 1 && n + 8 < n1 ? g + 8 * K : nullptr;
     if (M > F32_TILE_ROWS) {
+      const int tiles = (int)((M + 2) / 3);
       for (int h = 0; h < 8 && h < nv; h += 4) {
+        const float* nh = next ? next + 8 * h : nullptr;
         int64_t r = 0;
-        for (; r + 3 <= M; r += 3) tile<4, 3, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h);
-        if (M - r == 2) tile<4, 2, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h);
-        if (M - r == 1) tile<4, 1, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h);
+        for (; r + 3 <= M; r += 3)
+          tile<4, 3, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h, nh, (int)(r / 3), tiles);
+        if (M - r == 2) tile<4, 2, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h, nh, (int)(r / 3), tiles);
+        if (M - r == 1) tile<4, 1, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h, nh, (int)(r / 3), tiles);
       }
     } else {
-      for (int64_t r = 0; r < M; r++) tile<8, 1, true>(g, x + r * K, K, y + r * N + n, N, nv);
+      for (int64_t r = 0; r < M; r++) tile<8, 1, true>(g, x + r * K, K, y + r * N + n, N, nv, next, (int)r, (int)M);
     }
   }
 }

@@ -23,29 +23,34 @@ using avx2::fold;
 using avx2::h2f;
 
 // F32 packed by 8: NR activation rows against one group's 8 outputs (zmm j = outputs 2j, 2j+1 of a chunk), the
-// first nv outputs stored. PF 1: prefetch the weights F32_PREFETCH floats ahead (the stream runs on into the next
-// group). Measured on a 2-core Intel Xeon (AVX-512), SmolLM2's products: 2-16 rows 15-25 % faster with it, 1 row
-// as fast or slower (the hardware prefetcher keeps up with a pure stream). PF 2 (a second tile of rows, which
-// reads its group from L1): prefetch the next group (g + 8K, its 8K floats over the K/8 steps), so memory keeps
-// streaming while this tile computes instead of idling until the next group's first tile asks for it (SmolLM2
-// float32 verify(8) on the Xeon, 2 threads: 28.5 -> 27.5 ms, medians of 3 alternated runs; 1-4 rows unchanged).
-constexpr int64_t F32_PREFETCH = 256;
+// first nv outputs stored. PF (several rows, so several tiles per group after the first reads from L1): this
+// tile prefetches its share of the next group (g + 8K) into L2, the steps s with s % tiles == share, so memory
+// streams while the tiles compute and the next group's first tile finds it in cache. One row keeps to the
+// hardware prefetcher (a pure stream: as fast). Into L2 rather than L1: L1 prefetches hold a line-fill buffer
+// until their line arrives, which capped the stream below the one-row rate. Measured on a 2-core Intel Xeon
+// (AVX-512), 120 [1536 x 576] products, 2 threads, against the first tile prefetching 1 KB ahead and the second
+// the next group into L1: 2 / 4 / 5 / 8 / 9 rows 17.0 / 18.6 / 17.9 / 20.2 / 19.5 -> 14.5 / 15.5 / 15.6 / 17.1 /
+// 16.7 ms (1 row 14.6 either way), the same bits.
 
-template <int NR, int PF>
-static inline void group_f32(const float* g, const float* x, int64_t K, float* y, int64_t N, int nv) {
+template <int NR, bool PF>
+static inline void group_f32(const float* g, const float* x, int64_t K, float* y, int64_t N, int nv, int share,
+                             int tiles) {
   __m512 acc[NR][4];
   #pragma GCC unroll 16
   for (int r = 0; r < NR; r++)
     #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+  int countdown = share;     // PF: prefetch the next group's step when it reaches 0 (steps share, share + tiles, ...)
   for (int64_t k = 0; k < K; k += 8) {
     __m512 wv[4];
     #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) wv[j] = _mm512_loadu_ps(g + 8 * k + 16 * j);
-    if constexpr (PF > 0) {
-      const float* ahead = PF == 1 ? g + F32_PREFETCH : g + 8 * K;
-      #pragma GCC unroll 4
-      for (int j = 0; j < 4; j++) _mm_prefetch((const char*)(ahead + 8 * k + 16 * j), _MM_HINT_T0);
+    if constexpr (PF) {
+      if (countdown == 0) {
+        #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) _mm_prefetch((const char*)(g + 8 * K + 8 * k + 16 * j), _MM_HINT_T1);
+      }
+      countdown = (countdown == 0 ? tiles : countdown) - 1;
     }
     #pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {
@@ -64,15 +69,15 @@ static inline void group_f32(const float* g, const float* x, int64_t K, float* y
 }
 
 template <int NR>
-static inline void group_f32_pf(int pf, const float* g, const float* x, int64_t K, float* y, int64_t N, int nv) {
-  if (pf == 1) group_f32<NR, 1>(g, x, K, y, N, nv);
-  else if (pf == 2) group_f32<NR, 2>(g, x, K, y, N, nv);
-  else group_f32<NR, 0>(g, x, K, y, N, nv);
+static inline void group_f32_pf(bool pf, const float* g, const float* x, int64_t K, float* y, int64_t N, int nv,
+                                int share, int tiles) {
+  if (pf) group_f32<NR, true>(g, x, K, y, N, nv, share, tiles);
+  else group_f32<NR, false>(g, x, K, y, N, nv, 0, 1);
 }
 
 // Outputs n0..n1-1 (n0 a multiple of 8) of every row, rows in tiles of up to 4 per group (16 accumulators; a
-// group's weights, 8 x 4K bytes, are read from memory once, prefetched by the first tile of several rows, and
-// from L1 / L2 for further tiles).
+// group's weights, 8 x 4K bytes, are read from memory once (several rows: prefetched while the previous group
+// computes) and from L1 for further tiles).
 static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
                      int64_t n1) {
   for (int64_t n = n0; n < n1; n += 8) {
@@ -81,13 +86,13 @@ static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K
     for (int64_t r = 0; r < M; r += 4) {
       const float* xr = x + r * K;
       float* yr = y + r * N + n;
-      // the first tile streams its group (1 row: the hardware prefetcher alone), the second the next group
-      const int pf = r == 0 ? (M > 1 ? 1 : 0) : (r == 4 && n + 8 < n1 ? 2 : 0);
+      const bool pf = M > 1 && n + 8 < n1;           // each tile a share of the next group (see group_f32)
+      const int tiles = (int)((M + 3) / 4), share = (int)(r / 4);
       switch (std::min<int64_t>(4, M - r)) {
-        case 4: group_f32_pf<4>(pf, g, xr, K, yr, N, nv); break;
-        case 3: group_f32_pf<3>(pf, g, xr, K, yr, N, nv); break;
-        case 2: group_f32_pf<2>(pf, g, xr, K, yr, N, nv); break;
-        default: group_f32_pf<1>(pf, g, xr, K, yr, N, nv); break;
+        case 4: group_f32_pf<4>(pf, g, xr, K, yr, N, nv, share, tiles); break;
+        case 3: group_f32_pf<3>(pf, g, xr, K, yr, N, nv, share, tiles); break;
+        case 2: group_f32_pf<2>(pf, g, xr, K, yr, N, nv, share, tiles); break;
+        default: group_f32_pf<1>(pf, g, xr, K, yr, N, nv, share, tiles); break;
       }
     }
   }
