@@ -81,7 +81,7 @@ static void dequant_row(const uint8_t* row, int64_t K, float* dst) {
 // (row, output) pair's, chunk by chunk in order.
 template <int NO, int NR, bool PACKED = false>
 static inline void tile(const float* buf, const float* x, int64_t K, float* y, int64_t N, int nv = NO,
-                        const float* next = nullptr, int share = 0, int tiles = 1) {
+                        const float* next = nullptr, int64_t share = 0, int64_t tiles = 1) {
   // PACKED: buf is output 0's first chunk in an F32 group packed by 8 (quant_kernels.h): chunk k/8 of output o
   // at buf + 8k + 8o; else buf holds NO rows K apart. Only the first nv outputs are stored (a padded group).
   // next (PACKED): the same outputs' chunks in the next group, prefetched into L2 at the steps s with
@@ -91,7 +91,7 @@ static inline void tile(const float* buf, const float* x, int64_t K, float* y, i
   for (int r = 0; r < NR; r++)
     #pragma GCC unroll 16
     for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
-  int countdown = share;
+  int64_t countdown = share;
   for (int64_t k = 0; k < K; k += 8) {
     __m256 wv[NO];
     #pragma GCC unroll 16
@@ -204,17 +204,17 @@ static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K
     // several rows: each tile prefetches its share of the next group (as the AVX-512 path's group_f32)
     const float* next = M > 1 && n + 8 < n1 ? g + 8 * K : nullptr;
     if (M > F32_TILE_ROWS) {
-      const int tiles = (int)((M + 2) / 3);
+      const int64_t tiles = (M + 2) / 3;
       for (int h = 0; h < 8 && h < nv; h += 4) {
         const float* nh = next ? next + 8 * h : nullptr;
         int64_t r = 0;
-        for (; r + 3 <= M; r += 3)
-          tile<4, 3, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h, nh, (int)(r / 3), tiles);
-        if (M - r == 2) tile<4, 2, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h, nh, (int)(r / 3), tiles);
-        if (M - r == 1) tile<4, 1, true>(g + 8 * h, x + r * K, K, y + r * N + n + h, N, nv - h, nh, (int)(r / 3), tiles);
+        const float* gh = g + 8 * h;
+        for (; r + 3 <= M; r += 3) tile<4, 3, true>(gh, x + r * K, K, y + r * N + n + h, N, nv - h, nh, r / 3, tiles);
+        if (M - r == 2) tile<4, 2, true>(gh, x + r * K, K, y + r * N + n + h, N, nv - h, nh, r / 3, tiles);
+        if (M - r == 1) tile<4, 1, true>(gh, x + r * K, K, y + r * N + n + h, N, nv - h, nh, r / 3, tiles);
       }
     } else {
-      for (int64_t r = 0; r < M; r++) tile<8, 1, true>(g, x + r * K, K, y + r * N + n, N, nv, next, (int)r, (int)M);
+      for (int64_t r = 0; r < M; r++) tile<8, 1, true>(g, x + r * K, K, y + r * N + n, N, nv, next, r, M);
     }
   }
 }
