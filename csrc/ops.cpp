@@ -41,12 +41,8 @@ bool has_avx512() {
 
 bool has_amx() { return has_avx512() && pq::amx::available(); }
 
-bool has_amx_bf16() {
-  static const bool ok = [] {
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    return has_amx() && ((d >> 22) & 1);                 // AMX-BF16, with the tile state granted (has_amx)
-  }();
+bool has_amx_bf16() {   // AMX-BF16, with the tile state granted (has_amx)
+  static const bool ok = has_amx() && ((pq::amx::cpuid7_edx() >> 22) & 1);
   return ok;
 }
 

@@ -228,8 +228,7 @@ bool available() {
     const char* env = std::getenv("PEAGLE_AMX");
     if (env && std::strcmp(env, "0") == 0) return false;                       // the user's switch
 #if defined(__linux__)
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const unsigned d = cpuid7_edx();
     if (!((d >> 24) & 1) || !((d >> 25) & 1)) return false;                    // AMX-TILE, AMX-INT8
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));

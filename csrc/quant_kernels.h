@@ -98,6 +98,12 @@ void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const 
 }  // namespace avx512
 namespace amx {   // the same with each block's integer dots on the tile unit (AMX-INT8; same bits)
 bool available();   // the CPU has it, the OS grants it to this process, and a probe product is right
+// EDX of CPUID leaf 7, subleaf 0: the AMX feature bits (22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8).
+inline unsigned cpuid7_edx() {
+  unsigned a, b, c, d;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  return d;
+}
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
 }  // namespace amx
