@@ -2,6 +2,7 @@
 to yield the most tokens per second; tree acceptance learned from tree steps only, explored while unknown and
 again once its evidence has aged. Fixed cost models (refinement off), guard off: the choice alone."""
 import numpy as np
+import pytest
 import torch
 from autok_sim import autok_config
 
@@ -25,16 +26,18 @@ def costs():
     return chain, tree
 
 
-def policy(half_life=1e9, low=16, high=64):
+def policy(half_life=1e9, low=16, high=64, budget=None, tree_cost=None):
     chain, tree = costs()
+    tree = tree_cost or tree
     acc = Acceptance(K, prior=[0.5] * K, half_life_rows=half_life)
     tacc = Acceptance(K, prior=[0.5] * K, half_life_rows=half_life)
     return AutoK(K, chain, acc, autok_config(refine=False, guard=False, margin=0.0),
-                 tree=TreeChoice(tree, tacc, low, high))
+                 tree=TreeChoice(tree, tacc, low, high, budget))
 
 
-def step(pol, rows, alpha_chain, alpha_tree, g):
-    """One decode step as the engine runs it: choose K, ask tree or chain, draw acceptance, report."""
+def step(pol, rows, alpha_chain, alpha_tree, g, timed=False):
+    """One decode step as the engine runs it: choose K, ask tree or chain, draw acceptance, report (timed: the
+    step's seconds as its cost model predicts them, else 10 ms)."""
     k = pol.choose(rows)
     tree = bool(k) and pol.wants_tree()
     alpha = alpha_tree if tree else alpha_chain
@@ -43,7 +46,8 @@ def step(pol, rows, alpha_chain, alpha_tree, g):
     for _ in range(k):
         alive &= torch.rand(len(rows), generator=g) < alpha
         a += alive.long()
-    pol.observe(rows, k, a, 0.01, tree=tree)
+    secs = float((pol.tree.cost if tree else pol.cost).predict(len(rows))[k]) if timed else 0.01
+    pol.observe(rows, k, a, secs, tree=tree)
     return k, tree
 
 
@@ -114,3 +118,53 @@ def test_no_tree_choice_keeps_the_engine_default():
     pol = AutoK(K, chain, Acceptance(K), autok_config(refine=False, guard=False))
     pol.choose([Row("a")])
     assert pol.wants_tree()                            # an engine with trees verifies them, as before
+
+
+def explore_share(budget, steps=300, seed=3):
+    """Trees that do not pay (acceptance 0.05 vs the chain's 0.7), steps timed by the cost models: the share of
+    all seconds that tree steps cost beyond the chain of the same K, and how many tree steps ran."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [Row("a")]
+    pol = policy(budget=budget)
+    extra = total = 0.0
+    for _ in range(steps):
+        k, tree = step(pol, rows, 0.7, 0.05, g, timed=True)
+        chain_s = float(pol.cost.predict(1)[k])
+        total += float(pol.tree.cost.predict(1)[k]) if tree else chain_s
+        extra += float(pol.tree.cost.predict(1)[k]) - chain_s if tree else 0.0
+    return extra / total, pol.tree.steps
+
+
+def test_exploring_trees_costs_at_most_its_budget():
+    share, trees = explore_share(0.05)
+    assert trees > 0, "trees must still be tried"
+    assert share <= 0.05 + 1e-9
+    share_unbounded, trees_unbounded = explore_share(None)      # negative control: the unbounded exploration
+    assert share_unbounded > 0.05 and trees_unbounded > trees
+
+
+def test_trees_that_accept_more_are_still_found_under_the_budget():
+    g = torch.Generator().manual_seed(4)
+    rows = [Row("a")]
+    pol = policy(budget=0.05)
+    kinds = [step(pol, rows, 0.3, 0.85, g, timed=True)[1] for _ in range(1500)]
+    assert sum(kinds[-100:]) >= 95                    # learnt: the tree pays, so it is chosen, not forced
+    k = pol.choose(rows)
+    assert (k, pol.wants_tree()) == brute_force(pol, rows)
+
+
+def test_a_tree_that_cannot_pay_is_never_explored():
+    """Tree steps at 100 ms: even accepting every draft (K + 1 tokens) they lose to the chain, so no step is
+    spent learning their acceptance, budget or not."""
+    slow = CostModel([1], [[10e-3] + [100e-3] * K])
+    for budget in (None, 0.05):
+        g = torch.Generator().manual_seed(5)
+        pol = policy(budget=budget, tree_cost=slow)
+        kinds = [step(pol, [Row("a")], 0.7, 0.05, g, timed=True) for _ in range(200)]
+        assert pol.tree.steps == 0 and any(k for k, _ in kinds)
+
+
+def test_budget_must_be_non_negative():
+    chain, tree = costs()
+    with pytest.raises(ValueError, match="budget"):
+        TreeChoice(tree, Acceptance(K), budget=-0.1)

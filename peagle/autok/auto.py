@@ -193,7 +193,8 @@ class AutoK(KPolicy):
             secs = secs + catch
             rate = tokens / secs
         k = self._best(rate, len(rids), start_probe)
-        tree = bool(k and (self.tree_k[k] or self.tree.explore())) if self.tree is not None else None
+        tree = (bool(k and (self.tree_k[k] or self.tree.explore(k, len(rids), float(secs[k]), float(rate[k]))))
+                if self.tree is not None else None)
         self.last = {"batch_size": len(rids), "k": k, "expected_tokens": tokens, "step_time_s": secs,
                      "tokens_per_s": rate, "catch_up_rows": extra, "drafter_row_s": self.row_s, "tree": tree}
         return k
@@ -212,7 +213,7 @@ class AutoK(KPolicy):
         if not k and (self.last.get("forced") == FALLBACK or self.last.get("settled")):
             self.acc.age(B)                     # a fallback or settled step: the evidence ages, nothing else to learn
             if self.tree is not None:
-                self.tree.acc.age(B)
+                self.tree.age(B, step_s)
             act, tokens, extra = self.guard.observe(B, 0, B, step_s), B, 0
         else:
             accepted = accepted.tolist() if hasattr(accepted, "tolist") else list(accepted)
