@@ -65,19 +65,21 @@ def cpuinfo(field: str) -> str | None:
         return None
 
 
-def cpu_native_bf16() -> bool:
-    """Does this CPU multiply bfloat16 in hardware (avx512_bf16 or AMX-BF16 in /proc/cpuinfo's flags)? Without
-    them oneDNN emulates bfloat16 and autocast costs more than float32."""
-    flags = (cpuinfo("flags") or "").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+def cpu_amx_bf16() -> bool:
+    """Does this CPU have AMX-BF16 tiles (amx_bf16 in /proc/cpuinfo's flags)? Training in bfloat16 pays only there:
+    on a 2-core Intel Xeon, whole training steps in bfloat16 autocast took 1.82x / 3.04x less time than float32
+    (EAGLE-3 / P-EAGLE) with oneDNN on the tiles, and 0.76x / 0.93x (slower) with oneDNN held to AVX-512-BF16
+    (DNNL_MAX_CPU_ISA=AVX512_CORE_BF16, as on a CPU without AMX): docs/training-study/train-cost-no-amx.md.
+    Without avx512_bf16 either, oneDNN emulates bfloat16: slower still."""
+    return "amx_bf16" in (cpuinfo("flags") or "").split()
 
 
 def train_compute_dtype(dtype, device: torch.device) -> torch.dtype:
     """Training's compute dtype for the drafter head (its autocast; weights stay float32). An explicit dtype as
-    given; "auto": what resolve_dtype picks on CUDA, and on a CPU bfloat16 where it runs natively (whole steps
-    1.4-1.7x faster at equal accuracy, docs/training-study/train-cost.md), else float32."""
+    given; "auto": what resolve_dtype picks on CUDA, and on a CPU bfloat16 where it has AMX-BF16 (cpu_amx_bf16),
+    else float32."""
     if str(dtype or "auto").strip().lower() == "auto" and torch.device(device).type == "cpu":
-        return torch.bfloat16 if cpu_native_bf16() else torch.float32
+        return torch.bfloat16 if cpu_amx_bf16() else torch.float32
     return resolve_dtype(dtype, device)
 
 

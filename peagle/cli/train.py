@@ -59,7 +59,7 @@ def add_arguments(p):
     p.add_argument("--clip", type=float, default=1.0)
     add_device_arguments(p)  # --device / --dtype: where the target and head run; a dtype other than float32 is
     # the head's autocast compute dtype (auto: CUDA + bfloat16 when available, else CPU + float32 for the target
-    # and bfloat16 for the head where the CPU runs it natively: device.train_compute_dtype)
+    # and bfloat16 for the head where the CPU has AMX-BF16: device.train_compute_dtype)
     p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the saved head weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
