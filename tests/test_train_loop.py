@@ -28,10 +28,11 @@ def tiny_data(tiny_dirs, tmp_path_factory):
     return target, str(d), prompts
 
 
-def _train(target, data, out, method, steps, extra=()):
+def _train(target, data, out, method, steps, extra=(), quiet=True):
     args = ["--method", method, "--target", target, "--data", data, "--out", out, "--layers", "1",
             "--draft-vocab", "384", "--max-tokens", "192", "--steps", str(steps), "--lr", "3e-3",
-            "--warmup", "5", "--log-every", "10", "--ckpt-every", "0", "--quiet", "--threads", "1", *extra]
+            "--warmup", "5", "--log-every", "10", "--ckpt-every", "0", *(["--quiet"] if quiet else []),
+            "--threads", "1", *extra]
     cli.main(args)
     with open(os.path.join(out, "train_log.jsonl")) as f:
         return [json.loads(x) for x in f]
@@ -204,3 +205,14 @@ def test_a_head_that_shares_the_target_embedding_stores_none_and_stays_lossless(
     _train(target, data, str(tmp_path / "pe2"), "peagle", 2, ["--depths", "3", "--mask-token", "4", "--init", out])
     with safe_open(os.path.join(str(tmp_path / "pe2"), "model.safetensors"), "pt") as f:
         assert "embed_tokens.weight" not in f.keys()
+
+
+def test_start_up_line_says_why_auto_chose_the_head_dtype(tiny_data, tmp_path, capsys):
+    """--dtype auto on a CPU: bfloat16 for the head exactly where the CPU has AMX-BF16, and the line says so."""
+    from peagle.device import cpu_amx_bf16
+    target, data, _ = tiny_data
+    _train(target, data, str(tmp_path / "h"), "eagle3", 2, quiet=False)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("train eagle3:"))
+    amx = cpu_amx_bf16()
+    assert ("head compute bfloat16" in line) == amx and ("head compute float32" in line) == (not amx)
+    assert ("auto: AMX-BF16 tiles" if amx else "auto: no AMX-BF16") in line

@@ -193,7 +193,10 @@ class AutoK(KPolicy):
             secs = secs + catch
             rate = tokens / secs
         k = self._best(rate, len(rids), start_probe)
-        tree = (bool(k and (self.tree_k[k] or self.tree.explore(k, len(rids), float(secs[k]), float(rate[k]))))
+        # a tree to learn from only on a step that runs (start_probe: not a trace-only or forced estimate), as
+        # explore charges its budget
+        tree = (bool(k and (self.tree_k[k] or (start_probe and self.tree.explore(k, len(rids), float(secs[k]),
+                                                                                 float(rate[k])))))
                 if self.tree is not None else None)
         self.last = {"batch_size": len(rids), "k": k, "expected_tokens": tokens, "step_time_s": secs,
                      "tokens_per_s": rate, "catch_up_rows": extra, "drafter_row_s": self.row_s, "tree": tree}

@@ -85,7 +85,7 @@ class Trainer:
         c = self.cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.from_namespace(cfg)
         # one device for the run: the target (features) and the head live on it. The dtype is the target's
         # and, when not float32, the head's autocast compute dtype (weights stay float32); "auto" on a CPU
-        # keeps the target (the teacher) in float32 and autocasts the head to bfloat16 where it is native
+        # keeps the target (the teacher) in float32 and autocasts the head to bfloat16 where the CPU has AMX-BF16
         self.device = resolve_device(c.device)
         run_dtype = resolve_dtype(c.dtype, self.device)
         head_dtype = train_compute_dtype(c.dtype, self.device)
@@ -326,8 +326,11 @@ class Trainer:
         bar = None
         if self.rank == 0 and not c.quiet:
             from tqdm import tqdm
+            auto_why = ""
+            if str(c.dtype or "auto").lower() == "auto" and self.device.type == "cpu":
+                auto_why = "; auto: " + ("AMX-BF16 tiles" if self.dtype else "no AMX-BF16, where bfloat16 is slower")
             print(f"train {self.method}: {self.device.type}, target {dtype_name(self.target.dtype)}, head compute "
-                  f"{dtype_name(self.dtype or torch.float32)} (weights float32)", flush=True)
+                  f"{dtype_name(self.dtype or torch.float32)} (weights float32{auto_why})", flush=True)
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
         log = open(os.path.join(c.out, "train_log.jsonl"), "a") if self.rank == 0 else None
         acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []
