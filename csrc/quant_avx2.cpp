@@ -91,16 +91,13 @@ static inline void tile(const float* buf, const float* x, int64_t K, float* y, i
   for (int r = 0; r < NR; r++)
     #pragma GCC unroll 16
     for (int o = 0; o < NO; o++) acc[r][o] = _mm256_setzero_ps();
-  int64_t countdown = share;
+  PrefetchShare pf{share, tiles};
   for (int64_t k = 0; k < K; k += 8) {
     __m256 wv[NO];
     #pragma GCC unroll 16
     for (int o = 0; o < NO; o++) wv[o] = _mm256_loadu_ps(PACKED ? buf + 8 * k + 8 * o : buf + o * K + k);
-    if (PACKED && next != nullptr) {
-      if (countdown == 0)
-        for (int o = 0; o < NO; o += 2) _mm_prefetch((const char*)(next + 8 * k + 8 * o), _MM_HINT_T1);
-      countdown = (countdown == 0 ? tiles : countdown) - 1;
-    }
+    if (PACKED && next != nullptr && pf.due())
+      for (int o = 0; o < NO; o += 2) _mm_prefetch((const char*)(next + 8 * k + 8 * o), _MM_HINT_T1);
     #pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {
       const __m256 xv = _mm256_loadu_ps(x + r * K + k);

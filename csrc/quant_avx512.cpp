@@ -40,17 +40,16 @@ static inline void group_f32(const float* g, const float* x, int64_t K, float* y
   for (int r = 0; r < NR; r++)
     #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-  int countdown = share;     // PF: prefetch the next group's step when it reaches 0 (steps share, share + tiles, ...)
+  PrefetchShare ps{share, tiles};   // PF: this tile's steps of the next group
   for (int64_t k = 0; k < K; k += 8) {
     __m512 wv[4];
     #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) wv[j] = _mm512_loadu_ps(g + 8 * k + 16 * j);
     if constexpr (PF) {
-      if (countdown == 0) {
+      if (ps.due()) {
         #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) _mm_prefetch((const char*)(g + 8 * K + 8 * k + 16 * j), _MM_HINT_T1);
       }
-      countdown = (countdown == 0 ? tiles : countdown) - 1;
     }
     #pragma GCC unroll 16
     for (int r = 0; r < NR; r++) {

@@ -69,6 +69,17 @@ constexpr int a8_group_block_bytes(int qtype) {
 // w [N, nb * block bytes] -> out [ceil(N/8), nb * a8_group_block_bytes].
 void pack_a8(int qtype, const uint8_t* w, int64_t N, int64_t K, uint8_t* out);
 
+// The F32 products' share of a row tile in prefetching the next group (the AVX2 and AVX-512 paths): tile `share` of
+// `tiles` prefetches at steps share, share + tiles, share + 2 tiles, ... (due() once per step, in order).
+struct PrefetchShare {
+  int64_t countdown, tiles;
+  bool due() {
+    const bool now = countdown == 0;
+    countdown = (now ? tiles : countdown) - 1;
+    return now;
+  }
+};
+
 // The a8 paths prefetch, block by block, the same block of the group this many groups ahead (a thread's groups are
 // one stream, so that is where it reads next; a prefetch past the weight's end never faults). Measured on a 2-core
 // Intel Xeon (KVM, AVX-512), SmolLM2 q4a8 decoding: plain step 3.58 -> 2.93 ms, a 2-row verify step 4.9 -> 3.2 ms
