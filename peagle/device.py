@@ -78,9 +78,20 @@ def train_compute_dtype(dtype, device: torch.device) -> torch.dtype:
     """Training's compute dtype for the drafter head (its autocast; weights stay float32). An explicit dtype as
     given; "auto": what resolve_dtype picks on CUDA, and on a CPU bfloat16 where it has AMX-BF16 (cpu_amx_bf16),
     else float32."""
-    if str(dtype or "auto").strip().lower() == "auto" and torch.device(device).type == "cpu":
+    if _auto_on_cpu(dtype, device):
         return torch.bfloat16 if cpu_amx_bf16() else torch.float32
     return resolve_dtype(dtype, device)
+
+
+def train_dtype_reason(dtype, device: torch.device) -> str:
+    """Why train_compute_dtype chose the head's dtype, where it chose by the CPU ("auto" on a CPU), else ""."""
+    if not _auto_on_cpu(dtype, device):
+        return ""
+    return "AMX-BF16 tiles" if cpu_amx_bf16() else "no AMX-BF16, where bfloat16 is slower"
+
+
+def _auto_on_cpu(dtype, device) -> bool:
+    return str(dtype or "auto").strip().lower() == "auto" and torch.device(device).type == "cpu"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

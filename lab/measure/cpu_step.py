@@ -34,10 +34,12 @@ from peagle.models.llama import Transformer
 
 def weight_bytes(t: Transformer) -> int:
     """Bytes of the projections one step reads (the embedding row lookups are negligible)."""
-    total = 0
-    for w in t._projections():
-        total += w.nbytes if getattr(w, "quantized", False) else w.io.numel() * w.io.element_size()
-    return total
+    return projection_bytes(t._projections())
+
+
+def projection_bytes(weights) -> int:
+    """Bytes of these projections (quant.QuantWeight blocks, or a layers.Weight's float matrix)."""
+    return sum(w.nbytes if getattr(w, "quantized", False) else w.io.numel() * w.io.element_size() for w in weights)
 
 
 def projections_ms(t: Transformer, reps: int) -> float:

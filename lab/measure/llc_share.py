@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from lab.measure.cpu_step import weight_bytes
+from lab.measure.cpu_step import projection_bytes, weight_bytes
 from lab.measure.precision import bandwidth_gbs, cpu_flags, write_report
 from peagle.default_target import TARGET_DIR
 from peagle.heads.model import DrafterHead
@@ -37,8 +37,7 @@ from peagle.models.llama import Transformer
 
 def head_bytes(head: DrafterHead) -> int:
     """Bytes of the projections one drafter pass reads (fused layers, fc, draft LM head) as prepared."""
-    ws = [w for f in head._fused for w in f] + [head._fc_t, head._lm_head_t]
-    return sum(w.nbytes if getattr(w, "quantized", False) else w.io.numel() * w.io.element_size() for w in ws)
+    return projection_bytes([w for f in head._fused for w in f] + [head._fc_t, head._lm_head_t])
 
 
 def step_after_reads(t: Transformer, context: int, other_mb: list[int], block: int, cycles: int) -> dict:

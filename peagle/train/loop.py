@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..device import dtype_name, resolve_dtype, train_compute_dtype
+from ..device import dtype_name, resolve_dtype, train_compute_dtype, train_dtype_reason
 from ..errors import PeagleError
 from ..heads.config import HeadConfig, resolve_mask_token
 from ..heads.init import from_eagle3, init_head, load_eagle3_into, warm_start
@@ -326,9 +326,8 @@ class Trainer:
         bar = None
         if self.rank == 0 and not c.quiet:
             from tqdm import tqdm
-            auto_why = ""
-            if str(c.dtype or "auto").lower() == "auto" and self.device.type == "cpu":
-                auto_why = "; auto: " + ("AMX-BF16 tiles" if self.dtype else "no AMX-BF16, where bfloat16 is slower")
+            why = train_dtype_reason(c.dtype, self.device)
+            auto_why = f"; auto: {why}" if why else ""
             print(f"train {self.method}: {self.device.type}, target {dtype_name(self.target.dtype)}, head compute "
                   f"{dtype_name(self.dtype or torch.float32)} (weights float32{auto_why})", flush=True)
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
