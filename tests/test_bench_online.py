@@ -61,3 +61,19 @@ def test_online_only_report(online_run, tmp_path):
     assert main(["bench", "--from-json", str(p), "--out", str(tmp_path / "r")]) == 0
     md = (tmp_path / "r" / "report.md").read_text()
     assert "Online through `peagle serve`" in md and "## Headline" in md
+
+
+def test_online_only_sweep_runs(online_run, tmp_path):
+    """`--mode online` alone: no offline run precedes the servers (its report is written once they have run)."""
+    from peagle.cli import main
+    out, res = online_run
+    root = os.path.dirname(out)                          # the fixture's target and heads
+    tgt, pe = os.path.join(root, "target"), os.path.join(root, "pe")
+    rc = main(["bench", "--model", tgt, "--peagle-head", pe, "--methods", "baseline,peagle", "--datasets", "humaneval",
+               "--num-prompts", "2", "--output-len", "8", "--ks", "3", "--concurrency", "1", "--peers", "",
+               "--threads", "1", "--mode", "online", "--out", str(tmp_path / "on")])
+    assert rc == 0
+    got = json.loads((tmp_path / "on" / "results.json").read_text())
+    assert got["runs"] == [] and [r["method"] for r in got["online_runs"]] == ["baseline", "peagle"]
+    assert all(r["identity"]["ok"] for r in got["online_runs"])
+    assert "Online through `peagle serve`" in (tmp_path / "on" / "report.md").read_text()

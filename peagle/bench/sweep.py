@@ -178,7 +178,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                 log(f"[{ds} c=1] {name:8s} pld={pld}: {r['output_tok_s']:8.1f} tok/s  "
                     f"same={r['identity'].get('identical', '-')}/{r['identity'].get('n', '-')}")
             del hf
-        if on_dataset is not None:
+        if on_dataset is not None and offline:       # online only: nothing has run yet (the online sweep reports)
             on_dataset(res)
     if online:
         res["online_runs"] = []
