@@ -31,7 +31,8 @@ class ServerState:
     """Everything the app needs: the engine (owned by the loop thread), a tokenizer for the HTTP side, names."""
 
     def __init__(self, engine, tokenizer, model_name: str, model_dir: str, spec=None, max_waiting: int = 512,
-                 limits: Limits | None = None, api_keys=(), aliases=()):
+                 limits: Limits | None = None, api_keys=(), aliases=(), thread=None):
+        """thread: the loop.engine_thread() that built the engine, to run the engine loop on."""
         self.engine, self.tokenizer = engine, tokenizer
         self.model_name, self.model_dir, self.spec = model_name, model_dir, spec
         self.names = {model_name, model_dir, os.path.abspath(model_dir), *aliases}
@@ -39,7 +40,7 @@ class ServerState:
         self.limits = limits or Limits()
         self.api_keys = tuple(api_keys)
         self.metrics = ServerMetrics(model_name)
-        self.loop = EngineLoop(engine, max_waiting, self.metrics)
+        self.loop = EngineLoop(engine, max_waiting, self.metrics, thread=thread)
         self.metrics.loop = self.loop
         self.created = int(time.time())
         self.vocab_size = engine.target.cfg.vocab_size
@@ -48,8 +49,7 @@ class ServerState:
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
-        if not state.loop.thread.is_alive():
-            state.loop.start()
+        state.loop.start()
         yield
         state.loop.stop()
 

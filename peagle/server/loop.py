@@ -1,5 +1,13 @@
 """The engine loop: one thread owns the engine (it is not thread-safe) and runs continuous batching.
 
+That thread should be the one that built the engine (build_state builds it on the executor the loop then runs
+on): OpenMP keeps a thread team per thread that enters parallel regions (torch's ops and the C++ kernels'),
+and with a second team on a 2-core machine libgomp throttles its spin-waits, so every one of a step's ~200
+regions waits for a futex wake-up. Measured on a 2-core Intel Xeon, q4a8 SmolLM2, greedy: a plain step 2.5 ms
+on the thread that loaded the model, 13.1 ms on a second thread after the first had run the load's regions,
+2.5 ms when the second thread loaded the model itself; `peagle serve`, streaming 64-token answers, plain
+decoding at c=1 74 -> 293-304 tok/s (docs/serving.md).
+
 HTTP handlers (asyncio) talk to it only through a command deque (add / abort) and receive results through
 their Handle's asyncio.Queue (one call_soon_threadsafe per engine step for all outputs of that step).
 
@@ -20,6 +28,7 @@ import logging
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import DecodeError, PeagleError, PrefillError
@@ -73,8 +82,15 @@ class _Abort:
     rid: str
 
 
+def engine_thread() -> ThreadPoolExecutor:
+    """The single thread that builds an engine (`.submit(build).result()`) and then runs its EngineLoop."""
+    return ThreadPoolExecutor(1, thread_name_prefix="peagle-engine-loop")
+
+
 class EngineLoop:
-    def __init__(self, engine, max_waiting: int, metrics=None, idle_wait_s: float = 0.5):
+    def __init__(self, engine, max_waiting: int, metrics=None, idle_wait_s: float = 0.5,
+                 thread: ThreadPoolExecutor | None = None):
+        """thread: engine_thread() that built the engine (else a new one: see the module doc)."""
         self.engine = engine
         self.max_waiting = max_waiting
         self.capacity = engine.max_num_seqs + max_waiting
@@ -91,23 +107,33 @@ class EngineLoop:
         self.steps = 0
         self.step_errors = 0
         self.last_error: str | None = None
-        self.thread = threading.Thread(target=self._run, name="peagle-engine-loop", daemon=True)
+        self._thread = thread or engine_thread()
+        self._running = None                  # the Future of _run on that thread, once started
         self._spec = None
         self._spec_on = getattr(engine, "k", 0) > 0
 
     # ------------------------------------------------------------------ any thread
     def start(self):
-        self.thread.start()
+        if self._running is None:
+            self._running = self._thread.submit(self._run)
 
     def stop(self, timeout: float = 10.0):
         self._stop = True
         self._wake.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout)
+        if self._running is not None:
+            try:
+                self._running.result(timeout)
+            except Exception:  # noqa: BLE001 - _run logs its own errors; a timeout leaves the thread to exit
+                pass
+        self._thread.shutdown(wait=False)
+
+    @property
+    def started(self) -> bool:
+        return self._running is not None
 
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive() and not self._stop
+        return self._running is not None and not self._running.done() and not self._stop
 
     @property
     def in_flight(self) -> int:

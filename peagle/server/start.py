@@ -11,6 +11,7 @@ from ..errors import PeagleError
 from ..llm import build_engine, load_tokenizer
 from ..spec_config import parse_spec_config, speculative_config
 from .limits import Limits
+from .loop import engine_thread
 
 ENV_SPEC = "PEAGLE_SPECULATIVE_CONFIG"
 DEMO_K = 7
@@ -51,12 +52,19 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
         raise PeagleError("--max-num-seqs must be >= 1")
     if max_waiting is not None and max_waiting < 0:
         raise PeagleError("--max-waiting must be >= 0")
-    engine, _, spec = build_engine(model_dir, dtype=dtype, seed=seed, speculative_config=spec,
-                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
-                                   compile=compile, target_backend=target_backend, quantization=quantization)
+    thread = engine_thread()               # builds the engine, then runs its loop (peagle/server/loop.py)
+    try:
+        engine, _, spec = thread.submit(build_engine, model_dir, dtype=dtype, seed=seed, speculative_config=spec,
+                                        max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
+                                        compile=compile, target_backend=target_backend,
+                                        quantization=quantization).result()
+    except BaseException:
+        thread.shutdown(wait=False)
+        raise
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
-    return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits, api_keys=api_keys)
+    return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits, api_keys=api_keys,
+                       thread=thread)
 
 
 def run(args) -> int:
