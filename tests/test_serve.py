@@ -484,11 +484,11 @@ def test_resolve_config(model_dir, head_dir, monkeypatch, tmp_path):
         resolve_config(model_dir, '{"method": "medusa"}', {})
     with pytest.raises(PeagleError):
         resolve_config(str(tmp_path / "missing"), None, {})
-    # no model: the default target with its P-EAGLE head (K=7, parallel drafting)
+    # no model: the default target with its P-EAGLE head (K chosen per step, parallel drafting)
     monkeypatch.setattr(llm, "DEFAULT_MODEL", model_dir)
     monkeypatch.setattr(llm, "DEFAULT_PEAGLE_HEAD", head_dir)
     m, name, s = resolve_config(None, None, {})
-    assert m == model_dir and s.num_speculative_tokens == 7 and s.parallel_drafting and s.model == head_dir
+    assert m == model_dir and s.num_speculative_tokens == "auto" and s.parallel_drafting and s.model == head_dir
     monkeypatch.setattr(llm, "DEFAULT_MODEL", str(tmp_path / "missing"))
     with pytest.raises(PeagleError, match="default target"):
         resolve_config(None, None, {})

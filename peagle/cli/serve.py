@@ -7,14 +7,15 @@ import argparse
 from ..compile import add_argument
 from ..device import add_arguments
 from ..models.loader import add_backend_argument, add_quantization_argument
-from ..server.start import DEMO_K, ENV_SPEC, run
+from ..server.start import ENV_SPEC, SERVE_K, run
 
 
 def add_parser(sub):
     p = sub.add_parser("serve", help="OpenAI-compatible server (vLLM's --speculative-config)",
                        description="Serve a model over an OpenAI-compatible HTTP API with continuous batching and "
                                    "optional speculative decoding. With no MODEL: the default target "
-                                   f"(SmolLM2-135M-Instruct) with its P-EAGLE head (K={DEMO_K}, parallel drafting).")
+                                   f"(SmolLM2-135M-Instruct) with its P-EAGLE head (K={SERVE_K}: chosen per step "
+                                   "from step costs measured once per machine at the first start).")
     p.add_argument("model", nargs="?", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--model", dest="model_opt", default=None, help=argparse.SUPPRESS)
     p.add_argument("--speculative-config", default=None,

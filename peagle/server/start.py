@@ -9,12 +9,16 @@ import os
 from .. import llm  # llm.DEFAULT_*: read when called (tests point them elsewhere)
 from ..errors import PeagleError
 from ..llm import build_engine, load_tokenizer
-from ..spec_config import parse_spec_config, speculative_config
+from ..spec_config import AUTO, parse_spec_config, speculative_config
 from .limits import Limits
 from .loop import engine_thread
 
 ENV_SPEC = "PEAGLE_SPECULATIVE_CONFIG"
-DEMO_K = 7
+# The default target's server: its P-EAGLE head with K chosen per step and batch size (K = 0: plain steps), since
+# a fixed K that does not pay costs every request. Through the server, q4a8, MT-Bench / HumanEval, c=1: K=7 ran
+# 0.66 / 0.75x plain decoding, auto 0.90 / 0.96x; c=16: 0.43 / 0.53x vs 0.83 / 1.02x
+# (docs/benchmarks/serve-default/report.md).
+SERVE_K = AUTO
 
 
 def resolve_config(model, spec_flag, env=None):
@@ -33,7 +37,7 @@ def resolve_config(model, spec_flag, env=None):
                               "(`make setup` converts it, or pass a model directory)")
         model, name = llm.DEFAULT_MODEL, os.path.basename(llm.DEFAULT_MODEL)
         if spec is None and not explicit_off and os.path.isdir(llm.DEFAULT_PEAGLE_HEAD):
-            spec = speculative_config(llm.DEFAULT_PEAGLE_HEAD, DEMO_K, True)
+            spec = speculative_config(llm.DEFAULT_PEAGLE_HEAD, SERVE_K, True)
     else:
         if not os.path.isdir(model):
             raise PeagleError(f"model directory {model} does not exist")
