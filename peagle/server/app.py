@@ -32,7 +32,7 @@ class ServerState:
 
     def __init__(self, engine, tokenizer, model_name: str, model_dir: str, spec=None, max_waiting: int = 512,
                  limits: Limits | None = None, api_keys=(), aliases=(), thread=None):
-        """thread: the loop.engine_thread() that built the engine, to run the engine loop on."""
+        """thread: the loop.EngineThread that built the engine, to run the engine loop on."""
         self.engine, self.tokenizer = engine, tokenizer
         self.model_name, self.model_dir, self.spec = model_name, model_dir, spec
         self.names = {model_name, model_dir, os.path.abspath(model_dir), *aliases}

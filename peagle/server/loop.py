@@ -1,7 +1,7 @@
 """The engine loop: one thread owns the engine (it is not thread-safe) and runs continuous batching.
 
-That thread should be the one that built the engine (build_state builds it on the executor the loop then runs
-on): OpenMP keeps a thread team per thread that enters parallel regions (torch's ops and the C++ kernels'),
+That thread should be the one that built the engine (build_state builds it on the EngineThread the loop then
+runs on): OpenMP keeps a thread team per thread that enters parallel regions (torch's ops and the C++ kernels'),
 and with a second team on a 2-core machine libgomp throttles its spin-waits, so every one of a step's ~200
 regions waits for a futex wake-up. Measured on a 2-core Intel Xeon, q4a8 SmolLM2, greedy: a plain step 2.5 ms
 on the thread that loaded the model, 13.1 ms on a second thread after the first had run the load's regions,
@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import queue
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ..errors import DecodeError, PeagleError, PrefillError
@@ -82,15 +83,38 @@ class _Abort:
     rid: str
 
 
-def engine_thread() -> ThreadPoolExecutor:
-    """The single thread that builds an engine (`.submit(build).result()`) and then runs its EngineLoop."""
-    return ThreadPoolExecutor(1, thread_name_prefix="peagle-engine-loop")
+class EngineThread:
+    """One daemon thread running the calls submitted to it, in order: it builds an engine, then runs its
+    EngineLoop. A daemon (concurrent.futures' workers are not): Ctrl-C during a long build, e.g. auto K's first
+    measurement, ends the process at once instead of after the build."""
+
+    def __init__(self):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._work, name="peagle-engine-loop", daemon=True).start()
+
+    def _work(self):
+        while (call := self._calls.get()) is not None:
+            fn, fut = call
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - the submitter gets it from its Future
+                    fut.set_exception(e)
+
+    def submit(self, fn, *args, **kwargs) -> Future:
+        fut = Future()
+        self._calls.put((lambda: fn(*args, **kwargs), fut))
+        return fut
+
+    def shutdown(self):
+        """The thread ends after the calls already submitted."""
+        self._calls.put(None)
 
 
 class EngineLoop:
     def __init__(self, engine, max_waiting: int, metrics=None, idle_wait_s: float = 0.5,
-                 thread: ThreadPoolExecutor | None = None):
-        """thread: engine_thread() that built the engine (else a new one: see the module doc)."""
+                 thread: EngineThread | None = None):
+        """thread: the EngineThread that built the engine (else a new one: see the module doc)."""
         self.engine = engine
         self.max_waiting = max_waiting
         self.capacity = engine.max_num_seqs + max_waiting
@@ -107,7 +131,7 @@ class EngineLoop:
         self.steps = 0
         self.step_errors = 0
         self.last_error: str | None = None
-        self._thread = thread or engine_thread()
+        self._thread = thread or EngineThread()
         self._running = None                  # the Future of _run on that thread, once started
         self._spec = None
         self._spec_on = getattr(engine, "k", 0) > 0
@@ -125,7 +149,7 @@ class EngineLoop:
                 self._running.result(timeout)
             except Exception:  # noqa: BLE001 - _run logs its own errors; a timeout leaves the thread to exit
                 pass
-        self._thread.shutdown(wait=False)
+        self._thread.shutdown()
 
     @property
     def started(self) -> bool:

@@ -11,7 +11,7 @@ from ..errors import PeagleError
 from ..llm import build_engine, load_tokenizer
 from ..spec_config import AUTO, parse_spec_config, speculative_config
 from .limits import Limits
-from .loop import engine_thread
+from .loop import EngineThread
 
 ENV_SPEC = "PEAGLE_SPECULATIVE_CONFIG"
 # The default target's server: its P-EAGLE head with K chosen per step and batch size (K = 0: plain steps), since
@@ -56,14 +56,14 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
         raise PeagleError("--max-num-seqs must be >= 1")
     if max_waiting is not None and max_waiting < 0:
         raise PeagleError("--max-waiting must be >= 0")
-    thread = engine_thread()               # builds the engine, then runs its loop (peagle/server/loop.py)
+    thread = EngineThread()                # builds the engine, then runs its loop (peagle/server/loop.py)
     try:
         engine, _, spec = thread.submit(build_engine, model_dir, dtype=dtype, seed=seed, speculative_config=spec,
                                         max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
                                         compile=compile, target_backend=target_backend,
                                         quantization=quantization).result()
     except BaseException:
-        thread.shutdown(wait=False)
+        thread.shutdown()
         raise
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
@@ -86,10 +86,17 @@ def run(args) -> int:
     if exposed_without_key(args.host, keys):
         print(f"peagle serve: WARNING: binding {args.host} without an API key: anyone who can reach this port can "
               "use the model (set --api-key or $PEAGLE_API_KEY)", file=sys.stderr, flush=True)
-    state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
-                        args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits, device=args.device,
-                        api_keys=keys, compile=args.compile, target_backend=args.target_backend,
-                        quantization=getattr(args, "quantization", "none"))
+    try:
+        state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
+                            args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits,
+                            device=args.device, api_keys=keys, compile=args.compile,
+                            target_backend=args.target_backend, quantization=getattr(args, "quantization", "none"))
+    except KeyboardInterrupt:
+        # Ctrl-C while the engine thread is still building (e.g. auto K's first measurement, ~75 s): end now,
+        # without waiting for it or unwinding it out of the C++ kernels at interpreter exit (std::terminate)
+        print("peagle: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
     sp = "off" if spec is None else f"{spec.name} K={spec.k_label} head={spec.model}"
     print(f"peagle serve: {state.model_name} ({model_dir}) at http://{args.host}:{args.port}/v1  "
           f"speculative={sp} max_num_seqs={args.max_num_seqs} max_waiting={state.loop.max_waiting} "
