@@ -215,7 +215,8 @@ def report_md(res, pngs, notes: str | None = None) -> str:
              + ", ".join(f"{NAMES[m]} `{os.path.basename(d) if d else '–'}` {meta.get('head_configs', {}).get(m, '')}"
                          for m, d in meta["heads"].items() if d) + ".\n",
              f"Settings: temperature {st['temperature']}"
-             + (" (drafts sampled from the drafter's q)" if st.get("draft_sampling") == "sample" else "")
+             + (" (drafts sampled from the drafter's q)" if st.get("draft_sampling") == "sample"
+                and st["temperature"] > 0 else "")
              + f", output length {st['output_len']} "
              f"({'ignore EOS' if st['ignore_eos'] else 'stops at EOS'}), K ∈ {st['ks']}, concurrency {st['concurrency']}, "
              f"repeats {st['repeats']}, prompts per dataset: "
