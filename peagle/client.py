@@ -36,17 +36,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float = 300, env=None):
+def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float = 300, env=None, cwd=None):
     """`peagle serve MODEL` (model None or "demo": the embedded default) on a free loopback port, without API keys
-    (a key in the environment, e.g. $VLLM_API_KEY, is not passed on: the clients here send none).
-    Returns (process, base url) once /health answers; raises RuntimeError if it exits or never comes up."""
+    (a key in the environment, e.g. $VLLM_API_KEY, is not passed on: the clients here send none); cwd: the
+    checkout whose peagle runs (default: this one). Returns (process, base url) once /health answers; raises
+    RuntimeError if it exits or never comes up."""
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ENV_KEYS}
     port = free_port()
     cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])
     cmd += ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--log-level", "warning", *extra]
     if spec:
         cmd += ["--speculative-config", spec]
-    p = subprocess.Popen(cmd, cwd=REPO, env=env)
+    p = subprocess.Popen(cmd, cwd=cwd or REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:

@@ -8,8 +8,8 @@ one after the other (c=1), then --prompts x 4 with --clients in flight.
         && ln -s $PWD/build /tmp/before/build
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/serve_speed.py --repos /tmp/before,. --out docs/benchmarks/serve-speed.md
 
-Each server is `python -m peagle.cli serve` run in its checkout's directory (that checkout's peagle), on a free
-port, stopped before the next starts.
+Each server is `python -m peagle.cli serve` run in its checkout's directory (that checkout's peagle;
+peagle.client.launch), on a free port, stopped before the next starts.
 """
 from __future__ import annotations
 
@@ -25,32 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from lab.measure.precision import cpu_flags, write_report
-from peagle.client import free_port, get_json, stop
+from peagle.client import launch, stop
 
 PROMPTS = ["Write a short story about the ocean.", "Explain prime numbers to a child.",
            "List three facts about the moon.", "Describe a jazz band in one paragraph.",
            "Write a poem about winter mornings.", "Give advice related to learning to cook.",
            "What is interesting about desert plants?", "Summarize what you know about the first computer."]
-
-
-def serve(repo: str, spec: str, max_num_seqs: int, timeout: float = 600):
-    """`peagle serve` (the default target) from checkout `repo` -> (process, base url) once /health answers."""
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--port", str(port), "--max-num-seqs",
-                          str(max_num_seqs), "--log-level", "warning", "--speculative-config", spec],
-                         cwd=repo, env={k: v for k, v in os.environ.items() if not k.endswith("API_KEY")})
-    url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if p.poll() is not None:
-            raise RuntimeError(f"peagle serve in {repo} exited with {p.returncode}")
-        try:
-            if get_json(url + "/health", 5).get("status") == "ok":
-                return p, url
-        except OSError:
-            pass
-        time.sleep(0.3)
-    stop(p)
-    raise RuntimeError(f"peagle serve in {repo} did not come up in {timeout:.0f} s")
 
 
 def checkout_name(repo: str) -> str:
@@ -69,8 +49,13 @@ def measure(url: str, prompts: list, max_tokens: int, clients: int) -> tuple[flo
     model = c.models.list().data[0].id
 
     def one(prompt: str) -> int:
-        return sum(1 for _ in c.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                                   stream=True, extra_body={"ignore_eos": True}))
+        """The request's completion tokens (a chunk may carry several: accepted drafts, a slow client's backlog)."""
+        n = None
+        for ch in c.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+            if ch.usage is not None:
+                n = ch.usage.completion_tokens
+        return n
     one(prompts[0])                                                   # warm-up
     t0 = time.perf_counter()
     n1 = sum(one(p) for p in prompts)
@@ -100,7 +85,7 @@ def main(argv=None) -> int:
     for rnd in range(a.rounds):
         for r in repos if rnd % 2 == 0 else repos[::-1]:
             for s, spec in specs.items():
-                p, url = serve(r, spec, a.clients)
+                p, url = launch(None, spec, a.clients, timeout=600, cwd=r)
                 try:
                     got[(r, s)].append(measure(url, prompts, a.max_tokens, a.clients))
                 finally:

@@ -5,8 +5,8 @@ runs on): OpenMP keeps a thread team per thread that enters parallel regions (to
 and with a second team on a 2-core machine libgomp throttles its spin-waits, so every one of a step's ~200
 regions waits for a futex wake-up. Measured on a 2-core Intel Xeon, q4a8 SmolLM2, greedy: a plain step 2.5 ms
 on the thread that loaded the model, 13.1 ms on a second thread after the first had run the load's regions,
-2.5 ms when the second thread loaded the model itself; `peagle serve`, streaming 64-token answers, plain
-decoding at c=1 74 -> 293-304 tok/s (docs/serving.md).
+2.5 ms when the second thread loaded the model itself; through `peagle serve`, plain decoding at c=1 ran 3.9x
+as fast once the loop ran on the building thread (docs/serving.md).
 
 HTTP handlers (asyncio) talk to it only through a command deque (add / abort) and receive results through
 their Handle's asyncio.Queue (one call_soon_threadsafe per engine step for all outputs of that step).
@@ -150,10 +150,6 @@ class EngineLoop:
             except Exception:  # noqa: BLE001 - _run logs its own errors; a timeout leaves the thread to exit
                 pass
         self._thread.shutdown()
-
-    @property
-    def started(self) -> bool:
-        return self._running is not None
 
     @property
     def alive(self) -> bool:
