@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repos", default=".", help="comma-separated checkouts (each with the default target set up)")
     ap.add_argument("--head", default="models/smollm2-135m-instruct-peagle", help="P-EAGLE head, relative to a repo")
-    ap.add_argument("--k", type=int, default=1, help="the head's K")
+    ap.add_argument("--k", default="1", help="the head's K: a number or auto (chosen per step)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -79,8 +79,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     repos = [os.path.abspath(r) for r in a.repos.split(",")]
     prompts = (PROMPTS * (a.prompts // len(PROMPTS) + 1))[: a.prompts]
-    specs = {"plain": "none", f"P-EAGLE K={a.k}": json.dumps({"method": "eagle3", "model": a.head,
-                                                              "num_speculative_tokens": a.k, "parallel_drafting": True})}
+    k = a.k if a.k == "auto" else int(a.k)
+    specs = {"plain": "none", f"P-EAGLE K={k}": json.dumps({"method": "eagle3", "model": a.head,
+                                                            "num_speculative_tokens": k, "parallel_drafting": True})}
     got = {(r, s): [] for r in repos for s in specs}
     for rnd in range(a.rounds):
         for r in repos if rnd % 2 == 0 else repos[::-1]:
@@ -98,15 +99,16 @@ def main(argv=None) -> int:
              f"Default target, its default quantization; streaming greedy completions of {a.max_tokens} tokens (EOS "
              f"ignored), official openai client on the same machine; c=1: {len(prompts)} requests one after the "
              f"other; c={a.clients}: {4 * len(prompts)} requests, {a.clients} in flight. Median of {a.rounds} rounds "
-             "(rounds alternate the checkouts); ratio: against the first checkout.", "",
-             f"| checkout | server | c=1 tok/s | c={a.clients} tok/s | c=1 ratio | c={a.clients} ratio |",
-             "|---|---|---|---|---|---|"]
+             "(rounds alternate the checkouts); ratios: against the first checkout's same server, and against the "
+             "same checkout's plain server.", "",
+             f"| checkout | server | c=1 tok/s | c={a.clients} tok/s | c=1 vs first | c={a.clients} vs first | "
+             f"c=1 vs plain | c={a.clients} vs plain |", "|---|---|---|---|---|---|---|---|"]
+    med = {key: [statistics.median(x[i] for x in v) for i in (0, 1)] for key, v in got.items()}
     for s in specs:
-        base = [statistics.median(x[i] for x in got[(repos[0], s)]) for i in (0, 1)]
         for r in repos:
-            m = [statistics.median(x[i] for x in got[(r, s)]) for i in (0, 1)]
-            lines.append(f"| {names[r]} | {s} | {m[0]:.1f} | {m[1]:.1f} | {m[0] / base[0]:.2f}x | "
-                         f"{m[1] / base[1]:.2f}x |")
+            m, first, plain = med[(r, s)], med[(repos[0], s)], med[(r, "plain")]
+            lines.append(f"| {names[r]} | {s} | {m[0]:.1f} | {m[1]:.1f} | "
+                         + " | ".join(f"{m[i] / ref[i]:.2f}x" for ref in (first, plain) for i in (0, 1)) + " |")
     return write_report(lines, "OMP_NUM_THREADS=2 .venv/bin/python lab/measure/serve_speed.py", argv, a.out)
 
 
