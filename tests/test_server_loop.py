@@ -2,10 +2,12 @@
 engine share no thread that enters the target's parallel regions, and outputs stay those of plain decoding."""
 import threading
 
+import pytest
 from serving import client, head_dir, model_dir, ref_complete, ref_llm, spec_cfg, start  # noqa: F401 (fixtures)
 
 import peagle.server.start as server_start
 from peagle.engine import Engine
+from peagle.server.loop import EngineThread
 
 
 def test_engine_steps_on_the_thread_that_built_it(model_dir, head_dir, ref_llm, monkeypatch):
@@ -33,3 +35,17 @@ def test_engine_steps_on_the_thread_that_built_it(model_dir, head_dir, ref_llm, 
     assert got == want
     assert len(built) == 1 and built[0] != threading.main_thread().ident
     assert stepped == {built[0]}
+
+
+def test_engine_thread_runs_calls_in_order_on_one_daemon_thread():
+    t = EngineThread()
+    ids = [t.submit(threading.get_ident) for _ in range(3)]
+    daemon = t.submit(lambda: threading.current_thread().daemon)   # Ctrl-C during a build does not wait for it
+    failed = t.submit(lambda: 1 / 0)
+    keyword = t.submit(lambda a, b=0: a + b, 2, b=3)
+    t.shutdown()
+    assert len({f.result(5) for f in ids}) == 1 and ids[0].result() != threading.get_ident()
+    assert daemon.result(5) is True
+    with pytest.raises(ZeroDivisionError):
+        failed.result(5)
+    assert keyword.result(5) == 5
