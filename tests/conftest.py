@@ -27,6 +27,19 @@ def target(tiny_dirs):
     return tiny_dirs["llama"]
 
 
+@pytest.fixture(scope="session")
+def qtarget(tmp_path_factory):
+    """A tiny llama whose every projection width is a multiple of 32 (all quantized): the quantized-target tests'."""
+    return save_tiny("llama", str(tmp_path_factory.mktemp("q") / "llama"), intermediate_size=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(qtarget, tmp_path_factory):
+    """qtarget as a llama.cpp-style GGUF of mixed block types (ggufs.save_tiny_gguf)."""
+    from ggufs import save_tiny_gguf
+    return save_tiny_gguf(qtarget, str(tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
+
+
 @pytest.fixture(scope="module")
 def heads(target, tmp_path_factory):
     """Random P-EAGLE (2 layers) and EAGLE-3 (1 layer, 256-token draft vocabulary) heads for `target`."""

@@ -87,6 +87,32 @@ def start(model_dir, spec=None, **kw):
     return BackgroundServer(build_state(m, "tiny", sp, **kw)).start()
 
 
+# prompts the server tests send (plain text, unicode, code)
+PROMPTS = ["Hello there", "The quick brown fox", "Speculative decoding drafts", "Once upon a time, in a land",
+           "café naïve 東京 😀", "def main(): return", "Numbers: 1 2 3", "Servers stream tokens"]
+CHATS = [[{"role": "user", "content": "hi"}],
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about the fox."}]]
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir):
+    srv = start(model_dir, max_num_seqs=8)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def spec(model_dir, head_dir):
+    srv = start(model_dir, spec_cfg(head_dir), max_num_seqs=64)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module", params=["plain", "peagle"])
+def server(request):
+    return request.getfixturevalue("plain" if request.param == "plain" else "spec")
+
+
 def auth_headers(srv) -> dict:
     keys = getattr(getattr(srv, "state", None), "api_keys", ())
     return {"Authorization": f"Bearer {keys[0]}"} if keys else {}

@@ -13,12 +13,6 @@ EXT = quant_ext.get()
 pytestmark = pytest.mark.skipif(EXT is None or not hasattr(EXT, "LayerStack"), reason="needs the built extension")
 
 
-@pytest.fixture(scope="module")
-def qtarget(tmp_path_factory):
-    from tiny import save_tiny
-    return save_tiny("llama", str(tmp_path_factory.mktemp("fr") / "llama"), intermediate_size=128)
-
-
 def _run(t, runner: bool, steps):
     """steps: (tokens [B,T], b0, start [B], kwargs) applied in order to one cache -> outputs and the cache."""
     t.runner = runner

@@ -7,13 +7,16 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from headfiles import HD, MASK, H, V, make_config, make_tensors, same_tensors, target_config, write_head, write_target
+from safetensors.torch import load_file, save_file
 from tiny import hf_greedy
 
 from peagle import LLM, SamplingParams
 from peagle.errors import PeagleError
-from peagle.heads.format import HeadValidationError
+from peagle.heads.export import export_head
+from peagle.heads.format import HeadValidationError, validate_head
 from peagle.heads.importer import import_head
+from peagle.heads.io import load_head_dir
 from peagle.heads.model import DrafterHead
 
 
@@ -95,3 +98,93 @@ def test_a_head_for_another_target_is_refused_naming_the_field(gpt_oss, tmp_path
             "parallel_drafting": True}
     with pytest.raises(PeagleError, match=field):                     # ... the engine still refuses it
         LLM(target, speculative_config=spec)
+
+
+# ---- heads in the layouts others publish (flat vLLM, speculators), against a flat target directory
+def test_import_published_flat_head_midlayer_full_vocab(tmp_path):
+    """An EAGLE-3 head as published by others: model. prefixes, midlayer.*, no d2t/t2d, no embed_tokens,
+    nested aux ids, max_position_embeddings below the target's."""
+    target = write_target(tmp_path / "target")
+    cfg = make_config("eagle3", layers=1, max_position_embeddings=128)
+    native = make_tensors(cfg)
+    pub = {}
+    for k, v in native.items():
+        if k in ("d2t", "t2d", "embed_tokens.weight"):
+            continue
+        k = k.replace("layers.0.", "midlayer.")
+        pub[k if k.startswith("lm_head") else "model." + k] = v
+    pcfg = {k: v for k, v in cfg.items() if k not in ("peagle", "eagle_aux_hidden_state_layer_ids", "head_dim")}
+    pcfg["architectures"] = ["LlamaForCausalLM"]
+    pcfg["eagle_config"] = {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
+    src = write_head(tmp_path / "pub", pcfg, pub)
+    bare, _ = import_head(src, tmp_path / "bare")      # no target: the head keeps sharing the target's embedding
+    assert "embed_tokens.weight" not in load_head_dir(tmp_path / "bare")[1]
+    notes = []
+    icfg, its = import_head(src, tmp_path / "native", target_dir=target, notes=notes)
+    assert icfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert icfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert icfg["max_position_embeddings"] == 1024 and icfg["head_dim"] == HD
+    assert torch.equal(its["d2t"], torch.zeros(V, dtype=torch.int64)) and bool(its["t2d"].all())
+    tgt = load_file(os.path.join(target, "model.safetensors"))
+    assert torch.equal(its["embed_tokens.weight"], tgt["model.embed_tokens.weight"])
+    assert torch.equal(its["layers.0.hidden_norm.weight"], native["layers.0.hidden_norm.weight"])
+    assert icfg["peagle"]["method"] == "eagle3"
+    c2, t2 = load_head_dir(tmp_path / "native")
+    assert validate_head(c2, t2, target_config()) == []
+    # and the imported head exports again
+    export_head(tmp_path / "native", tmp_path / "again", target_dir=target)
+
+
+def test_import_speculators_eagle3_defaults_and_missing_aux(tmp_path):
+    """A speculators eagle3 head without norm_before_residual (vLLM default True) or aux ids (vLLM default)."""
+    target = write_target(tmp_path / "t8", num_hidden_layers=8)
+    cfg = make_config("eagle3", layers=1)
+    ts = make_tensors(cfg)
+    layer = {k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                 "num_key_value_heads", "hidden_act", "rms_norm_eps", "max_position_embeddings",
+                                 "vocab_size", "rope_theta")}
+    layer.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    scfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": V,
+            "target_hidden_size": H, "transformer_layer_config": layer,
+            "speculators_config": {"algorithm": "eagle3", "proposal_methods": [{"proposal_type": "greedy",
+                                                                                 "speculative_tokens": 5}],
+                                   "verifier": {"name_or_path": "org/target", "architectures": ["LlamaForCausalLM"]}}}
+    src = write_head(tmp_path / "spec", scfg, {"midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k: v
+                                               for k, v in ts.items()})
+    icfg, its = import_head(src, None, target_dir=target)
+    assert icfg["norm_before_residual"] is True
+    assert icfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM's default (2, L//2, L-3), L = 8
+    assert icfg["peagle"] == {"method": "eagle3", "train_depths": 5, "target": "org/target",
+                              "imported_from": "speculators:eagle3"}
+    same_tensors(its, ts)
+
+
+def test_import_speculators_aux_default_is_validated(tmp_path):
+    """vLLM's default aux ids (2, L//2, L-3) collide on a 4-layer target ([2, 2, 1]): import must refuse."""
+    d = write_target(tmp_path / "t", num_hidden_layers=4)
+    cfg = make_config("eagle3", layers=1)
+    ts = make_tensors(cfg)
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    src = write_head(tmp_path / "h", cfg, ts)
+    with pytest.raises(HeadValidationError, match="distinct and ascending"):
+        import_head(src, None, target_dir=str(d))
+
+
+def test_import_refuses_broken_peagle_head(tmp_path):
+    cfg = make_config()
+    ts = make_tensors(cfg)
+    del ts["mask_hidden"]
+    with pytest.raises(HeadValidationError, match="mask_hidden"):
+        import_head(write_head(tmp_path / "h", cfg, ts), tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_import_mask_token_id_only_flat(tmp_path):
+    cfg = make_config()
+    del cfg["ptd_token_id"], cfg["pard_token"], cfg["peagle"]
+    cfg["mask_token_id"] = MASK
+    ts = make_tensors(make_config())
+    ts["mask_hidden"] = ts["mask_hidden"].reshape(-1)  # any shape with numel 3T
+    icfg, its = import_head(write_head(tmp_path / "h", cfg, ts))
+    assert icfg["ptd_token_id"] == icfg["pard_token"] == MASK and "mask_token_id" not in icfg
+    assert icfg["peagle"]["method"] == "peagle" and its["mask_hidden"].shape == (1, 1, 3 * H)

