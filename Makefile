@@ -30,7 +30,7 @@ $(TARGET_STAMP): $(VENV_STAMP) peagle/default_target.py
 EXT_STAMP := build/peagle_quant/.make-stamp
 
 $(EXT_STAMP): $(VENV_STAMP) $(wildcard csrc/*) peagle/models/quant_ext.py
-	$(PY) -m peagle.models.quant_ext
+	$(PY) -c 'import sys; from peagle.models.quant_ext import main; sys.exit(main())'
 	@mkdir -p $(dir $@) && touch $@
 
 setup: $(VENV_STAMP) $(TARGET_STAMP) $(EXT_STAMP)

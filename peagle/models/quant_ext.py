@@ -1,7 +1,7 @@
-"""The C++ kernels of csrc/ (quantized linears, fused small ops): built once by `make setup`
-(``python -m peagle.models.quant_ext``) through torch.utils.cpp_extension into build/peagle_quant/, loaded from
-there at run time. Nothing is compiled implicitly at import: without a build (or with PEAGLE_QUANT_EXT=0),
-:func:`get` returns None and peagle/models/quant.py's torch fallback runs.
+"""The C++ kernels of csrc/ (quantized linears, fused small ops): built once by `make setup` (this module's
+`main`; `python -m peagle.models.quant_ext` also works, with a runpy warning) through torch.utils.cpp_extension
+into build/peagle_quant/, loaded from there at run time. Nothing is compiled implicitly at import: without a
+build (or with PEAGLE_QUANT_EXT=0), :func:`get` returns None and peagle/models/quant.py's torch fallback runs.
 
 A build records a hash of its sources, flags and torch version; a stale build (sources changed since) is not
 loaded (`make setup` rebuilds it)."""
@@ -107,12 +107,19 @@ def describe() -> str:
     return f"C++ kernels ({kind})"
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    """`make setup`'s build step: build (or find current) and say which vector paths the CPU has; a failed build is
+    a warning and exit status 0 (the torch fallback runs)."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        m = build(verbose="-v" in sys.argv)
+        m = build(verbose="-v" in argv)
         print(f"built {NAME} into {os.path.relpath(BUILD_DIR, REPO)} (AVX2: {m.has_avx2()}, "
               f"AVX-512: {m.has_avx512()}, AMX: {m.has_amx()})")
     except Exception as e:  # noqa: BLE001 - a failed build is a warning: the torch fallback runs
         print(f"warning: the C++ kernels did not build ({type(e).__name__}: {str(e)[-2000:]}); "
               "peagle uses its torch fallback for quantized weights", file=sys.stderr)
-    sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
