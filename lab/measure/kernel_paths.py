@@ -6,6 +6,9 @@ the ratios (impl 0 takes AMX from ops.h's AMX_MIN_ROWS rows).
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kernel_paths.py --quantizations none,q4a8,q4,q8
 
+`--hot` adds each distinct product shape timed alone with its weights kept in cache, in multiply-adds per second
+beside the whole step's: equal rates mean the step's products are bound by arithmetic, not by reading weights.
+
 Each product is called from Python (the same overhead on both paths), weights as the target loads them; each
 cell's timed pass follows an untimed one of the same cell (warm, as a decode loop re-reads its weights: without it
 the first row count after another precision's pass ran cold and looked slower than the next).
@@ -34,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quantizations", default="none,q4a8,q4,q8")
     ap.add_argument("--rows", default="1,2,4,8,16,32")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--hot", action="store_true", help="also time each distinct product shape alone, repeated "
+                    "while its weights stay in cache, against the whole step's rate (compute- or memory-bound?)")
     a = ap.parse_args(argv)
     ext = quant_ext.get()
     if ext is None or not ext.has_avx2():
@@ -72,9 +77,41 @@ def main(argv=None) -> int:
             cells = [f"{best[q, m, n] * 1e3:.1f}" if (q, m, n) in best else "-" for n in names]
             ratio = [f"{best[q, m, x] / best[q, m, y]:.2f}x" if (q, m, y) in best else "-" for x, y in pairs]
             print(f"| {q} | {m} | " + " | ".join(cells + ratio) + " |")
+    if a.hot:
+        hot_table(weights, best, impls, rows, xs, a.rounds)
     print(f"\nRegenerate: `OMP_NUM_THREADS={torch.get_num_threads()} .venv/bin/python lab/measure/kernel_paths.py "
-          f"--quantizations {a.quantizations} --rows {a.rows} --rounds {a.rounds}`")
+          f"--quantizations {a.quantizations} --rows {a.rows} --rounds {a.rounds}{' --hot' if a.hot else ''}`")
     return 0
+
+
+def hot_table(weights, best, impls, rows, xs, rounds, calls=200):
+    """Each distinct shape alone, `calls` products in a row (its weights stay in cache), best of `rounds`: its
+    multiply-adds per second beside the whole step's (the products of every shape once, weights streamed). Equal
+    rates say the step's products are bound by their arithmetic, not by reading the weights."""
+    print("\nHot products (GMAC/s: rows x outputs x inputs per second; µs per product, min of rounds):\n")
+    print("| precision | rows | path | whole step | " + " | ".join(
+        f"{n}x{k}" for n, k in sorted({(w.n, w.k) for ws in weights.values() for w in ws})) + " |")
+    shapes = sorted({(w.n, w.k) for ws in weights.values() for w in ws})
+    print("|---|---|---|---|" + "---|" * len(shapes))
+    for q, ws in weights.items():
+        macs = sum(w.n * w.k for w in ws)
+        one = {(w.n, w.k): w for w in ws}
+        for m in rows:
+            for name, impl in impls.items():
+                if name == "AMX" and not q.endswith("a8"):
+                    continue
+                cells = []
+                for shape in shapes:
+                    w, dt = one[shape], float("inf")
+                    for _ in range(rounds):
+                        for _ in range(10):
+                            Q.qmm(xs[m][w.k], w, impl)
+                        t0 = time.perf_counter()
+                        for _ in range(calls):
+                            Q.qmm(xs[m][w.k], w, impl)
+                        dt = min(dt, (time.perf_counter() - t0) / calls)
+                    cells.append(f"{m * w.n * w.k / dt / 1e9:.0f} ({dt * 1e6:.1f} µs)")
+                print(f"| {q} | {m} | {name} | {m * macs / best[q, m, name] / 1e9:.0f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
