@@ -23,7 +23,11 @@ def test_auto_is_greedy_identical_and_measures_once(target, tmp_path, capsys, pa
     sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     ref = ids(LLM(target).generate(ps, sp))
     llm = LLM(target, speculative_config=spec(head, "auto", parallel, max_num_speculative_tokens=4), max_num_seqs=4)
-    assert "autok: measuring step costs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "autok: measuring step costs" in err
+    done = [line for line in err.splitlines() if line.startswith("autok: measured B=")]
+    assert [line.split()[2] for line in done] == ["B=1", "B=2", "B=4"] and all(" s: K0=" in line for line in done)
+    assert "more)" not in done[-1]                              # the last batch size: nothing left to announce
     prior_row_s = llm.engine.k_policy.row_s     # before any catch-up step refines it
     assert ids(llm.generate(ps, sp)) == ref
     m = llm.get_metrics()

@@ -51,6 +51,15 @@ class ForcedK(KPolicy):
         self.log.append((len(rows), k, step_s))
 
 
+def seconds_left(batch_sizes: list, i: int, seconds: float, small_passes: int) -> float:
+    """An estimate, after measuring batch_sizes[i] in `seconds`, of the larger batch sizes still to measure: each
+    priced in proportion to its passes and its rows (`peagle serve`'s first start, SmolLM2 q4a8, 2-core Intel
+    Xeon: after B = 1, 4, 32, 64 it said 74, 49, 44, 31 s where 71, 69, 56, 41 s followed; from B = 8 a step
+    costs a little more than its rows' share)."""
+    B, p = batch_sizes[i], passes_for(batch_sizes[i], small_passes)
+    return sum(seconds * passes_for(b, small_passes) / p * b / B for b in batch_sizes[i + 1:])
+
+
 def passes_for(B: int, small_passes: int) -> int:
     """Passes over K at batch size B: small_passes // B, even, at least 2."""
     return max(2, small_passes // B // 2 * 2)
@@ -75,7 +84,8 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
     rows, samples = [], []           # samples: the fewest timed steps behind a cell, per batch size
     t0 = time.perf_counter()
     row_s = drafter_row_seconds(eng.proposer, min(4 * ctx, mlen // 2), g)
-    for B in batch_sizes:
+    for bi, B in enumerate(batch_sizes):
+        tb = time.perf_counter()
         for i in range(B):
             eng.add_request(f"m{B}-{i}", torch.randint(8, vocab, (ctx,), generator=g).tolist(), params)
         policy.k = 0
@@ -99,7 +109,11 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
         rows.append([statistics.median(cells[k]) if cells[k] else float("nan") for k in range(k_max + 1)])
         samples.append(min(len(v) for v in cells.values()))
         if log:
-            log(f"autok: measured B={B}: " + " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1])))
+            took = time.perf_counter() - tb
+            left = seconds_left(batch_sizes, bi, took, small_passes)
+            log(f"autok: measured B={B} in {took:.1f} s: " + " ".join(f"K{k}={1000 * t:.1f}ms"
+                                                                  for k, t in enumerate(rows[-1]))
+                + (f" (about {left:.0f} s more)" if left >= 1 else ""))
     _fill_gaps(rows)
     return CostModel(batch_sizes, rows, meta={"measured_s": round(time.perf_counter() - t0, 1), "ctx_len": ctx,
                                               "steps_per_cell": 2 * steps, "small_passes": small_passes,
