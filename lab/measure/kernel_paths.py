@@ -89,9 +89,8 @@ def hot_table(weights, best, impls, rows, xs, rounds, calls=200):
     multiply-adds per second beside the whole step's (the products of every shape once, weights streamed). Equal
     rates say the step's products are bound by their arithmetic, not by reading the weights."""
     print("\nHot products (GMAC/s: rows x outputs x inputs per second; µs per product, min of rounds):\n")
-    print("| precision | rows | path | whole step | " + " | ".join(
-        f"{n}x{k}" for n, k in sorted({(w.n, w.k) for ws in weights.values() for w in ws})) + " |")
     shapes = sorted({(w.n, w.k) for ws in weights.values() for w in ws})
+    print("| precision | rows | path | whole step | " + " | ".join(f"{n}x{k}" for n, k in shapes) + " |")
     print("|---|---|---|---|" + "---|" * len(shapes))
     for q, ws in weights.items():
         macs = sum(w.n * w.k for w in ws)
