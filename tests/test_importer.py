@@ -1,7 +1,9 @@
-"""`peagle import` of heads shaped like the published P-EAGLE ones, against a matching tiny GPT-OSS target: a
-4-layer head with a full-vocabulary lm_head and no d2t, a mask (placeholder) token id outside the tokenizer's
-special tokens, mask_hidden [1,1,3H].  It converts, validates, and decodes losslessly; a head that does not
-match the target (hidden size, vocabulary, aux ids) is refused with the field named."""
+"""`peagle import` (peagle/heads/importer.py). Heads shaped like the published P-EAGLE ones, against a matching
+tiny GPT-OSS target: a 4-layer head with a full-vocabulary lm_head and no d2t, a mask (placeholder) token id
+outside the tokenizer's special tokens, mask_hidden [1,1,3H]; it converts, validates, and decodes losslessly,
+and a head that does not match the target (hidden size, vocabulary, aux ids) is refused with the field named.
+Then the layouts others publish against a flat target directory: vLLM's flat EAGLE-3 (midlayer, no d2t / t2d,
+nested aux ids), speculators' eagle3 (vLLM's defaults filled in and checked), broken P-EAGLE heads refused."""
 import json
 import os
 
