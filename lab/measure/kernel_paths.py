@@ -55,9 +55,7 @@ def main(argv=None) -> int:
     for _ in range(a.rounds):
         for q, ws in weights.items():
             for m in rows:
-                for name, impl in impls.items():
-                    if name == "AMX" and not q.endswith("a8"):
-                        continue                                 # the weight-only products have no AMX path
+                for name, impl in paths(q, impls):
                     for timed in (False, True):      # an untimed pass first: every cell warm, as in decoding
                         t0 = time.perf_counter()
                         for w in ws:
@@ -84,6 +82,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def paths(q, impls):
+    """The (name, impl) paths a precision's products take: the weight-only ones have no AMX path."""
+    return [(name, impl) for name, impl in impls.items() if name != "AMX" or q.endswith("a8")]
+
+
 def hot_table(weights, best, impls, rows, xs, rounds, calls=200):
     """Each distinct shape alone, `calls` products in a row (its weights stay in cache), best of `rounds`: its
     multiply-adds per second beside the whole step's (the products of every shape once, weights streamed). Equal
@@ -96,9 +99,7 @@ def hot_table(weights, best, impls, rows, xs, rounds, calls=200):
         macs = sum(w.n * w.k for w in ws)
         one = {(w.n, w.k): w for w in ws}
         for m in rows:
-            for name, impl in impls.items():
-                if name == "AMX" and not q.endswith("a8"):
-                    continue
+            for name, impl in paths(q, impls):
                 cells = []
                 for shape in shapes:
                     w, dt = one[shape], float("inf")

@@ -111,9 +111,8 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
         if log:
             took = time.perf_counter() - tb
             left = seconds_left(batch_sizes, bi, took, small_passes)
-            log(f"autok: measured B={B} in {took:.1f} s: " + " ".join(f"K{k}={1000 * t:.1f}ms"
-                                                                  for k, t in enumerate(rows[-1]))
-                + (f" (about {left:.0f} s more)" if left >= 1 else ""))
+            cells = " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1]))
+            log(f"autok: measured B={B} in {took:.1f} s: {cells}" + (f" (about {left:.0f} s more)" if left >= 1 else ""))
     _fill_gaps(rows)
     return CostModel(batch_sizes, rows, meta={"measured_s": round(time.perf_counter() - t0, 1), "ctx_len": ctx,
                                               "steps_per_cell": 2 * steps, "small_passes": small_passes,
