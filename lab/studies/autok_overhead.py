@@ -74,9 +74,9 @@ def build(bench: Bench, kind: str, c: int):
         spent[1] += 1
         return k
 
-    def timed_observe(*args):
+    def timed_observe(*args, **kwargs):
         t = time.perf_counter()
-        observe(*args)
+        observe(*args, **kwargs)
         spent[0] += time.perf_counter() - t
     pol.choose, pol.observe = timed_choose, timed_observe
     return eng, spent
@@ -94,10 +94,13 @@ def main(argv=None):
     ap.add_argument("--passes", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=1, help="requests run together (a group per engine)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quantization", default="none", help="the target's (peagle generate's choices; auto: what "
+                    "a user gets by default)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     model = a.model.rstrip("/")
-    bench = Bench(model, {"eagle3": a.eagle3_head or model + "-eagle3", "peagle": a.peagle_head or model + "-peagle"})
+    bench = Bench(model, {"eagle3": a.eagle3_head or model + "-eagle3", "peagle": a.peagle_head or model + "-peagle"},
+                  quantization=a.quantization)
     prompts = [bench.encode(p) for p in load_dataset(a.dataset, a.num_prompts)]
     params = SamplingParams(max_tokens=a.output_len, temperature=0.0)
     kinds = a.engines.split(",")
@@ -118,7 +121,8 @@ def main(argv=None):
                     toks[k] += len(req.output_ids)
                     outs.setdefault((p, i), set()).add(tuple(req.output_ids))
     same = sum(len(v) == 1 for v in outs.values())
-    print(f"{os.path.basename(model)}, {a.dataset}, {a.num_prompts} prompts x {a.output_len} tokens, c={c}, "
+    print(f"{os.path.basename(model)} ({bench.quantization}), {a.dataset}, {a.num_prompts} prompts x "
+          f"{a.output_len} tokens, c={c}, "
           f"{a.passes} interleaved passes; outputs identical on every engine: {same}/{len(outs)}\n")
     print("| engine | tokens/s | ÷ plain | mean K | policy ms/step | probes (passed), trusted batch sizes |\n"
           "|---|---|---|---|---|---|")
