@@ -21,6 +21,7 @@ void bind_draft_kl(py::module& m);  // draft_kl.cpp
 void bind_train_attn(py::module& m);  // train_attn.cpp
 void bind_transpose(py::module& m);   // transpose.cpp
 void bind_train_ops(py::module& m);   // train_ops.cpp
+void bind_argmax(py::module& m);      // argmax.cpp
 
 // F32 (qtype 0, packed by 8) is a weight of the float-activation product (qlinear) only.
 static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool f32_ok = true) {
@@ -245,6 +246,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_amx_bf16", &po::has_amx_bf16, "AMX-BF16 usable here, with has_amx (training attention's scores)");
   m.def("has_amx", &po::has_amx, "AMX-TILE + AMX-INT8 usable here, with AVX-512 (impl 4)");
   bind_forward(m);
+  bind_argmax(m);
   bind_draft_kl(m);
   bind_train_attn(m);
   bind_transpose(m);

@@ -1,0 +1,62 @@
+"""greedy(): every greedy token peagle emits or drafts. Its CPU kernel (csrc/argmax.cpp, each vector path) gives
+torch's max(-1).indices on rows built to break an argmax: ties (the first maximum wins), NaNs (the first NaN
+wins), all -inf, +inf, lengths around the vector widths; and a negative control: the last maximum instead of the
+first is told apart by these rows."""
+import pytest
+import torch
+
+from peagle.models import quant_ext
+from peagle.sampling import greedy
+
+EXT = quant_ext.get()
+IMPLS = ([1] + ([2] if EXT.has_avx2() else []) + ([3] if EXT.has_avx512() else [])) if EXT is not None else []
+LENGTHS = [1, 2, 15, 16, 31, 32, 33, 63, 64, 65, 127, 129, 1000, 49152, 49153]
+
+
+def hard_rows(V: int, seed: int) -> torch.Tensor:
+    """[6, V]: plain, ties of small integers, sparse NaNs, all -inf, +inf ties, a maximum in the last element."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, V, generator=g)
+    x[1] = torch.randint(-2, 3, (V,), generator=g).float()
+    x[2, torch.rand(V, generator=g) < 0.02] = float("nan")
+    x[3] = float("-inf")
+    x[4, torch.rand(V, generator=g) < 0.3] = float("inf")
+    x[5, -1] = 100.0
+    return x
+
+
+def last_max(x: torch.Tensor) -> torch.Tensor:
+    """The negative control: the last index of the maximum (NaN-free rows)."""
+    V = x.shape[-1]
+    return V - 1 - x.flip(-1).max(-1).indices
+
+
+@pytest.mark.skipif(EXT is None, reason="the C++ extension is not built (make setup)")
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("V", LENGTHS)
+def test_kernel_gives_torchs_indices(impl, V):
+    for seed in range(3):
+        x = hard_rows(V, seed)
+        assert torch.equal(EXT.argmax_last(x, impl), x.max(-1).indices), (impl, V, seed)
+
+
+@pytest.mark.skipif(EXT is None, reason="the C++ extension is not built (make setup)")
+def test_ties_tell_first_from_last():
+    x = hard_rows(1000, 0)[1:2]                      # integer ties
+    assert not torch.equal(last_max(x), x.max(-1).indices)
+    assert torch.equal(EXT.argmax_last(x), x.max(-1).indices)
+
+
+def test_greedy_keeps_shapes_and_any_layout():
+    x = torch.randn(2, 3, 4, 100)
+    assert torch.equal(greedy(x), x.max(-1).indices)
+    t = x.transpose(1, 2)                            # not contiguous
+    assert torch.equal(greedy(t), t.max(-1).indices)
+    assert greedy(torch.randn(0, 7)).shape == (0,)
+    assert torch.equal(greedy(x.double()), x.double().max(-1).indices)   # other dtypes: torch's path
+
+
+@pytest.mark.skipif(EXT is None, reason="the C++ extension is not built (make setup)")
+def test_rows_split_over_threads_change_nothing():
+    x = hard_rows(49152, 1).repeat(3, 1)           # 18 rows: parallel_for splits them
+    assert torch.equal(EXT.argmax_last(x), x.max(-1).indices)
