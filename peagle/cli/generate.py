@@ -16,7 +16,7 @@ from ..spec_config import parse_spec_config
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text from a prompt, streaming to stdout")
-    p.add_argument("--model", default=None, help="HF model directory (default: the embedded demo target)")
+    p.add_argument("--model", default=None, help="HF model directory (default: the default target, SmolLM2-135M-Instruct)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--max-tokens", type=int, default=128)

@@ -44,8 +44,8 @@ def add_parser(sub):
     g.add_argument("--max-tokens-limit", type=int, default=None,
                    help="the largest max_tokens a request may ask for (default: the rest of the context)")
     g.add_argument("--default-max-tokens", type=int, default=None,
-                   help="max_tokens for requests that give none (default: --max-tokens-limit, else the rest of the "
-                        "context)")
+                   help="max_tokens for requests that give none (default: OpenAI's 16 for completions; for chat "
+                        "--max-tokens-limit, else the rest of the context; never above --max-tokens-limit)")
     g.add_argument("--max-stop", type=int, default=16, help="stop strings, and stop_token_ids, per request")
     g.add_argument("--max-stop-chars", type=int, default=512, help="characters per stop string")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

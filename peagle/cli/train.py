@@ -18,7 +18,7 @@ from ..train.loop import Trainer
 
 def add_arguments(p):
     p.add_argument("--method", choices=["eagle3", "peagle"], required=True)
-    p.add_argument("--target", default=None, help="target HF directory (default models/demo-target)")
+    p.add_argument("--target", default=None, help="target HF directory (default: the default target, SmolLM2-135M-Instruct)")
     add_backend_argument(p)
     p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated), "
                    "or a hidden-state cache (`peagle hidden-states`, speculators' hs_{i}.safetensors)")

@@ -25,7 +25,8 @@ def add_parser(sub):
                                    "--max-num-seqs) and the head's acceptance on a few prompts, then writes the "
                                    "speculative config with the best K per batch-size range, ready for vLLM "
                                    "(--speculative-config).")
-    p.add_argument("model", nargs="?", default=None, help="target HF directory (default: the demo target)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="target HF directory (default: the default target, SmolLM2-135M-Instruct)")
     p.add_argument("--speculative-config", required=True,
                    help='the head: {"method": "eagle3", "model": DIR, "num_speculative_tokens": "auto" or K_MAX, '
                         '"parallel_drafting": ...}')
