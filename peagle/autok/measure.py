@@ -11,6 +11,12 @@ clock the online refinement uses).
 Random prompts keep acceptance low, so every step carries about one new row per request, as in a
 steady state.
 
+K that cannot pay is not measured to the end: in the first ascending pass, once two K in a row have steps that
+cost more than plain decoding's step times the tokens they would yield with every draft position accepted with
+probability PAY_ALPHA (1 + a + ... + a^K), the second is the last measured at this batch size and the larger
+ones are extrapolated linearly from the last two (`measured_k_max` in the model's meta; the first start's log
+names them). Such cells only ever matter to a head accepting more than PAY_ALPHA at every position.
+
 Also measured: the drafter's seconds per context row (`drafter_row_s`), from its prefill of one prompt-sized
 block: the price of the catch-up a K > 0 step pays for rows the drafter skipped while K was 0 (a deferred
 prompt). AutoK starts from it and then learns it from real catch-up steps."""
@@ -25,6 +31,26 @@ from ..drafters.base import DraftBatch
 from ..kpolicy import KPolicy
 from ..sampling import SamplingParams
 from .costmodel import CostModel
+
+PAY_ALPHA = 0.9    # the per-position acceptance beyond which a K's cost stops being measured (see above)
+
+
+def max_tokens(k: int, alpha: float = PAY_ALPHA) -> float:
+    """Tokens a step with k drafts yields when each draft position is accepted with probability alpha."""
+    return sum(alpha ** i for i in range(k + 1))
+
+
+def cannot_pay(plain_s: float, k_s: float, k: int, alpha: float = PAY_ALPHA) -> bool:
+    """A K = k step of k_s seconds is slower than plain decoding (plain_s per step) even at acceptance alpha."""
+    return k > 0 and k_s > plain_s * max_tokens(k, alpha)
+
+
+def extrapolate(row: list, top: int) -> list:
+    """row's cells beyond `top` continued linearly from cells top - 1 and top (never decreasing)."""
+    if top + 1 >= len(row) or top < 1:
+        return row
+    slope = max(row[top] - row[top - 1], 0.0)
+    return row[: top + 1] + [row[top] + slope * (k - top) for k in range(top + 1, len(row))]
 
 
 def grid_batch_sizes(max_batch: int) -> list:
@@ -53,9 +79,9 @@ class ForcedK(KPolicy):
 
 def seconds_left(batch_sizes: list, i: int, seconds: float, small_passes: int) -> float:
     """An estimate, after measuring batch_sizes[i] in `seconds`, of the larger batch sizes still to measure: each
-    priced in proportion to its passes and its rows (`peagle serve`'s first start, SmolLM2 q4a8, 2-core Intel
-    Xeon: after B = 1, 4, 32, 64 it said 74, 49, 44, 31 s where 71, 69, 56, 41 s followed; from B = 8 a step
-    costs a little more than its rows' share)."""
+    priced in proportion to its passes and its rows, as if every K were measured there (before K that cannot pay
+    were left out, `peagle serve`'s first start, SmolLM2 q4a8, 2-core Intel Xeon: after B = 1, 4, 32, 64 it said
+    74, 49, 44, 31 s where 71, 69, 56, 41 s followed). So it is an upper bound where large batches stop early."""
     B, p = batch_sizes[i], passes_for(batch_sizes[i], small_passes)
     return sum(seconds * passes_for(b, small_passes) / p * b / B for b in batch_sizes[i + 1:])
 
@@ -81,7 +107,7 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
     vocab = target.cfg.vocab_size
     ctx = max(2, min(ctx_len, mlen // 4))
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
-    rows, samples = [], []           # samples: the fewest timed steps behind a cell, per batch size
+    rows, samples, tops = [], [], []    # samples: the fewest timed steps behind a measured cell, per batch size
     t0 = time.perf_counter()
     row_s = drafter_row_seconds(eng.proposer, min(4 * ctx, mlen // 2), g)
     for bi, B in enumerate(batch_sizes):
@@ -93,8 +119,11 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
             eng.step()
         cells: dict = {k: [] for k in range(k_max + 1)}
         orders = [range(k_max + 1), range(k_max, -1, -1)] * (passes_for(B, small_passes) // 2)
-        for order in orders:
+        top = k_max                                              # the largest K measured at this B
+        for p, order in enumerate(orders):
             for k in order:
+                if k > top:
+                    continue
                 policy.k = k
                 if order.step > 0:
                     eng.step()                                   # warm-up (and drafter catch-up after K = 0)
@@ -104,20 +133,28 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
                     b, kk, s = policy.log[n]
                     if b == B and kk == k:
                         cells[k].append(s)
+                if p == 0 and k >= 2 and all(cells[0] and cells[j] and cannot_pay(
+                        statistics.median(cells[0]), statistics.median(cells[j]), j) for j in (k - 1, k)):
+                    top = k                                      # two in a row: one noisy step cuts nothing
         for r in list(eng.running):
             eng.abort(r.request_id)
-        rows.append([statistics.median(cells[k]) if cells[k] else float("nan") for k in range(k_max + 1)])
-        samples.append(min(len(v) for v in cells.values()))
+        row = [statistics.median(cells[k]) if cells[k] else float("nan") for k in range(top + 1)]
+        rows.append(extrapolate(row + [float("nan")] * (k_max - top), top))
+        tops.append(top)
+        samples.append(min(len(cells[k]) for k in range(top + 1)))
         if log:
             took = time.perf_counter() - tb
             left = seconds_left(batch_sizes, bi, took, small_passes)
-            cells = " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1]))
-            log(f"autok: measured B={B} in {took:.1f} s: {cells}" + (f" (about {left:.0f} s more)" if left >= 1 else ""))
+            shown = " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1][: top + 1]))
+            cut = (f"; K{top + 1}..{k_max} extrapolated (K{top} would need acceptance > {PAY_ALPHA} per position "
+                   "to pay)") if top < k_max else ""
+            log(f"autok: measured B={B} in {took:.1f} s: {shown}{cut}"
+                + (f" (at most about {left:.0f} s more)" if left >= 1 else ""))
     _fill_gaps(rows)
     return CostModel(batch_sizes, rows, meta={"measured_s": round(time.perf_counter() - t0, 1), "ctx_len": ctx,
                                               "steps_per_cell": 2 * steps, "small_passes": small_passes,
                                               "samples_per_cell": samples, "raw_seconds_per_step": rows,
-                                              "drafter_row_s": row_s}).monotone()
+                                              "measured_k_max": tops, "drafter_row_s": row_s}).monotone()
 
 
 def drafter_row_seconds(proposer, n: int, g: torch.Generator, reps: int = 3) -> float | None:
