@@ -80,6 +80,8 @@ class Engine:
                  prefill_token_budget: int = 8192, k_policy: KPolicy | None = None, compile: bool = False,
                  tree: TreeSpec | None = None):
         """tree: token trees (peagle/tree.py, peagle/tree_step.py) instead of chains for greedy batches."""
+        if max_num_seqs < 1:                       # no row to admit a request into: generate() would never end
+            raise PeagleError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         self.target, self.tok, self.proposer = target, tokenizer, proposer
         self.device = torch.device(target.device)
         self.k = k if proposer is not None else 0          # the largest K a step may use

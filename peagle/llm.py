@@ -179,10 +179,15 @@ class LLM:
         if len(sps) != len(prompts):
             raise PeagleError("sampling_params list must be as long as prompts")
         reqs = []
-        for p, sp in zip(prompts, sps):
-            text, ids = self._encode(p)
-            reqs.append(self.engine.add_request(str(self._next), ids, sp, text))
-            self._next += 1
+        try:
+            for p, sp in zip(prompts, sps):
+                text, ids = self._encode(p)
+                reqs.append(self.engine.add_request(str(self._next), ids, sp, text))
+                self._next += 1
+        except Exception:
+            for r in reqs:                             # a bad prompt queues none of the call's prompts
+                self.engine.abort(r.request_id)
+            raise
         bar = None
         if use_tqdm:
             from tqdm import tqdm

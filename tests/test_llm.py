@@ -42,3 +42,13 @@ def test_a_bad_config_is_refused():
     base = LLM(DEMO_TARGET)
     with pytest.raises(PeagleError):
         base.with_speculative_config({"method": "eagle3", "num_speculative_tokens": 3})   # no head
+
+
+def test_a_bad_prompt_queues_none_of_the_call_and_no_rows_is_refused():
+    llm = LLM(DEMO_TARGET)
+    with pytest.raises(PeagleError, match="prompt is empty"):
+        llm.generate(["hello there", ""], SamplingParams(temperature=0, max_tokens=4))
+    assert not llm.engine.has_unfinished()                 # "hello there" was not left queued for the next call
+    assert len(llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=4))) == 1
+    with pytest.raises(PeagleError, match="max_num_seqs must be at least 1"):
+        LLM(DEMO_TARGET, max_num_seqs=0)                   # it would never admit a request (generate hung)

@@ -11,7 +11,7 @@ from ..errors import PeagleError
 from ..heads.init import random_head
 from ..paths import portable_path as rel
 from ..spec_config import DEFAULT_DRAFT_SAMPLING
-from .report import write_all
+from .report import read_notes, write_all
 from .sweep import run_sweep
 
 QUICK = dict(num_prompts=4, output_len=64, ks=[3, 7, "auto"], concurrency=[1, 4], peer_prompts=2)
@@ -89,9 +89,15 @@ def ensure_heads(a, log=print):
 
 def run(a) -> int:
     import torch
+    read_notes(a.notes)                        # a bad --notes fails now, not after the sweep
     if a.from_json:
-        with open(a.from_json) as f:
-            res = json.load(f)
+        try:
+            with open(a.from_json) as f:
+                res = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise PeagleError(f"--from-json {a.from_json}: {getattr(e, 'strerror', None) or e}") from None
+        if not isinstance(res, dict) or "runs" not in res:
+            raise PeagleError(f"--from-json {a.from_json}: not a peagle bench results.json (no 'runs')")
         os.makedirs(a.out, exist_ok=True)
         write_all(res, a.out, a.notes)
         print(f"bench: report re-rendered in {a.out}")

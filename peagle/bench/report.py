@@ -5,6 +5,7 @@ import json
 import os
 import statistics
 
+from ..errors import PeagleError
 from .autok_report import auto_md
 from .goals import goals_md
 from .plots import write_plots
@@ -256,6 +257,17 @@ def report_md(res, pngs, notes: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def read_notes(path: str | None) -> str | None:
+    """The --notes file's text (PeagleError if it cannot be read)."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise PeagleError(f"--notes {path}: {e.strerror or e}") from None
+
+
 def write_all(res, out, notes_path: str | None = None) -> list:
     os.makedirs(out, exist_ok=True)
     jp = os.path.join(out, "results.json")
@@ -263,7 +275,7 @@ def write_all(res, out, notes_path: str | None = None) -> list:
         json.dump(res, f, indent=1, default=str)
     pngs = write_plots(res, summarize(res), out)
     mp = os.path.join(out, "report.md")
+    notes = read_notes(notes_path)                 # before report.md is opened (and emptied)
     with open(mp, "w") as f:
-        notes = open(notes_path).read() if notes_path else None
         f.write(report_md(res, [os.path.basename(p) for p in pngs], notes))
     return [jp, mp] + pngs

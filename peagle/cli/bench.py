@@ -8,6 +8,7 @@ import json
 from ..autok.config import AutoKConfig
 from ..bench.command import QUICK, run
 from ..compile import add_argument
+from ..data.benchmarks import DATASETS
 from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
@@ -26,6 +27,18 @@ def _ks(s):
 
 def _strs(s):
     return [x.strip() for x in str(s).split(",") if x.strip()]
+
+
+def _among(known):
+    """A comma-separated list of names from `known` (a typo is an error, not a run that skips it)."""
+    def parse(s):
+        names = _strs(s)
+        bad = [x for x in names if x not in known]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, bad)) or 'empty list'} "
+                                             f"(known: {', '.join(known)})")
+        return names
+    return parse
 
 
 def _trees(s):
@@ -61,9 +74,9 @@ def add_parser(sub):
     p.add_argument("--model", default=DEFAULT_MODEL, help="target HF directory (default: the default target)")
     p.add_argument("--eagle3-head", default=DEFAULT_EAGLE3_HEAD)
     p.add_argument("--peagle-head", default=DEFAULT_PEAGLE_HEAD)
-    p.add_argument("--datasets", type=_strs, default=["mtbench", "humaneval", "speed"],
+    p.add_argument("--datasets", type=_among(DATASETS), default=["mtbench", "humaneval", "speed"],
                    help="comma list of mtbench, humaneval, speed")
-    p.add_argument("--methods", type=_strs, default=["baseline", "eagle3", "peagle"])
+    p.add_argument("--methods", type=_among(("baseline", "eagle3", "peagle")), default=["baseline", "eagle3", "peagle"])
     p.add_argument("--ks", "--num-speculative-tokens", type=_ks, default=None, dest="ks",
                    help='K values; "auto" = K chosen per step up to the head\'s trained depth (default 1,3,5,7,auto)')
     p.add_argument("--trees", type=_trees, default=None, metavar="TOPKxNODES,...",

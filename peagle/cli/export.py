@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import PeagleError
 from ..heads.config import is_parallel_head
 from ..heads.export import FORMATS, export_head
 from ..heads.format import HeadValidationError
@@ -38,6 +39,8 @@ def run(args) -> int:
     except HeadValidationError as e:
         print(f"error: {e}\nnothing written to {args.out}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+        raise PeagleError(f"{e}; nothing written") from None
     for n in notes:
         print(f"note: {n}")
     if args.format == "vllm":

@@ -6,6 +6,7 @@ import argparse
 
 import torch
 
+from ..errors import PeagleError
 from ..heads.config import default_aux_layer_ids
 from ..llm import DEFAULT_MODEL
 from ..models.loader import load_target
@@ -35,11 +36,16 @@ def run(a):
     if a.threads:
         torch.set_num_threads(a.threads)
     model = a.model or DEFAULT_MODEL
+    try:
+        given = [int(x) for x in a.layer_ids.split(",")] if a.layer_ids else None
+    except ValueError:
+        raise PeagleError(f"--layer-ids is comma-separated layer numbers, got {a.layer_ids!r}") from None
+    docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None)]
     target = load_target(model)
     L = target.cfg.num_hidden_layers
-    ids = ([int(x) for x in a.layer_ids.split(",")] if a.layer_ids
-           else default_layer_ids(L, default_aux_layer_ids(L)))
-    docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None)]
+    if given is not None and not all(0 <= i <= L for i in given):
+        raise PeagleError(f"--layer-ids {a.layer_ids}: this target's layers are 0..{L} (L = the final state)")
+    ids = given if given is not None else default_layer_ids(L, default_aux_layer_ids(L))
     r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
     print(f"{a.out}: {len(docs)} samples; this run {r['samples']} samples, {r['tokens']} tokens in "
           f"{r['seconds']:.0f} s ({r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s), "

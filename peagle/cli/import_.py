@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import PeagleError
 from ..heads.format import HeadValidationError
 from ..heads.importer import import_head
 
@@ -31,6 +32,8 @@ def run(args) -> int:
             print(f"note: {n}", file=sys.stderr)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+        raise PeagleError(f"{e}; nothing written") from None
     for n in notes:
         print(f"note: {n}")
     pb = cfg.get("peagle", {})

@@ -10,6 +10,13 @@ from ..models.loader import add_backend_argument, add_quantization_argument
 from ..server.start import ENV_SPEC, SERVE_K, run
 
 
+def _port(s: str) -> int:
+    p = int(s)
+    if not 0 <= p <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0..65535, got {p}")
+    return p
+
+
 def add_parser(sub):
     p = sub.add_parser("serve", help="OpenAI-compatible server (vLLM's --speculative-config)",
                        description="Serve a model over an OpenAI-compatible HTTP API with continuous batching and "
@@ -23,7 +30,7 @@ def add_parser(sub):
                         f'"parallel_drafting": true}}\'; also from ${ENV_SPEC} (the flag wins); "none" turns '
                         "speculation off")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     p.add_argument("--max-num-seqs", type=int, default=128, help="rows in the running batch")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="requests that may wait for a row beyond --max-num-seqs (default 4x max-num-seqs); "

@@ -7,8 +7,10 @@ peagle.cli train ...` for data parallelism."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..device import add_arguments as add_device_arguments
+from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
 from ..train.common import tune_malloc
@@ -81,6 +83,9 @@ def add_arguments(p):
 def run(a):
     if a.target is None:
         a.target = DEFAULT_MODEL
+    missing = [d for d in a.data.split(",") if not os.path.isdir(d)]
+    if missing:                                   # before the target loads
+        raise PeagleError(f"data directory not found: {missing[0]}")
     cfg = TrainConfig.from_namespace(a)
     tune_malloc()     # a step's large buffers stay in the heap instead of page-faulting back in
     t = Trainer(cfg)

@@ -49,6 +49,8 @@ def run(a) -> int:
         torch.set_num_threads(a.threads)
     if a.max_num_seqs < 1 or a.num_prompts < 1 or a.output_len < 1:
         raise PeagleError("--max-num-seqs, --num-prompts and --output-len must be >= 1")
+    if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        raise PeagleError(f"--out {a.out}: its directory does not exist (checked before measuring)")
     model = a.model or DEFAULT_MODEL
     spec = parse_spec_config(a.speculative_config)
     if spec is None:

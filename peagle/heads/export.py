@@ -18,7 +18,7 @@ from typing import Mapping
 from .config import NUM_AUX, fit_context, is_parallel_head
 from .format import HeadValidationError, portability_notes, validate_head
 from .importer import convert_head
-from .io import load_head_dir, read_config, replace_head_dir
+from .io import check_head_out, load_head_dir, read_config, replace_head_dir
 
 FORMATS = ("vllm", "speculators")
 # flat-config keys that describe the head rather than its transformer layer (speculators top level)
@@ -85,6 +85,7 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} (got {format!r})")
     notes = notes if notes is not None else []
+    check_head_out(out_dir, overwrite)        # before any work: a model's directory is never replaced
     config, tensors = load_head_dir(head_dir)
     tcfg = read_config(target_dir) if target_dir is not None else None
     parallel = is_parallel_head(config, tensors)

@@ -53,22 +53,50 @@ def save_head_dir(path: str | os.PathLike, config: Mapping, tensors: Mapping[str
     _atomic(p / CONFIG_NAME, write_config)
 
 
+# config keys only a drafter head has (peagle's and vLLM's flat layout, the speculators layout); a target's
+# config.json has none of them
+HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "eagle_config",
+             "speculators_model_type", "speculators_config", "peagle")
+
+
+def is_head_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a drafter head (its config.json has a head's keys): what may be replaced."""
+    try:
+        cfg = read_config(Path(path))
+    except Exception:  # noqa: BLE001 - unreadable or missing: not a head
+        return False
+    return isinstance(cfg, dict) and any(k in cfg for k in HEAD_KEYS)
+
+
+def check_head_out(out_dir: str | os.PathLike, overwrite: bool = True) -> None:
+    """Raise FileExistsError unless ``out_dir`` may receive a head: absent, an empty directory, or (overwrite)
+    a head directory. A target model's directory, any other non-empty one, or a file is never replaced."""
+    out = Path(out_dir)
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out} exists")
+    if not is_head_dir(out):
+        raise FileExistsError(f"{out} exists and is not a drafter head's directory (a model's, or other files); "
+                              "refusing to replace it: give a new or empty directory")
+
+
 def replace_head_dir(out_dir: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor],
                      overwrite: bool = True) -> None:
     """Write a head into a temporary directory beside ``out_dir``, then rename it into place; an existing
-    ``out_dir`` is replaced only if it is a head directory (or empty)."""
+    ``out_dir`` is replaced only if it is a head directory or empty (check_head_out)."""
     out = Path(out_dir)
+    check_head_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         save_head_dir(tmp, config, tensors)
         if out.exists():
-            if not overwrite:
-                raise FileExistsError(f"{out} exists")
-            if (out / CONFIG_NAME).exists() or not any(out.iterdir()):
-                shutil.rmtree(out)
-            else:
-                raise FileExistsError(f"{out} exists and is not a head directory; refusing to replace it")
+            shutil.rmtree(out)
         tmp.rename(out)
     finally:
         if tmp.exists():

@@ -71,6 +71,23 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
                        thread=thread)
 
 
+def check_listen(host: str, port: int) -> None:
+    """PeagleError if nothing can listen on host:port now (in use, no such address, not allowed). uvicorn binds
+    again later: a port taken in between still fails there."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise PeagleError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    fam, typ, proto, _, addr = infos[0]
+    with socket.socket(fam, typ, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as uvicorn does
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise PeagleError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def run(args) -> int:
     import sys
 
@@ -78,6 +95,7 @@ def run(args) -> int:
 
     from .app import create_app  # fastapi (app, auth) loads only when serving: `peagle CMD` imports this module
     from .auth import exposed_without_key, resolve_api_keys
+    check_listen(args.host, args.port)            # before the model loads and auto K measures (~30 s)
     model = args.model or args.model_opt
     model_dir, name, spec = resolve_config(model, args.speculative_config)
     limits = Limits(args.max_body_bytes, args.max_prompt_tokens, args.max_tokens_limit, args.default_max_tokens,
@@ -92,7 +110,7 @@ def run(args) -> int:
                             device=args.device, api_keys=keys, compile=args.compile,
                             target_backend=args.target_backend, quantization=getattr(args, "quantization", "none"))
     except KeyboardInterrupt:
-        # Ctrl-C while the engine thread is still building (e.g. auto K's first measurement, ~75 s): end now,
+        # Ctrl-C while the engine thread is still building (e.g. auto K's first measurement, ~30 s): end now,
         # without waiting for it or unwinding it out of the C++ kernels at interpreter exit (std::terminate)
         print("peagle: interrupted", file=sys.stderr, flush=True)
         sys.stdout.flush()

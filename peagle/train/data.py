@@ -14,6 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..errors import PeagleError
+
 
 def shard_path(out_dir: str, i: int) -> str:
     return os.path.join(out_dir, f"shard-{i:05d}.safetensors")
@@ -45,7 +47,7 @@ def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = 
     for d in data_dir.split(","):
         found = sorted(glob.glob(os.path.join(d, "shard-*.safetensors")))
         if not found:
-            raise FileNotFoundError(f"no shard-*.safetensors in {d}")
+            raise PeagleError(f"no shard-*.safetensors in {d}" if os.path.isdir(d) else f"data directory not found: {d}")
         files += found
     docs = []
     for fn in files:

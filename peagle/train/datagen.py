@@ -25,6 +25,7 @@ import time
 from ..data import sources as C
 from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL, LLM, load_tokenizer
+from ..models.loader import resolve_backend
 from ..sampling import SamplingParams
 from .data import shard_path, write_shard
 
@@ -199,9 +200,31 @@ def excluded_ids(dirs: str) -> set:
     return ids
 
 
+def parse_part(part: str) -> tuple[int, int]:
+    """--part "i/n" -> (i, n), 0 <= i < n."""
+    try:
+        i, n = (int(x) for x in part.split("/"))
+    except ValueError:
+        raise PeagleError(f"--part is i/n (this worker's index / the number of workers), got {part!r}") from None
+    if not 0 <= i < n:
+        raise PeagleError(f"--part {part}: the index must be in 0..{n - 1} of n = {n} workers" if n > 0
+                          else f"--part {part}: the number of workers must be at least 1")
+    return i, n
+
+
+def check_args(args) -> None:
+    """The flags that shape the run, and the model, checked before anything is written to --out."""
+    for flag in ("num_prompts", "shard_size", "batch", "max_new_tokens"):
+        if getattr(args, flag, 1) < 1:
+            raise PeagleError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    parse_part(args.part)
+    resolve_backend(args.model, getattr(args, "target_backend", "auto"))   # a one-line error for a wrong --model
+
+
 def run(args) -> int:
     import torch
     args.model = args.model or DEFAULT_MODEL
+    check_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -235,7 +258,7 @@ def run(args) -> int:
         return run_with_states(args, items)
     S = args.shard_size
     shards = [(i, items[i * S:(i + 1) * S]) for i in range((len(items) + S - 1) // S)]
-    pi, pn = (int(x) for x in args.part.split("/"))
+    pi, pn = parse_part(args.part)
     todo = [(i, its) for i, its in shards if not os.path.isfile(shard_path(args.out, i)) and i % pn == pi]
     done_prompts = sum(len(its) for i, its in shards if os.path.isfile(shard_path(args.out, i)))
     n_done = sum(os.path.isfile(shard_path(args.out, i)) for i, _ in shards)
@@ -315,7 +338,7 @@ def run_with_states(args, items: list[dict]) -> int:
     with open(tmp, "w") as f:
         json.dump(cfg, f, indent=1)
     os.replace(tmp, os.path.join(args.out, CONFIG))
-    pi, pn = (int(x) for x in args.part.split("/"))
+    pi, pn = parse_part(args.part)
     todo = [i for i in range(len(prompts)) if not os.path.isfile(sample_path(args.out, i)) and i % pn == pi]
     print(f"datagen: {len(prompts)} prompts fit; part {args.part} generates {len(todo)} missing samples "
           f"(batch {args.batch}, states of layers {layer_ids} in {cfg['dtype']})", flush=True)

@@ -1,0 +1,109 @@
+"""Bad input to every subcommand is one line (`peagle: error: ...`, or argparse's usage error) and costs nothing
+already there: a head is never exported or imported over a model's directory, a wrong flag fails before any model
+loads or anything is written, and an invalid prompt leaves nothing queued."""
+import hashlib
+import json
+import os
+import socket
+
+import pytest
+from headfiles import head, write_target
+
+from peagle.cli import main
+
+
+def one_line(capsys, args) -> str:
+    """Run `peagle ARGS` in-process (an uncaught exception fails the test); its single error line."""
+    rc = main(args)
+    err = capsys.readouterr().err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert rc != 0 and len(lines) == 1 and lines[0].startswith("peagle: error:"), err
+    return lines[0]
+
+
+def digest(d) -> dict:
+    return {f: hashlib.sha1(open(os.path.join(d, f), "rb").read()).hexdigest() for f in sorted(os.listdir(d))}
+
+
+@pytest.fixture
+def target(tmp_path):
+    t = write_target(tmp_path / "target")
+    (tmp_path / "target" / "tokenizer.json").write_text("{}")       # a model's file no head has
+    return t
+
+
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_a_head_never_replaces_a_model(tmp_path, target, capsys, command):
+    src, _ = head(tmp_path)
+    before = digest(target)
+    err = one_line(capsys, [command, str(src), str(target)])
+    assert "not a drafter head's directory" in err
+    assert digest(target) == before
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert "not a directory" in one_line(capsys, [command, str(src), str(f)])
+    assert "not found" in one_line(capsys, [command, str(tmp_path / "nope"), str(tmp_path / "o")])
+
+
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_a_head_replaces_a_head(tmp_path, capsys, command):
+    src, _ = head(tmp_path)
+    assert main([command, str(src), str(tmp_path / "out")]) == 0
+    assert main([command, str(src), str(tmp_path / "out")]) == 0      # the second run replaces the first
+    if command == "import":
+        assert "is the head being imported" in one_line(capsys, [command, str(src), str(src)])
+
+
+def test_bench_checks_names_and_files_first(tmp_path, capsys):
+    with pytest.raises(SystemExit):                      # argparse: a typo is not a run without the method
+        main(["bench", "--methods", "baseline,p-eagle"])
+    assert "unknown 'p-eagle'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--datasets", "humaneval,mt-bench"])
+    assert "unknown 'mt-bench'" in capsys.readouterr().err
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("kept")
+    assert "--from-json" in one_line(capsys, ["bench", "--from-json", str(tmp_path / "none.json"), "--out", str(out)])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert "no 'runs'" in one_line(capsys, ["bench", "--from-json", str(bad), "--out", str(out)])
+    assert "--notes" in one_line(capsys, ["bench", "--from-json", str(bad), "--out", str(out), "--notes",
+                                          str(tmp_path / "none.md")])
+    assert (out / "report.md").read_text() == "kept"
+
+
+def test_datagen_checks_its_flags_and_model_before_writing(tmp_path, target, capsys):
+    out = tmp_path / "dg"
+    for flags, needle in [(["--part", "1"], "--part is i/n"), (["--part", "0/0"], "at least 1"),
+                          (["--part", "3/2"], "0..1"), (["--shard-size", "0"], "--shard-size"),
+                          (["--batch", "0"], "--batch")]:
+        assert needle in one_line(capsys, ["datagen", "--model", target, "--out", str(out), *flags])
+    assert "model directory not found" in one_line(capsys, ["datagen", "--model", str(tmp_path / "nope"), "--out",
+                                                            str(out), "--num-prompts", "4"])
+    assert not out.exists() or not os.listdir(out)        # no plan written with the wrong settings
+
+
+def test_train_and_hidden_states_name_missing_data(tmp_path, target, capsys):
+    assert "data directory not found" in one_line(capsys, ["train", "--method", "eagle3", "--target", target,
+                                                           "--data", str(tmp_path / "nope"), "--out",
+                                                           str(tmp_path / "h")])
+    assert "--layer-ids" in one_line(capsys, ["hidden-states", "--model", target, "--data", str(tmp_path),
+                                              "--out", str(tmp_path / "hs"), "--layer-ids", "1,x"])
+
+
+def test_serve_checks_its_address_before_loading(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--port", "99999"])
+    assert "0..65535" in capsys.readouterr().err
+    with socket.socket() as s:                          # a port already listened on
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert "cannot listen" in one_line(capsys, ["serve", "models/none", "--port", str(port)])
+
+
+def test_tune_checks_out_before_measuring(tmp_path, target, capsys):
+    spec = json.dumps({"method": "eagle3", "model": str(tmp_path / "h"), "num_speculative_tokens": 2})
+    assert "its directory does not exist" in one_line(capsys, ["tune", target, "--speculative-config", spec,
+                                                               "--out", str(tmp_path / "no" / "s.json")])
