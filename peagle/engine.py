@@ -89,8 +89,11 @@ class Engine:
         self.k_policy = k_policy if k_policy is not None and proposer is not None else FixedK(self.k)
         self.k_policy.attach(proposer)
         self.max_num_seqs = max_num_seqs
-        self.max_model_len = min(max_model_len or target.cfg.max_position_embeddings,
-                                 target.cfg.max_position_embeddings)
+        ctx = target.cfg.max_position_embeddings
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+            raise PeagleError(f"max_model_len must be an integer >= 2 (a prompt token and one more), got "
+                              f"{max_model_len!r}")
+        self.max_model_len = min(max_model_len or ctx, ctx)
         self.cache = target.new_cache(1, cache_len(self.max_model_len, self.k, self.tree))
         self.state = RowState(self.device)
         self.aux_ids = proposer.head.aux_ids if proposer is not None else ()
@@ -116,6 +119,8 @@ class Engine:
         if len(ids) >= self.max_model_len:
             raise PeagleError(f"prompt has {len(ids)} tokens, which does not fit the context "
                               f"(max_model_len={self.max_model_len})")
+        if params.stop and self.tok is None:
+            raise PeagleError("stop strings need the model's tokenizer (this model has none): use stop_token_ids")
         vocab = self.target.cfg.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise PeagleError(f"prompt token ids must be in 0..{vocab - 1}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -84,7 +85,15 @@ def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, m
     largest K the config allows, and the K policy: k_policy if given, else the config's (FixedK, vLLM's
     schedule, or AutoK, whose cost model is cached per model_dir, head and dtype, or measured with engines
     built here)."""
-    mlen = min(max_model_len or target.cfg.max_position_embeddings, target.cfg.max_position_embeddings)
+    ctx = target.cfg.max_position_embeddings
+    if max_model_len is not None and (not isinstance(max_model_len, int) or isinstance(max_model_len, bool)
+                                      or max_model_len < 2):
+        raise PeagleError(f"max_model_len must be an integer >= 2 (a prompt token and one more), got "
+                          f"{max_model_len!r}")
+    if max_model_len is not None and max_model_len > ctx:
+        print(f"peagle: max_model_len {max_model_len} is above the model's context ({ctx}): using {ctx}",
+              file=sys.stderr)
+    mlen = min(max_model_len or ctx, ctx)
     if spec is None:
         return Engine(target, tok, None, 0, max_num_seqs, mlen, seed, compile=compile)
     head = head if head is not None else load_head(spec, target)
@@ -216,8 +225,14 @@ class LLM:
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = False):
-        batch = messages and isinstance(messages[0], list)
+        """messages: one conversation (a list of {"role", "content"} dicts) or a list of them."""
+        batch = isinstance(messages, list) and bool(messages) and isinstance(messages[0], list)
         convs = messages if batch else [messages]
+        for c in convs:
+            if not (isinstance(c, list) and c and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                      and isinstance(m.get("content"), str) for m in c)):
+                raise PeagleError("a conversation is a non-empty list of {'role': str, 'content': str} messages, "
+                                  f"got {c!r:.80}")
         outs = self.generate([{"prompt_token_ids": self.apply_chat_template(c)} for c in convs], sampling_params,
                              use_tqdm)
         return outs

@@ -2,6 +2,8 @@
 when they draw drafts from q: peagle/drafters/base.py)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +26,10 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(-1).indices
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 @dataclass
 class SamplingParams:
     """Same names and defaults as vLLM's SamplingParams."""
@@ -40,14 +46,29 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple, type(None))) or not all(isinstance(s, str) for s in self.stop or []):
+            raise PeagleError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if not isinstance(self.stop_token_ids, (list, tuple, type(None))) or not all(
+                _is_int(t) for t in self.stop_token_ids or []):
+            raise PeagleError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids or []]
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise PeagleError(f"{name} must be a finite number, got {v!r}")
         if self.temperature < 0:
             raise PeagleError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise PeagleError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < -1):
+            raise PeagleError(f"top_k must be -1 or 0 (off) or a positive integer, got {self.top_k!r}")
         if self.top_k is None or self.top_k < 0 or self.top_k >= 2 ** 31:    # 2**31 and more: no vocabulary is
             self.top_k = 0                                                    # that large (and int64 may overflow)
+        if not (self.max_tokens is None or _is_int(self.max_tokens)):
+            raise PeagleError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+        if not (self.seed is None or _is_int(self.seed)):
+            raise PeagleError(f"seed must be an integer, got {self.seed!r}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise PeagleError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.n != 1:

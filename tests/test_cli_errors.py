@@ -107,3 +107,52 @@ def test_tune_checks_out_before_measuring(tmp_path, target, capsys):
     spec = json.dumps({"method": "eagle3", "model": str(tmp_path / "h"), "num_speculative_tokens": 2})
     assert "its directory does not exist" in one_line(capsys, ["tune", target, "--speculative-config", spec,
                                                                "--out", str(tmp_path / "no" / "s.json")])
+# appended to tests/test_cli_errors.py
+
+
+def test_convert_gguf_force_replaces_only_a_model(tmp_path, capsys):
+    g = tmp_path / "g"
+    g.mkdir()
+    (g / "model.gguf").write_bytes(b"GGUF")                 # never read: the checks come first
+    (g / "NOTES.txt").write_text("mine")
+    assert "the file being converted" in one_line(capsys, ["convert-gguf", str(g / "model.gguf"), str(g), "--force"])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "NOTES.txt").write_text("mine")
+    assert "not a model directory" in one_line(capsys, ["convert-gguf", str(g / "model.gguf"), str(other),
+                                                        "--force"])
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert "not a directory" in one_line(capsys, ["convert-gguf", str(g / "model.gguf"), str(f), "--force"])
+    assert (g / "NOTES.txt").read_text() == (other / "NOTES.txt").read_text() == "mine"
+    assert (g / "model.gguf").read_bytes() == b"GGUF"
+
+
+@pytest.mark.parametrize("flags,needle", [(["--lr", "-1"], "--lr"), (["--batch-rows", "0"], "--batch-rows"),
+                                          (["--log-every", "0"], "--log-every"), (["--ttt-steps", "0"], "--ttt-steps"),
+                                          (["--max-tokens", "0"], "--max-tokens"), (["--epochs", "0"], "--epochs"),
+                                          (["--draft-vocab", "-5"], "--draft-vocab")])
+def test_train_flags_out_of_range_are_one_line(tmp_path, target, capsys, flags, needle):
+    args = ["train", "--method", "eagle3", "--target", target, "--data", str(tmp_path), "--out", str(tmp_path / "h")]
+    assert needle in one_line(capsys, args + flags)
+
+
+def test_train_never_writes_into_a_model(tmp_path, target, capsys):
+    before = digest(target)
+    base = ["train", "--method", "eagle3", "--target", target, "--data", str(tmp_path)]
+    assert "target's directory" in one_line(capsys, base + ["--out", target])
+    other = write_target(tmp_path / "other")
+    assert "holds a model" in one_line(capsys, base + ["--out", other])
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert "not a directory" in one_line(capsys, base + ["--out", str(f)])
+    assert digest(target) == before
+
+
+def test_tune_refuses_bad_threads_and_a_head_config_that_is_not_json(tmp_path, target, capsys):
+    h = tmp_path / "h"
+    h.mkdir()
+    (h / "config.json").write_text("{not json")
+    spec = json.dumps({"method": "eagle3", "model": str(h), "num_speculative_tokens": 2})
+    assert "--threads" in one_line(capsys, ["tune", target, "--speculative-config", spec, "--threads", "-1"])
+    assert "cannot read the head's config" in one_line(capsys, ["tune", target, "--speculative-config", spec])

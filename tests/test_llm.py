@@ -52,3 +52,22 @@ def test_a_bad_prompt_queues_none_of_the_call_and_no_rows_is_refused():
     assert len(llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=4))) == 1
     with pytest.raises(PeagleError, match="max_num_seqs must be at least 1"):
         LLM(DEMO_TARGET, max_num_seqs=0)                   # it would never admit a request (generate hung)
+
+
+def test_stop_strings_need_a_tokenizer_and_max_model_len_is_checked(tiny_dirs):
+    llm = LLM(tiny_dirs["llama"])                          # no tokenizer
+    with pytest.raises(PeagleError, match="tokenizer"):
+        llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(stop=["x"], max_tokens=3))
+    assert not llm.engine.has_unfinished()                 # the LLM stays usable
+    assert len(llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3))) == 1
+    for bad in (0, -5, "100"):
+        with pytest.raises(PeagleError, match="max_model_len"):
+            LLM(tiny_dirs["llama"], max_model_len=bad)
+
+
+def test_chat_checks_its_conversations():
+    llm = LLM(DEMO_TARGET)
+    for bad in ([], {"role": "user", "content": "hi"}, "Hello", None, [{"role": "user"}], [[]]):
+        with pytest.raises(PeagleError, match="conversation"):
+            llm.chat(bad)
+    assert not llm.engine.has_unfinished()

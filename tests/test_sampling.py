@@ -60,3 +60,19 @@ def test_greedy_keeps_shapes_and_any_layout():
 def test_rows_split_over_threads_change_nothing():
     x = hard_rows(49152, 1).repeat(3, 1)           # 18 rows: parallel_for splits them
     assert torch.equal(EXT.argmax_last(x), x.max(-1).indices)
+
+
+@pytest.mark.parametrize("kw", [dict(stop=[5]), dict(stop=5), dict(temperature="0.5"), dict(temperature=float("nan")),
+                                dict(top_p=float("inf")), dict(max_tokens="5"), dict(seed="abc"), dict(top_k=-5),
+                                dict(top_k=2.5), dict(stop_token_ids="5")])
+def test_sampling_params_refuse_what_they_cannot_mean(kw):
+    from peagle.errors import PeagleError
+    from peagle.sampling import SamplingParams
+    with pytest.raises(PeagleError):
+        SamplingParams(**kw)
+
+
+def test_sampling_params_keep_what_vllm_accepts():
+    from peagle.sampling import SamplingParams
+    p = SamplingParams(temperature=0, top_k=-1, stop="x", stop_token_ids=(3,), seed=7, max_tokens=None)
+    assert (p.top_k, p.stop, p.stop_token_ids, p.greedy) == (0, ["x"], [3], True)

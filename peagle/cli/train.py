@@ -11,6 +11,7 @@ import os
 
 from ..device import add_arguments as add_device_arguments
 from ..errors import PeagleError
+from ..heads.io import is_head_dir
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
 from ..train.common import tune_malloc
@@ -80,12 +81,25 @@ def add_arguments(p):
     p.add_argument("--kill-at-step", type=int, default=0, help=argparse.SUPPRESS)
 
 
+def check_out(out: str, target: str) -> None:
+    """--out receives the head (and the run's checkpoints and log): never a file, the target's directory, or
+    another model's (a config.json that is not a head's: the head would replace its weights)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise PeagleError(f"--out {out} exists and is not a directory")
+    if os.path.isdir(target) and os.path.isdir(out) and os.path.samefile(out, target):
+        raise PeagleError(f"--out {out} is the target's directory")
+    if os.path.isfile(os.path.join(out, "config.json")) and not is_head_dir(out):
+        raise PeagleError(f"--out {out} holds a model (its config.json is not a drafter head's): give another "
+                          "directory")
+
+
 def run(a):
     if a.target is None:
         a.target = DEFAULT_MODEL
     missing = [d for d in a.data.split(",") if not os.path.isdir(d)]
     if missing:                                   # before the target loads
         raise PeagleError(f"data directory not found: {missing[0]}")
+    check_out(a.out, a.target)
     cfg = TrainConfig.from_namespace(a)
     tune_malloc()     # a step's large buffers stay in the heap instead of page-faulting back in
     t = Trainer(cfg)

@@ -45,6 +45,8 @@ def add_parser(sub):
 
 
 def run(a) -> int:
+    if a.threads is not None and a.threads < 1:
+        raise PeagleError(f"--threads must be >= 1, got {a.threads}")
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.max_num_seqs < 1 or a.num_prompts < 1 or a.output_len < 1:
@@ -58,7 +60,7 @@ def run(a) -> int:
     try:
         with open(os.path.join(spec.model, "config.json")) as f:
             head_cfg = json.load(f)
-    except OSError as e:
+    except (OSError, json.JSONDecodeError) as e:
         raise PeagleError(f"cannot read the head's config: {e}") from None
     k_max = k_max_for(spec, head_cfg)
     # tune writes vLLM's chain schedule: it measures chains (trees, if asked for, beside them)

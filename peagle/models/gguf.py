@@ -64,13 +64,26 @@ def _read(path: str):
     return cfg, tok, {k: tensors[k].float().contiguous() for k in sorted(expected)}
 
 
+def check_replaceable(path: str, out: str) -> None:
+    """--force replaces a model's directory (config.json) or an empty one, never one holding the GGUF file being
+    converted, nor a file."""
+    if not os.path.isdir(out):
+        raise PeagleError(f"{out} exists and is not a directory")
+    if os.path.commonpath([os.path.abspath(path), os.path.abspath(out)]) == os.path.abspath(out):
+        raise PeagleError(f"{out} holds {os.path.basename(path)}, the file being converted: write elsewhere")
+    if os.listdir(out) and not os.path.isfile(os.path.join(out, "config.json")):
+        raise PeagleError(f"{out} is not a model directory (no config.json): --force replaces only a model's")
+
+
 def convert(path: str, out: str, force: bool = False) -> dict:
     """Convert; returns {"gguf_sha256", "safetensors_sha256", "tensors", "parameters"}."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig
     out = out.rstrip("/")
-    if os.path.exists(out) and not force:
-        raise PeagleError(f"{out} exists (use --force to replace it)")
+    if os.path.exists(out):
+        if not force:
+            raise PeagleError(f"{out} exists (use --force to replace it)")
+        check_replaceable(path, out)
     cfg, tok, tensors = _read(path)
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass, fields
 
+from ..errors import PeagleError
+
 
 @dataclass
 class TrainConfig:
@@ -69,7 +71,26 @@ class TrainConfig:
         if cfg.draft_vocab == 0:
             cfg.draft_vocab = None
         cfg.max_docs = cfg.max_docs or None
+        cfg.check()
         return cfg
+
+    def check(self) -> None:
+        """PeagleError naming the first flag out of its range (before anything loads)."""
+        at_least_1 = ("layers", "depths", "ttt_steps", "max_tokens", "batch_rows", "log_every")
+        for name in at_least_1:
+            if getattr(self, name) < 1:
+                raise PeagleError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("lr", "steps", "max_minutes", "warmup", "weight_decay", "clip", "threads", "segment_len",
+                     "ckpt_every"):
+            if not getattr(self, name) >= 0:
+                raise PeagleError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not (self.epochs > 0 or self.steps > 0):
+            raise PeagleError(f"--epochs must be > 0 (or --steps given), got {self.epochs}: nothing would be trained")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise PeagleError(f"--draft-vocab must be >= 1 (0: the full vocabulary), got {self.draft_vocab}")
+        for name in ("min_lr_ratio", "ttt_keep"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise PeagleError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
 
     def to_dict(self) -> dict:
         return asdict(self)
