@@ -63,7 +63,8 @@ BAD = [  # (path, body, status, param)
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -3},
-     400, "max_tokens"),
+     400, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 3000}]}, 400, "messages"),
 ]
 

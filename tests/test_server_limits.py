@@ -30,8 +30,9 @@ def _post(srv, path, body):
 CASES = [
     ("/v1/completions", {"prompt": [5] * 41, "max_tokens": 1}, "prompt", {"prompt": [5] * 40, "max_tokens": 1}),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 21}, "max_tokens", {"prompt": "hi", "max_tokens": 20}),
-    ("/v1/chat/completions", {"messages": MSG, "max_completion_tokens": 21}, "max_tokens",
+    ("/v1/chat/completions", {"messages": MSG, "max_completion_tokens": 21}, "max_completion_tokens",
      {"messages": MSG, "max_completion_tokens": 20}),
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 21}, "max_tokens", {"messages": MSG, "max_tokens": 20}),
     ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c"]}, "stop", {"prompt": "hi", "stop": ["a", "b"]}),
     ("/v1/completions", {"prompt": "hi", "stop": "x" * 9}, "stop", {"prompt": "hi", "stop": "x" * 8}),
     ("/v1/chat/completions", {"messages": MSG, "stop_token_ids": [7, 8, 9]}, "stop_token_ids",

@@ -116,8 +116,10 @@ def create_app(state: ServerState) -> FastAPI:
         t0 = time.perf_counter()
         req = await _read_request(state, request, ChatRequest)
         ids = chat_prompt(state, req)
-        mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        return await _generate(state, request, req, ids, None, chat=True, max_tokens=mt, t0=t0)
+        newer = req.max_completion_tokens is not None          # it wins over max_tokens, as in OpenAI's API
+        return await _generate(state, request, req, ids, None, chat=True, t0=t0,
+                               max_tokens=req.max_completion_tokens if newer else req.max_tokens,
+                               param="max_completion_tokens" if newer else "max_tokens")
 
     return _StatusCounter(ApiKeyAuth(app, state.api_keys), m, app.state)
 
@@ -157,8 +159,9 @@ async def _read_request(state: ServerState, request: Request, model_cls):
 
 
 async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens, t0=None,
-                    fallback=None):
-    params = sampling_params(req, state.limits.max_tokens_for(max_tokens, len(ids), state.max_model_len, fallback))
+                    fallback=None, param: str = "max_tokens"):
+    params = sampling_params(req, state.limits.max_tokens_for(max_tokens, len(ids), state.max_model_len, fallback,
+                                                              param))
     state.limits.check_stop(params.stop, params.stop_token_ids)
     if params.stop and (state.tokenizer is None or state.engine.tok is None):
         raise ApiError(400, "stop strings need a tokenizer; this model has none (use stop_token_ids)", param="stop")

@@ -45,24 +45,26 @@ class Limits:
             raise ApiError(400, f"{len(stop_token_ids)} stop_token_ids; the limit is {self.max_stop}",
                            param="stop_token_ids")
 
-    def max_tokens_for(self, requested: int | None, prompt_len: int, max_model_len: int, fallback=None):
-        """The request's max_tokens after the limits: a 400 if it asks for too many. A request that gives none
-        gets the server's default (else `fallback`, e.g. OpenAI's 16 for completions), never more than
-        --max-tokens-limit, cut to the context (the client did not ask for a number); None: up to the context."""
+    def max_tokens_for(self, requested: int | None, prompt_len: int, max_model_len: int, fallback=None,
+                       param: str = "max_tokens"):
+        """The request's max_tokens after the limits: a 400 (naming `param`, the field the client sent) if it
+        asks for too many. A request that gives none gets the server's default (else `fallback`, e.g. OpenAI's
+        16 for completions), never more than --max-tokens-limit, cut to the context (the client did not ask for
+        a number); None: up to the context."""
         if requested is None:
             default = self.default_max_tokens if self.default_max_tokens is not None else fallback
             caps = [c for c in (default, self.max_tokens_limit) if c is not None]
             return min(*caps, max_model_len - prompt_len) if caps else None
         if requested < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {requested}", param="max_tokens")
+            raise ApiError(400, f"{param} must be at least 1, got {requested}", param=param)
         if self.max_tokens_limit is not None and requested > self.max_tokens_limit:
-            raise ApiError(400, f"max_tokens is {requested}; this server allows at most {self.max_tokens_limit}",
-                           param="max_tokens", code="max_tokens_exceeded")
+            raise ApiError(400, f"{param} is {requested}; this server allows at most {self.max_tokens_limit}",
+                           param=param, code="max_tokens_exceeded")
         if prompt_len + requested > max_model_len:
             raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
                                 f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
                                 f"{requested} in the completion). Please reduce the length of the prompt or "
-                                f"completion.", param="max_tokens", code="context_length_exceeded")
+                                f"completion.", param=param, code="context_length_exceeded")
         return requested
 
 
