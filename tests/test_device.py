@@ -121,7 +121,7 @@ def test_engine_on_meta_reads_the_device_once_per_step(target, head, monkeypatch
         for k, v in vars(L).items():
             if torch.is_tensor(v):
                 setattr(L, k, v.to(meta))
-    t.rope.cos, t.rope.sin, t.rope.device = t.rope.cos.to(meta), t.rope.sin.to(meta), meta
+    t.rope.cos, t.rope.sin, t.rope.ar, t.rope.device = t.rope.cos.to(meta), t.rope.sin.to(meta), t.rope.ar.to(meta), meta
     p = e.proposer
     p.head.to(meta)
     p.head.prepare_inference()

@@ -42,7 +42,10 @@ class Rope:
     """cos/sin tables indexed by absolute position (HF's rotate-half convention), on the run's device.
 
     The tables cover max_pos positions; `ensure(n)` grows them from a host-side count. Looking positions up
-    never reads them back to the host (the cached inference path calls ensure() with its host-side span)."""
+    never reads them back to the host (the cached inference path calls ensure() with its host-side span).
+    cos, sin [n, 1, hd] (a lookup is [..., 1, hd] as apply_rope broadcasts it); ar = 0..n-1 (int64), which a
+    decode step's positions and mask are cut from instead of a new arange each (BlockCtx: fewer small ops on
+    the hot path)."""
 
     def __init__(self, head_dim, theta, scaling, max_pos, dtype=torch.float32, device="cpu"):
         self.inv, self.dtype, self.device = rope_inv_freq(head_dim, theta, scaling), dtype, torch.device(device)
@@ -51,8 +54,9 @@ class Rope:
     def _build(self, n):
         freqs = torch.outer(torch.arange(n, dtype=torch.float64, device="cpu"), self.inv)
         emb = torch.cat([freqs, freqs], -1)
-        self.cos = emb.cos().to(self.device, self.dtype)
-        self.sin = emb.sin().to(self.device, self.dtype)
+        self.cos = emb.cos().to(self.device, self.dtype)[:, None]
+        self.sin = emb.sin().to(self.device, self.dtype)[:, None]
+        self.ar = torch.arange(n, device=self.device)
 
     @property
     def size(self) -> int:
@@ -64,7 +68,7 @@ class Rope:
             self._build(2 * n)
 
     def __call__(self, pos: torch.Tensor):
-        return self.cos[pos].unsqueeze(-2), self.sin[pos].unsqueeze(-2)  # [...,T,1,hd]
+        return self.cos[pos], self.sin[pos]  # [...,T,1,hd]
 
 
 def apply_rope(x, cos, sin):  # x [B,T,h,hd]
@@ -76,12 +80,17 @@ def apply_rope(x, cos, sin):  # x [B,T,h,hd]
 def causal_block_mask(start: torch.Tensor, T: int, S: int, window: int | None = None) -> torch.Tensor:
     """[B,1,T,S] bool: query i of row b (position q = start_b+i) sees keys p <= q, and with a sliding window
     only p > q - window (transformers' rule: the window counts the query itself)."""
-    qpos = (start[:, None] + torch.arange(T, device=start.device)[None])[:, :, None]
-    k = torch.arange(S, device=start.device)[None, None, :]
-    m = k <= qpos
+    return mask_of(start[:, None] + torch.arange(T, device=start.device), torch.arange(S, device=start.device),
+                   window)
+
+
+def mask_of(pos: torch.Tensor, keys: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """causal_block_mask from the queries' positions pos [B,T] and keys = 0..S-1: [B,1,T,S]."""
+    qpos = pos[:, None, :, None]
+    m = keys <= qpos
     if window is not None:
-        m &= k > qpos - window
-    return m.unsqueeze(1)
+        m &= keys > qpos - window
+    return m
 
 
 def attend(q, k, v, mask):
@@ -114,17 +123,18 @@ class BlockCtx:
         if span is None:
             span = int(start.max()) + T
             s0 = int(start[0]) if bool((start == start[0]).all()) else None
-        self.pos = start[:, None] + torch.arange(T, device=start.device)[None]
-        self.pos_w = self.pos
-        if limit is not None and span > limit:
-            span, self.pos_w = limit, self.pos.clamp(max=limit - 1)
-        self.S, self.s0 = span, s0
+        clamp = limit is not None and span > limit
+        if clamp:
+            span = limit
         rope.ensure(max(span, T))
+        self.pos = start[:, None] + rope.ar[:T]
+        self.pos_w = self.pos.clamp(max=limit - 1) if clamp else self.pos
+        self.S, self.s0 = span, s0
         self.cos, self.sin = rope(self.pos_w)
         if window is not None and span <= window:
             window = None                                # no query has a key outside its window yet
         self.mask = (None if (s0 is not None and T == 1 and span == s0 + 1 and window is None)
-                     else causal_block_mask(start, T, span, window))
+                     else mask_of(self.pos, rope.ar[:span], window))
 
 
 def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: int, nkv: int, hd: int,
