@@ -216,3 +216,38 @@ def test_start_up_line_says_why_auto_chose_the_head_dtype(tiny_data, tmp_path, c
     amx = cpu_amx_bf16()
     assert ("head compute bfloat16" in line) == amx and ("head compute float32" in line) == (not amx)
     assert ("auto: AMX-BF16 tiles" if amx else "auto: no AMX-BF16") in line
+
+
+def test_ctrl_c_saves_the_step_and_resume_continues_without_duplicate_logs(tiny_data, tmp_path, monkeypatch,
+                                                                          capsys):
+    """A Ctrl-C (SIGINT to this process during step 4) lets that step finish, saves a checkpoint and the head,
+    and says how to resume; a rerun without --resume is refused (it would start over on the checkpoint); with
+    --resume it ends at the total, each step logged once."""
+    import signal
+
+    from peagle.cli import main
+    from peagle.train.loop import Trainer
+    target, data, _ = tiny_data
+    out = str(tmp_path / "h")
+    args = ["train", "--method", "eagle3", "--target", target, "--data", data, "--out", out, "--layers", "1",
+            "--draft-vocab", "384", "--max-tokens", "192", "--steps", "8", "--log-every", "1", "--ckpt-every", "100",
+            "--quiet", "--threads", "1"]
+    step = Trainer.train_step
+
+    def interrupted_step(self, s):
+        r = step(self, s)
+        if s == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return r
+    monkeypatch.setattr(Trainer, "train_step", interrupted_step)
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "stopped at step 4 of 8" in err and "--resume" in err
+    assert torch.load(os.path.join(out, "checkpoint", "ckpt.pt"), weights_only=False)["step"] == 4
+    assert os.path.isfile(os.path.join(out, "config.json"))               # a usable head at step 4
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert main(args) == 1 and "--resume continues it" in capsys.readouterr().err
+    assert main(args + ["--resume"]) == 0
+    with open(os.path.join(out, "train_log.jsonl")) as f:
+        steps = [json.loads(x)["step"] for x in f]
+    assert steps == list(range(1, 9))

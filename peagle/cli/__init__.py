@@ -62,5 +62,5 @@ def main(argv=None) -> int:
         print(f"peagle: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("peagle: interrupted", file=sys.stderr)
+        print("\npeagle: interrupted", file=sys.stderr)
         return 130

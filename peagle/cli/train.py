@@ -100,6 +100,10 @@ def run(a):
     if missing:                                   # before the target loads
         raise PeagleError(f"data directory not found: {missing[0]}")
     check_out(a.out, a.target)
+    ckpt = os.path.join(a.out, "checkpoint", "ckpt.pt")
+    if os.path.isfile(ckpt) and not a.resume:
+        raise PeagleError(f"--out {a.out} holds a run's checkpoint: --resume continues it; to start over, give "
+                          f"another --out or delete {os.path.dirname(ckpt)}")
     cfg = TrainConfig.from_namespace(a)
     tune_malloc()     # a step's large buffers stay in the heap instead of page-faulting back in
     t = Trainer(cfg)

@@ -14,6 +14,8 @@ import argparse
 import json
 import math
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -331,10 +333,34 @@ class Trainer:
             print(f"train {self.method}: {self.device.type}, target {dtype_name(self.target.dtype)}, head compute "
                   f"{dtype_name(self.dtype or torch.float32)} (weights float32{auto_why})", flush=True)
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
-        log = open(os.path.join(c.out, "train_log.jsonl"), "a") if self.rank == 0 else None
+        log_fn = os.path.join(c.out, "train_log.jsonl")
+        if self.rank == 0:
+            trim_log(log_fn, self.step)          # a resumed run logs the steps after its checkpoint again
+        log = open(log_fn, "a") if self.rank == 0 else None
         acc_c, acc_t, losses = torch.zeros(self.K, dtype=torch.float64), torch.zeros(self.K, dtype=torch.float64), []
         stop_at = time.time() + c.max_minutes * 60 - self.elapsed if c.max_minutes else None
         ckpt_clock = CheckpointClock(steps=c.ckpt_every)
+        interrupt = GracefulInterrupt()
+        try:
+            self._loop(c, bar, log, acc_c, acc_t, losses, stop_at, ckpt_clock, interrupt)
+        finally:
+            interrupt.restore()
+        if bar:
+            bar.close()
+        self.save_ckpt()
+        rec = getattr(self, "last_log", None) or {}
+        self.save_head({"final_loss": rec.get("loss"), "final_acc": rec.get("acc")})
+        if log:
+            log.close()
+        if interrupt.hit:
+            if self.rank == 0:
+                print(f"\ntrain: stopped at step {self.step} of {self.total} (Ctrl-C): checkpoint and head saved in "
+                      f"{c.out}; the same command with --resume continues", file=sys.stderr, flush=True)
+            raise KeyboardInterrupt
+        return rec
+
+    def _loop(self, c, bar, log, acc_c, acc_t, losses, stop_at, ckpt_clock, interrupt):
+        """The optimizer steps from self.step on, until the total, --max-minutes or a Ctrl-C (after its step)."""
         while self.step < self.total:
             t0 = time.time()
             self._time_schedule()
@@ -344,7 +370,7 @@ class Trainer:
             acc_c += st["correct"]
             acc_t += st["total"]
             losses.append(st["loss"])
-            stopping = bool(stop_at) and self._bcast_flag(time.time() > stop_at)
+            stopping = self._bcast_flag(bool(stop_at) and time.time() > stop_at or interrupt.hit)
             if self.step % c.log_every == 0 or self.step == self.total or stopping:
                 acc = (acc_c / acc_t.clamp(min=1)).tolist()
                 rec = {"step": self.step, "loss": sum(losses) / len(losses), "lr": st["lr"], "gnorm": st["gnorm"],
@@ -365,14 +391,44 @@ class Trainer:
             if c.kill_at_step and self.step == c.kill_at_step:  # test hook: simulate a crash after a checkpoint
                 os._exit(17)
             if stopping:
-                if self.rank == 0:
+                if self.rank == 0 and not interrupt.hit:
                     print(f"\nstopping at step {self.step}: --max-minutes reached", flush=True)
                 break
-        if bar:
-            bar.close()
-        self.save_ckpt()
-        rec = getattr(self, "last_log", None) or {}
-        self.save_head({"final_loss": rec.get("loss"), "final_acc": rec.get("acc")})
-        if log:
-            log.close()
-        return rec
+
+
+class GracefulInterrupt:
+    """While training: the first Ctrl-C (SIGINT) only sets `hit`, so the step under way finishes and the loop
+    saves a checkpoint and the head before stopping; a second Ctrl-C interrupts at once (the handler before).
+    Installed from the main thread only (elsewhere `hit` stays False)."""
+
+    def __init__(self):
+        self.hit, self._old = False, None
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:                      # not the main thread
+            self._old = None
+
+    def _handle(self, signum, frame):
+        self.hit = True
+        self.restore()
+        print("\ntrain: Ctrl-C: finishing this step, then saving a checkpoint and the head (Ctrl-C again to stop "
+              "now)", file=sys.stderr, flush=True)
+
+    def restore(self):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
+
+
+def trim_log(fn: str, step: int) -> None:
+    """Drop the records of train_log.jsonl past `step` (a resumed run's checkpoint): they are logged again."""
+    if not os.path.isfile(fn):
+        return
+    with open(fn) as f:
+        lines = f.readlines()
+    keep = [x for x in lines if not x.strip() or json.loads(x).get("step", 0) <= step]
+    if len(keep) != len(lines):
+        tmp = fn + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+        os.replace(tmp, fn)
