@@ -89,3 +89,11 @@ def test_one_step_that_cannot_pay_cuts_nothing():
     cm = measure(Target(), lambda policy, *a: eng.append(ScriptedEngine(policy, lambda B, k: seconds[B](k))) or eng[0],
                  4, [1], steps=2)
     assert cm.meta["measured_k_max"] == [4] and max(k for _, k in eng[0].steps) == 4
+
+
+def test_one_k_left_out_is_named_alone():
+    seconds = {1: lambda k: 1.0 + (0.1 * k if k < 3 else 1.0 * k)}      # K = 3 and 4 cannot pay: K5 extrapolated
+    eng, lines = [], []
+    measure(Target(), lambda policy, *a: eng.append(ScriptedEngine(policy, lambda B, k: seconds[B](k))) or eng[0],
+            5, [1], steps=2, log=lines.append)
+    assert "; K5 extrapolated" in lines[0] and "K5.." not in lines[0]

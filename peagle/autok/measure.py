@@ -146,8 +146,9 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
             took = time.perf_counter() - tb
             left = seconds_left(batch_sizes, bi, took, small_passes)
             shown = " ".join(f"K{k}={1000 * t:.1f}ms" for k, t in enumerate(rows[-1][: top + 1]))
-            cut = (f"; K{top + 1}..{k_max} extrapolated (K{top} would need acceptance > {PAY_ALPHA} per position "
-                   "to pay)") if top < k_max else ""
+            rest = f"K{top + 1}" + (f"..{k_max}" if top + 1 < k_max else "")
+            cut = (f"; {rest} extrapolated (K{top} would need acceptance > {PAY_ALPHA} per position to pay)"
+                   if top < k_max else "")
             log(f"autok: measured B={B} in {took:.1f} s: {shown}{cut}"
                 + (f" (at most about {left:.0f} s more)" if left >= 1 else ""))
     _fill_gaps(rows)
