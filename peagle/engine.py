@@ -20,6 +20,7 @@ cache.lens is the one record of lengths on the device; the host keeps each reque
 the copies, `seq_len`, used only to size work (attention spans, block widths)."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +43,20 @@ def cache_len(max_model_len: int, k: int, tree: TreeSpec | None = None) -> int:
     plus a margin of 3k + 8 for the rows a decode step with up to k drafts writes past the accepted length (a
     tree's: its widest block, TreeSpec.width)."""
     return max_model_len + 3 * (k if tree is None else tree.width(k)) + 8
+
+
+def context_len(max_model_len: int | None, ctx: int) -> int:
+    """The context a run allows: max_model_len (None: the model's, ctx), cut to ctx with a line saying so;
+    PeagleError if it is not an integer >= 2 (a prompt token and one more)."""
+    if max_model_len is None:
+        return ctx
+    if not isinstance(max_model_len, int) or isinstance(max_model_len, bool) or max_model_len < 2:
+        raise PeagleError(f"max_model_len must be an integer >= 2 (a prompt token and one more), got "
+                          f"{max_model_len!r}")
+    if max_model_len > ctx:
+        print(f"peagle: max_model_len {max_model_len} is above the model's context ({ctx}): using {ctx}",
+              file=sys.stderr)
+    return min(max_model_len, ctx)
 
 
 @dataclass
@@ -89,11 +104,7 @@ class Engine:
         self.k_policy = k_policy if k_policy is not None and proposer is not None else FixedK(self.k)
         self.k_policy.attach(proposer)
         self.max_num_seqs = max_num_seqs
-        ctx = target.cfg.max_position_embeddings
-        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
-            raise PeagleError(f"max_model_len must be an integer >= 2 (a prompt token and one more), got "
-                              f"{max_model_len!r}")
-        self.max_model_len = min(max_model_len or ctx, ctx)
+        self.max_model_len = context_len(max_model_len, target.cfg.max_position_embeddings)
         self.cache = target.new_cache(1, cache_len(self.max_model_len, self.k, self.tree))
         self.state = RowState(self.device)
         self.aux_ids = proposer.head.aux_ids if proposer is not None else ()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -19,7 +18,7 @@ from .autok.factory import k_max_for, make_policy
 from .device import resolve
 from .drafters.eagle3 import Eagle3Proposer
 from .drafters.peagle import PEagleProposer
-from .engine import Engine, cache_len
+from .engine import Engine, cache_len, context_len
 from .errors import PeagleError
 from .heads.model import DrafterHead
 from .kpolicy import KPolicy
@@ -85,15 +84,7 @@ def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, m
     largest K the config allows, and the K policy: k_policy if given, else the config's (FixedK, vLLM's
     schedule, or AutoK, whose cost model is cached per model_dir, head and dtype, or measured with engines
     built here)."""
-    ctx = target.cfg.max_position_embeddings
-    if max_model_len is not None and (not isinstance(max_model_len, int) or isinstance(max_model_len, bool)
-                                      or max_model_len < 2):
-        raise PeagleError(f"max_model_len must be an integer >= 2 (a prompt token and one more), got "
-                          f"{max_model_len!r}")
-    if max_model_len is not None and max_model_len > ctx:
-        print(f"peagle: max_model_len {max_model_len} is above the model's context ({ctx}): using {ctx}",
-              file=sys.stderr)
-    mlen = min(max_model_len or ctx, ctx)
+    mlen = context_len(max_model_len, target.cfg.max_position_embeddings)
     if spec is None:
         return Engine(target, tok, None, 0, max_num_seqs, mlen, seed, compile=compile)
     head = head if head is not None else load_head(spec, target)
