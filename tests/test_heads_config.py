@@ -16,6 +16,7 @@ from peagle.heads.config import (
     default_aux_layer_ids,
     is_parallel_head,
     resolve_mask_token,
+    validate_config,
     vllm_aux_layer_ids,
 )
 from peagle.heads.format import validate_head
@@ -119,3 +120,30 @@ def test_training_record_has_no_absolute_paths():
         for key in ("data", "init"):
             for p in str(rec.get(key) or "").split(","):
                 assert not os.path.isabs(p), (d, key, p)
+
+
+def test_rope_in_rope_parameters_is_the_heads_rope(tiny_dirs):
+    """transformers 5 stores the base and scaling in rope_parameters: the head drafts with them (it used the
+    default 10000 and no scaling: other positions than vLLM's), and a rope type peagle lacks is a problem."""
+    from peagle.models.layers import rope_inv_freq
+    d = head_config(tiny_dirs["llama"], parallel=False).to_dict()
+    d.pop("rope_theta")
+    d["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    hc = HeadConfig.from_dict(d)
+    assert hc.rope_theta == 500000.0 and hc.validate() == []
+    rope = DrafterHead(hc)._rope(torch.device("cpu"), torch.float32)
+    hd = hc.head_dim
+    assert torch.equal(rope.inv, rope_inv_freq(hd, 500000.0, d["rope_parameters"]))
+    assert not torch.allclose(rope.inv, rope_inv_freq(hd, 500000.0, None))          # the scaling is applied
+    d["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}
+    assert any("rope type 'yarn'" in p for p in HeadConfig.from_dict(d).validate())
+
+
+@pytest.mark.parametrize("key", ["norm_before_fc", "fc_norm", "norm_output"])
+def test_norms_vllm_applies_and_peagle_does_not_are_refused(tiny_dirs, key):
+    """A head with one of speculators' norm flags would draft from other states in peagle than in vLLM."""
+    d = head_config(tiny_dirs["llama"], parallel=False).to_dict()
+    assert validate_config(d) == []
+    d[key] = True
+    assert any(f"config.{key} is true" in p for p in validate_config(d))

@@ -95,3 +95,59 @@ def test_training_from_the_cache_equals_training_with_the_target(tiny_dirs, tmp_
     save_file({k: v[:-1] for k, v in t.items()}, sample_path(hs, 0))
     with pytest.raises(PeagleError, match="other data"):
         trainer_losses(target, data, str(tmp_path / "bad"), method, extra + ["--feature-cache", hs])
+
+
+def test_cache_samples_longer_than_max_tokens_or_too_short_and_aux_at_the_final_state(tiny_dirs, tmp_path):
+    """--data = a cache: a sample longer than --max-tokens is cut like its document (it failed at its first
+    row), samples with < 2 supervised tokens are left out like load_docs' (one crashed a step), a cache with no
+    usable sample is one line; a head reading the final state L as an aux state trains from the cache its own
+    run built (refused before: the cache stored L once, as the final state)."""
+    import argparse
+
+    from tiny import write_greedy_shard
+    from training import trainer_losses
+
+    from peagle.cli import train as cli
+    from peagle.train.loop import Trainer
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    L = target.cfg.num_hidden_layers
+    docs = _docs(6)
+    docs.append((torch.randint(5, 500, (300,)), torch.ones(300, dtype=torch.bool)))   # longer than 192
+    docs.append((torch.tensor([7]), torch.ones(1, dtype=torch.bool)))                # 1 token
+    d = str(tmp_path / "hs")
+    extract(target, docs, d, [1, 2, 3, L], progress=False)
+    flags = ["--ttt-steps", "2", "--aux-ids", "1,2,3"]
+    recs = trainer_losses(tiny_dirs["llama"], d, str(tmp_path / "o"), "eagle3", flags, steps=6)
+    assert len(recs) == 6 and all(r["loss"] > 0 for r in recs)
+    ap = argparse.ArgumentParser()
+    cli.add_arguments(ap)
+    a = ap.parse_args(["--method", "eagle3", "--target", tiny_dirs["llama"], "--data", d, "--out",
+                       str(tmp_path / "o2"), "--max-tokens", "192", "--steps", "1", "--quiet", "--device", "cpu",
+                       *flags])
+    a.max_docs = None
+    assert Trainer(a).hs_ids == list(range(7))                       # the 1-token sample left out
+    empty = str(tmp_path / "empty")
+    extract(target, [docs[-1]], empty, [1, 2, 3, L], progress=False)
+    with pytest.raises(PeagleError, match="no document"):
+        trainer_losses(tiny_dirs["llama"], empty, str(tmp_path / "o3"), "eagle3", flags)
+    data = write_greedy_shard(tiny_dirs["llama"], str(tmp_path / "data"), n=8)
+    recs = trainer_losses(tiny_dirs["llama"], data, str(tmp_path / "o4"), "eagle3",
+                          ["--ttt-steps", "2", "--aux-ids", f"1,2,{L}", "--feature-cache", str(tmp_path / "fc")],
+                          steps=2)
+    assert len(recs) == 2
+
+
+def test_a_feature_cache_of_other_documents_is_refused(tiny_dirs, tmp_path):
+    """Samples matched to documents by their tokens, not their lengths: a cache built from data B, reused by
+    a run on data A with the same lengths, used to train A's documents on B's states."""
+    from tiny import write_greedy_shard
+    from training import trainer_losses
+    target = tiny_dirs["llama"]
+    a = write_greedy_shard(target, str(tmp_path / "a"), n=6, seed=0)
+    b = write_greedy_shard(target, str(tmp_path / "b"), n=6, seed=1)
+    fc = str(tmp_path / "fc")
+    trainer_losses(target, b, str(tmp_path / "ob"), "eagle3", ["--ttt-steps", "2", "--feature-cache", fc], steps=1)
+    trainer_losses(target, b, str(tmp_path / "ob2"), "eagle3", ["--ttt-steps", "2", "--feature-cache", fc], steps=1)
+    with pytest.raises(PeagleError, match="other tokens than document 0"):
+        trainer_losses(target, a, str(tmp_path / "oa"), "eagle3", ["--ttt-steps", "2", "--feature-cache", fc],
+                       steps=1)

@@ -80,3 +80,24 @@ def test_original_responses_keep_the_corpus_answer_with_the_loss_on_it(tmp_path)
     tree = ast.parse(src)
     p, body = _code_prompt(src, tree, tree.body[0], with_body=True)
     assert p + body == src and body == "    b = a + a\n    return b\n"
+
+
+def test_step_plan_trains_every_document_once_per_epoch_whatever_its_row_count():
+    """Epochs pack into different numbers of rows; each takes its own number of steps (epoch 0's count for
+    every epoch dropped rows from larger epochs and ran empty steps in smaller ones)."""
+    from peagle.train.data import StepPlan, epoch_rows
+    lengths = [50, 120, 7, 300, 60, 90, 40, 200, 30, 80, 25]
+    counts = [len(epoch_rows(lengths, 256, 0, e)) for e in range(3)]
+    assert len(set(counts)) > 1                     # the case that broke: epochs of different sizes
+    plan = StepPlan(lengths, 256, 0, 1)
+    total = plan.steps_for(3)
+    assert total == sum(counts)
+    seen = {}
+    for s in range(total):
+        e, rows = plan.step_rows(s)
+        assert rows, s                                                     # no empty step
+        seen.setdefault(e, []).extend(d for _, ds in rows for d in ds)
+    assert {e: sorted(v) for e, v in seen.items()} == {e: list(range(len(lengths))) for e in range(3)}
+    assert plan.steps_for(1.5) == counts[0] + -(-counts[1] // 2)
+    two = StepPlan(lengths, 256, 0, 2)
+    assert two.steps_for(1) == counts[0] // 2 and two.locate(two.steps_for(1)) == (1, 0)

@@ -247,6 +247,12 @@ def test_ctrl_c_saves_the_step_and_resume_continues_without_duplicate_logs(tiny_
     assert os.path.isfile(os.path.join(out, "config.json"))               # a usable head at step 4
     monkeypatch.setattr(Trainer, "train_step", step)
     assert main(args) == 1 and "--resume continues it" in capsys.readouterr().err
+    # a resume with another seed or batch would train other rows in another order: refused, naming them
+    assert main(args + ["--resume", "--seed", "7", "--batch-rows", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "--seed 7 (checkpoint: 0)" in err and "--batch-rows 2 (checkpoint: 1)" in err
+    assert main(args + ["--resume", "--data", data + "," + data]) == 1
+    assert "other documents" in capsys.readouterr().err
     assert main(args + ["--resume"]) == 0
     with open(os.path.join(out, "train_log.jsonl")) as f:
         steps = [json.loads(x)["step"] for x in f]

@@ -162,6 +162,9 @@ class HeadConfig:
         ptd, pard = cfg.get("ptd_token_id"), cfg.get("pard_token")
         kw["mask_token_id"] = ptd if ptd is not None else pard
         kw["extra"] = {k: v for k, v in cfg.items() if k not in names and k not in _OWNED_KEYS}
+        rp = cfg.get("rope_parameters")
+        if cfg.get("rope_theta") is None and isinstance(rp, Mapping) and rp.get("rope_theta") is not None:
+            kw["rope_theta"] = rp["rope_theta"]             # transformers 5's form: the base inside rope_parameters
         try:
             return cls(**kw)
         except TypeError as e:
@@ -181,6 +184,11 @@ class HeadConfig:
                    draft_vocab_size=draft_vocab or target.vocab_size, target_hidden_size=target.hidden_size,
                    eagle_aux_hidden_state_layer_ids=list(aux_ids or default_aux_layer_ids(target.num_hidden_layers)),
                    mask_token_id=mask_token, extra=dict(extra))
+
+    @property
+    def rope_scaling(self) -> dict | None:
+        """rope_scaling, or a non-default rope_parameters (transformers 5's name for it)."""
+        return rope_scaling_of(self.extra)
 
     def to_dict(self) -> dict:
         out = dict(self.extra)
@@ -214,6 +222,20 @@ def int_problems(cfg: Mapping) -> list[str]:
     return out
 
 
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_scaling_of(config: Mapping) -> dict | None:
+    """A config's rope scaling: rope_scaling, else rope_parameters when its type is not the default."""
+    rs = config.get("rope_scaling")
+    if isinstance(rs, Mapping):
+        return dict(rs)
+    rp = config.get("rope_parameters")
+    if isinstance(rp, Mapping) and rp.get("rope_type", "default") != "default":
+        return dict(rp)
+    return None
+
+
 def validate_config(config: Mapping, target_config: Mapping | None = None, parallel: bool | None = None) -> list[str]:
     """The config part of :func:`validate_head` (no tensors)."""
     problems: list[str] = []
@@ -238,6 +260,12 @@ def validate_config(config: Mapping, target_config: Mapping | None = None, paral
         P(f"config.rms_norm_eps must be a number (got {cfg.get('rms_norm_eps')!r})")
     if "rope_theta" not in cfg and "rope_parameters" not in cfg:
         P("config needs rope_theta (or rope_parameters); without it vLLM silently uses 10000")
+    rs = rope_scaling_of(cfg)
+    if rs is not None and rs.get("rope_type", rs.get("type")) not in ROPE_TYPES:
+        P(f"rope type {rs.get('rope_type', rs.get('type'))!r}: peagle's drafter runs {', '.join(ROPE_TYPES)}")
+    for key in ("norm_before_fc", "fc_norm", "norm_output"):
+        if cfg.get(key):
+            P(f"config.{key} is true: a norm vLLM applies and peagle's drafter does not (not supported)")
     if cfg.get("tie_word_embeddings", False) is not False:
         P("config.tie_word_embeddings must be false (the head has its own lm_head over the draft vocabulary)")
     if not isinstance(cfg.get("norm_before_residual"), bool):

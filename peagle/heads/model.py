@@ -125,7 +125,7 @@ class DrafterHead(nn.Module):
     def _rope(self, device, dtype):
         if self.rope is None or self.rope.device != device or self.rope.dtype != dtype:
             c = self.config
-            self.rope = Rope(c.head_dim, float(c.rope_theta), c.extra.get("rope_scaling"),
+            self.rope = Rope(c.head_dim, float(c.rope_theta), c.rope_scaling,
                              int(c.max_position_embeddings) + 64, dtype, device)
         return self.rope
 

@@ -5,8 +5,10 @@ metadata "info" = JSON (source of each doc).  A shard is written atomically (tmp
 datagen run resumes by skipping the shards that exist."""
 from __future__ import annotations
 
+import bisect
 import glob
 import json
+import math
 import os
 import random
 
@@ -73,3 +75,44 @@ def epoch_rows(lengths: list[int], max_tokens: int, seed: int, epoch: int) -> li
     if cur:
         rows.append(cur)
     return rows
+
+
+class StepPlan:
+    """Optimizer steps over epochs: epoch e packs its own rows (epoch_rows: seed + e) and takes
+    max(1, rows // batch_rows) steps of batch_rows consecutive rows (a last partial batch is left out). Epochs
+    pack into different numbers of rows, so each epoch's first step is the sum of the steps before it."""
+
+    def __init__(self, lengths: list[int], max_tokens: int, seed: int, batch_rows: int):
+        self.lengths, self.max_tokens, self.seed, self.R = lengths, max_tokens, seed, batch_rows
+        self.starts = [0]                      # starts[e]: the first step of epoch e
+        self._rows: tuple[int | None, list] = (None, [])
+
+    def rows(self, epoch: int) -> list[list[int]]:
+        if self._rows[0] != epoch:
+            self._rows = (epoch, epoch_rows(self.lengths, self.max_tokens, self.seed, epoch))
+        return self._rows[1]
+
+    def _extend(self) -> None:
+        e = len(self.starts) - 1
+        self.starts.append(self.starts[-1] + max(1, len(self.rows(e)) // self.R))
+
+    def steps_for(self, epochs: float) -> int:
+        """Optimizer steps in the first `epochs` epochs (a fraction of the last one rounded up)."""
+        full = int(epochs)
+        while len(self.starts) <= full + 1:
+            self._extend()
+        part = epochs - full
+        return self.starts[full] + math.ceil(part * (self.starts[full + 1] - self.starts[full]))
+
+    def locate(self, step: int) -> tuple[int, int]:
+        """(epoch, step within it)."""
+        while self.starts[-1] <= step:
+            self._extend()
+        e = bisect.bisect_right(self.starts, step) - 1
+        return e, step - self.starts[e]
+
+    def step_rows(self, step: int) -> tuple[int, list[tuple[int, list[int]]]]:
+        """(epoch, [(row index, doc ids)]) of one step's global batch."""
+        e, p = self.locate(step)
+        rows = self.rows(e)
+        return e, [(i, rows[i]) for i in range(p * self.R, min((p + 1) * self.R, len(rows)))]

@@ -10,8 +10,8 @@ Layout of a cache directory (what speculators' vLLM extraction writes, plus the 
                             "dtype": "float32", "num_samples": N, "model": ...}
 Invariants: the last layer id is the final state L (the teacher: logits = lm_head(norm(h_L)), tied
 embeddings are the target's lm_head); a file is written atomically (tmp + rename), so an interrupted
-extraction resumes at the first missing file; the aux states the drafter reads are `layer_ids[:-1]`, which
-must equal the head's aux ids (checked when training starts)."""
+extraction resumes at the first missing file; the aux states the drafter reads are the columns of its aux ids
+(each must be stored; checked when training starts, with each sample's tokens against the data's)."""
 from __future__ import annotations
 
 import json
@@ -114,15 +114,33 @@ class HiddenStateCache:
             raise PeagleError(f"{d}: {len(missing)} of {n} samples are missing (first hs_{missing[0]}); "
                               "rerun the extraction to complete it")
         self.n = n
+        self.aux_cols = list(range(len(self.layer_ids) - 1))     # columns features() returns as aux states
 
     def __len__(self) -> int:
         return self.n
 
     def check_aux(self, aux_ids) -> None:
+        """Read the head's aux ids from here on (columns by id: the final state may be one of them, and the
+        cache may hold more layers); PeagleError if one is not stored."""
         want = [int(a) for a in aux_ids]
-        if self.layer_ids[:-1] != want:
-            raise PeagleError(f"{self.dir} holds layers {self.layer_ids} (aux {self.layer_ids[:-1]} + final); "
-                              f"the head reads aux {want}")
+        missing = [a for a in want if a not in self.layer_ids]
+        if missing:
+            raise PeagleError(f"{self.dir} holds layers {self.layer_ids} (the last one the final state); the "
+                              f"head reads aux {want}: {missing} not stored")
+        self.aux_cols = [self.layer_ids.index(a) for a in want]
+
+    def check_tokens(self, docs: list[torch.Tensor]) -> None:
+        """PeagleError unless sample i holds document i's tokens, for every document (a cache made from other
+        data would give each document another one's states)."""
+        if len(docs) > self.n:
+            raise PeagleError(f"{self.dir} holds {self.n} samples, the data {len(docs)} documents: made from other "
+                              "data; use another --feature-cache")
+        for i, t in enumerate(docs):
+            with safe_open(sample_path(self.dir, i), "pt") as f:
+                ids = f.get_tensor("token_ids")
+            if not torch.equal(ids.long(), t.long()):
+                raise PeagleError(f"{self.dir}: sample {i} holds other tokens than document {i} of the data (made "
+                                  "from other data or --max-tokens); use another --feature-cache")
 
     def doc(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         with safe_open(sample_path(self.dir, i), "pt") as f:
@@ -134,4 +152,4 @@ class HiddenStateCache:
         with safe_open(sample_path(self.dir, i), "pt") as f:
             h = f.get_tensor("hidden_states").float()                  # [n, n_layers, H]
         n = h.shape[0]
-        return h[:, :-1].reshape(n, -1), h[:, -1]
+        return h[:, self.aux_cols].reshape(n, -1), h[:, -1]

@@ -2,7 +2,8 @@
 optimizer, scheduler, RNG, data position), --resume, and data parallelism under torchrun.
 
 Data order is a pure function of (seed, epoch): each epoch shuffles the documents and packs them into rows
-of <= max_tokens tokens; one optimizer step consumes `batch_rows` consecutive rows (the global batch).
+of <= max_tokens tokens; one optimizer step consumes `batch_rows` consecutive rows (the global batch; each
+epoch's own number of steps: data.StepPlan). A --resume keeps the settings and documents (resume.py).
 Under torchrun rank r takes rows r, r+W, ... of the step; COD sampling is seeded per (seed, epoch, row),
 so every row gets the same elements whatever rank runs it.  Losses are divided by the *global* count of
 supervised elements (all-reduced before the backward passes) and gradients are summed across ranks by torch's
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import signal
 import sys
 import time
 
@@ -42,10 +41,11 @@ from .common import (
     set_rng_state,
 )
 from .config import TrainConfig
-from .data import epoch_rows, load_docs
+from .data import StepPlan, load_docs
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
+from .resume import GracefulInterrupt, check_resume, docs_fingerprint, trim_log
 from .train_linear import install_linears
 from .train_ops import install_ops
 
@@ -100,15 +100,25 @@ class Trainer:
         self.target = load_target(c.target, dtype=run_dtype, backend=c.target_backend,
                                   device=self.device)
         # --data: `peagle datagen` token shards, or a hidden-state cache (speculators' format) made elsewhere
+        # (hs_ids[i]: the cache sample of document i; samples with < 2 supervised tokens are left out, as
+        # load_docs leaves out such documents)
         self.hs = HiddenStateCache(c.data) if is_cache(c.data) else None
         if self.hs is not None:
-            self.docs = [self.hs.doc(i) for i in range(len(self.hs))][: c.max_docs]
+            kept = [(i, d) for i, d in ((i, self.hs.doc(i)) for i in range(len(self.hs))) if int(d[1].sum()) >= 2]
+            kept = kept[: c.max_docs]
+            self.hs_ids, self.docs = [i for i, _ in kept], [d for _, d in kept]
         else:
             self.docs = load_docs(c.data, c.max_docs)
+            self.hs_ids = list(range(len(self.docs)))
+        if not self.docs:
+            raise PeagleError(f"--data {c.data}: no document with at least 2 supervised tokens: nothing to train on")
         self.lengths = [len(d[0]) for d in self.docs]
         os.makedirs(c.out, exist_ok=True)
         self.ckpt_dir = os.path.join(c.out, "checkpoint")
+        self.fingerprint = docs_fingerprint(self.docs)
         ck = self._load_ckpt() if c.resume else None
+        if ck is not None:
+            check_resume(ck, c.to_dict(), self.fingerprint, self.ckpt_dir)
         V = self.target.cfg.vocab_size
         src = None
         if ck is not None:
@@ -152,21 +162,20 @@ class Trainer:
                         model_name=portable_path(c.target))
             barrier(self.world)
             self.hs = HiddenStateCache(c.feature_cache)
+            self.hs.check_tokens([t[: c.max_tokens] for t, _ in self.docs])
         if self.hs is not None:
             self.hs.check_aux(self.head.aux_ids)
         self.table = MaskTable(c.max_tokens, self.device)
         params = [p for p in self.head.parameters() if p.requires_grad]
         self.ddp = GradSync.wrap(self.head, self.world)
         self.opt = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=c.weight_decay)
-        self.rows_per_epoch = len(epoch_rows(self.lengths, c.max_tokens, c.seed, 0))
-        self.steps_per_epoch = max(1, self.rows_per_epoch // c.batch_rows)
-        self.total = c.steps or int(math.ceil(c.epochs * self.steps_per_epoch))
+        self.plan = StepPlan(self.lengths, c.max_tokens, c.seed, c.batch_rows)
+        self.total = c.steps or self.plan.steps_for(c.epochs)
         warm = max(1, int(c.warmup * self.total)) if c.warmup < 1 else int(c.warmup)
         self.warm = warm
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: self.lr_factor(s, s / max(1, self.total)))
         self.step = 0
         self.elapsed = 0.0
-        self._epoch_cache = (None, None)
         if ck is not None:
             self.head.load_state_dict(ck["model"])
             self.opt.load_state_dict(ck["opt"])
@@ -193,28 +202,22 @@ class Trainer:
                 g["lr"] = self.cfg.lr * self.lr_factor(self.step, frac)
 
     # ---------------------------------------------------------------- data
-    def _rows_of_epoch(self, epoch):
-        if self._epoch_cache[0] != epoch:
-            self._epoch_cache = (epoch, epoch_rows(self.lengths, self.cfg.max_tokens, self.cfg.seed, epoch))
-        return self._epoch_cache[1]
-
     def batch_rows(self, step):
-        """Global row ids (epoch, row index) of this step and the ones this rank runs."""
-        e, p = divmod(step, self.steps_per_epoch)
-        rows = self._rows_of_epoch(e)
-        R = self.cfg.batch_rows
-        ids = list(range(p * R, min((p + 1) * R, len(rows))))
-        return e, [(i, rows[i]) for i in ids[self.rank::self.world]]
+        """This step's epoch and the (row index, doc ids) of its global batch that this rank runs."""
+        e, rows = self.plan.step_rows(step)
+        return e, rows[self.rank::self.world]
 
     def make_row(self, doc_ids):
         """A packed row (token bookkeeping on the CPU; see pack_row)."""
         docs = [self.docs[i] for i in doc_ids]
         if self.hs is not None:
-            feats = [self.hs.features(i) for i in doc_ids]
+            M = self.cfg.max_tokens
+            feats = [self.hs.features(self.hs_ids[i]) for i in doc_ids]
+            feats = [(aux[:M], fin[:M]) for aux, fin in feats]         # pack_row cuts the documents at M
             for i, (aux, _), (t, _) in zip(doc_ids, feats, docs):
-                if len(aux) != min(len(t), self.cfg.max_tokens):
-                    raise PeagleError(f"hidden states of sample {i} cover {len(aux)} tokens, the document has "
-                                      f"{len(t)}: the cache was made from other data or --max-tokens")
+                if len(aux) != min(len(t), M):
+                    raise PeagleError(f"hidden states of sample {self.hs_ids[i]} cover {len(aux)} tokens, the "
+                                      f"document has {min(len(t), M)}: the cache was made from other data")
         else:
             feats = self.teacher.doc_features([d[0][: self.cfg.max_tokens] for d in docs])
         # hard labels read the drafted tokens only: no teacher distribution to compute
@@ -292,10 +295,11 @@ class Trainer:
             return
         os.makedirs(self.ckpt_dir, exist_ok=True)
         fn = os.path.join(self.ckpt_dir, "ckpt.pt")
+        epoch, in_epoch = self.plan.locate(self.step)
         ck = {"model": self.head.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
               "step": self.step, "elapsed": self.elapsed, "draft_ids": self.draft_ids, "head_cfg": self.head.cfg,
               "rng": rng_state(),
-              "data": {"epoch": self.step // self.steps_per_epoch, "step_in_epoch": self.step % self.steps_per_epoch,
+              "data": {"epoch": epoch, "step_in_epoch": in_epoch, "fingerprint": self.fingerprint,
                        "seed": self.cfg.seed, "max_tokens": self.cfg.max_tokens, "batch_rows": self.cfg.batch_rows},
               "config": self.cfg.to_dict()}
         save_checkpoint(fn, ck)
@@ -394,41 +398,3 @@ class Trainer:
                 if self.rank == 0 and not interrupt.hit:
                     print(f"\nstopping at step {self.step}: --max-minutes reached", flush=True)
                 break
-
-
-class GracefulInterrupt:
-    """While training: the first Ctrl-C (SIGINT) only sets `hit`, so the step under way finishes and the loop
-    saves a checkpoint and the head before stopping; a second Ctrl-C interrupts at once (the handler before).
-    Installed from the main thread only (elsewhere `hit` stays False)."""
-
-    def __init__(self):
-        self.hit, self._old = False, None
-        try:
-            self._old = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:                      # not the main thread
-            self._old = None
-
-    def _handle(self, signum, frame):
-        self.hit = True
-        self.restore()
-        print("\ntrain: Ctrl-C: finishing this step, then saving a checkpoint and the head (Ctrl-C again to stop "
-              "now)", file=sys.stderr, flush=True)
-
-    def restore(self):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-            self._old = None
-
-
-def trim_log(fn: str, step: int) -> None:
-    """Drop the records of train_log.jsonl past `step` (a resumed run's checkpoint): they are logged again."""
-    if not os.path.isfile(fn):
-        return
-    with open(fn) as f:
-        lines = f.readlines()
-    keep = [x for x in lines if not x.strip() or json.loads(x).get("step", 0) <= step]
-    if len(keep) != len(lines):
-        tmp = fn + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(keep)
-        os.replace(tmp, fn)
