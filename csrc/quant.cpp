@@ -113,6 +113,7 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor h, torch:
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && h.scalar_type() == torch::kFloat32 &&
               weight.scalar_type() == torch::kFloat32 && x.sizes() == h.sizes(), "add_rms_norm: float32, same shapes");
   const int64_t H = x.size(-1);
+  TORCH_CHECK(weight.numel() == H, "add_rms_norm: x, h [..., H], weight [H]");
   auto xc = x.contiguous(), hc = h.contiguous(), wc = weight.contiguous();
   auto res = torch::empty_like(xc), out = torch::empty_like(xc);
   po::add_rms_norm(xc.data_ptr<float>(), hc.data_ptr<float>(), wc.data_ptr<float>(), xc.numel() / H, H, (float)eps,

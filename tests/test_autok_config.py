@@ -41,6 +41,11 @@ def test_from_dict_and_back():
     ({"margins": 0.1}, "unknown auto_k key"), ({"margin": "0.1"}, "auto_k.margin"), ({"settle": True}, "auto_k.settle"),
     ({"margin": -0.1}, "margin"), ({"settle": 0}, "settle"), ({"probe_tol": 1.5}, "probe_tol"),
     ({"guard": {"windows": 3}}, "unknown guard key"), ({"guard": {"window": 0}}, "window"), ([], "JSON object"),
+    # the guard's own fields: a string is not a bool ("false" kept the guard on), NaN / out-of-range numbers
+    ({"guard": {"enabled": "false"}}, "guard.enabled"), ({"guard": {"window": 2.7}}, "guard.window"),
+    ({"guard": {"budget": float("nan")}}, "guard.budget"), ({"guard": {"rate": 3.0}}, "rate"),
+    ({"guard": {"z": -1.0}}, "z >= 0"), ({"guard": {"min_speedup": 0}}, "min_speedup"),
+    ({"keep": -5}, "keep"), ({"keep": float("nan")}, "keep"),
 ])
 def test_bad_settings_are_one_line_errors(bad, match):
     with pytest.raises(PeagleError, match=match):

@@ -59,6 +59,27 @@ def test_save_load_round_trip(tmp_path):
     with open(p, "w") as f:
         json.dump({"format": 0}, f)
     assert CostModel.load(p) is None and CostModel.load(str(tmp_path / "none.json")) is None
+    # a damaged file is measured again, not a crash (a list) or NaN costs that a step then trusts
+    good = cm.to_json()
+    for bad in ([], None, "x", {**good, "batch_sizes": good["batch_sizes"][::-1]},
+                {**good, "seconds_per_step": [[float("nan")] + r[1:] for r in good["seconds_per_step"]]},
+                {**good, "seconds_per_step": [[None] + r[1:] for r in good["seconds_per_step"]]},
+                {**good, "seconds_per_step": good["seconds_per_step"][:-1]}):
+        with open(p, "w") as f:
+            json.dump(bad, f)
+        assert CostModel.load(p) is None, bad
+    with open(p, "w") as f:
+        json.dump(good, f)
+    assert CostModel.load(p) is not None                                    # the control loads
+
+
+def test_cache_key_of_a_gguf_file_follows_the_file(tmp_path):
+    """A .gguf model has no config.json: its size and time identify it (two files shared one cost model)."""
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"x" * 10)
+    b.write_bytes(b"x" * 20)
+    key = lambda p: cache_key(str(p), str(tmp_path), "peagle", torch.float32, {"ctx_len": 64})[0]
+    assert key(a) != key(b) and key(a) == key(a)
 
 
 def test_cache_key_follows_the_head_content_not_its_path(tmp_path):

@@ -74,6 +74,19 @@ def test_vllm_schedule_picks_k_by_batch_size(target, tmp_path):
     assert m["k_policy"] == {"mode": "schedule", "k_max": 5, "schedule": [[1, 2, 5], [3, 8, 0]]}
 
 
+def test_cost_models_are_cached_per_kernels(monkeypatch):
+    """Steps through the C++ kernels and through torch's products cost different times: different keys."""
+    import types
+
+    import peagle.autok.factory as factory
+    tgt = types.SimpleNamespace(device="cpu", quantization="none", f32_kernel=True)
+    with_ext = factory.cost_settings(tgt)
+    monkeypatch.setattr(factory.quant_ext, "get", lambda: None)
+    assert factory.cost_settings(tgt) != with_ext
+    assert factory.cost_settings(types.SimpleNamespace(device="cpu", quantization="none", f32_kernel=False)) != \
+        factory.cost_settings(tgt)
+
+
 def test_cost_models_are_cached_per_quantization(tmp_path, monkeypatch):
     """A q4 target's steps cost another time than the float one's: their cost models never share a cache file."""
     import types

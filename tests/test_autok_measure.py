@@ -91,6 +91,21 @@ def test_one_step_that_cannot_pay_cuts_nothing():
     assert cm.meta["measured_k_max"] == [4] and max(k for _, k in eng[0].steps) == 4
 
 
+def test_rows_at_the_context_limit_end_the_cell_instead_of_failing():
+    """A step that decodes nothing (every row finished: a tiny context limit) logs no step: measure() moved on
+    instead of reading a log entry that is not there (IndexError)."""
+    class Finishing(ScriptedEngine):
+        def step(self):
+            if len(self.steps) >= 3 and not self.waiting:
+                self.running = []                                      # every row reached the limit
+                return
+            super().step()
+    eng = []
+    cm = measure(Target(), lambda policy, *a: eng.append(Finishing(policy, lambda B, k: 1.0 + 0.1 * k)) or eng[0],
+                 2, [1, 2], steps=2)
+    assert cm.t.shape == (2, 3) and (cm.t > 0).all()
+
+
 def test_one_k_left_out_is_named_alone():
     seconds = {1: lambda k: 1.0 + (0.1 * k if k < 3 else 1.0 * k)}      # K = 3 and 4 cannot pay: K5 extrapolated
     eng, lines = [], []

@@ -60,7 +60,7 @@ def test_tree_chain_or_plain_per_batch_size():
     assert best_kind_per_batch((e_chain, chain), (expected_tokens([0.0] * 3), tree), 32)[0][0] != "tree"  # control
 
 
-def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys):
+def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys, monkeypatch):
     from peagle.cli import main
     tgt = tiny_dirs["llama"]
     head = save_random_head(tgt, str(tmp_path / "h"), layers=1)
@@ -86,8 +86,14 @@ def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys):
     assert rc == 0 and cfg["num_speculative_tokens"] == 3            # any K up to the maximum
     capsys.readouterr()
     tree_spec = json.dumps({**json.loads(spec), "eagle_topk": 2, "num_draft_tokens": 4})
+    import peagle.cli.tune as tune_cli
+    made = []
+    real = tune_cli.measuring_engines
+    monkeypatch.setattr(tune_cli, "measuring_engines", lambda t, h, s, k: made.append(s) or real(t, h, s, k))
     rc = main(["tune", tgt, "--speculative-config", tree_spec, "--max-num-seqs", "6", "--num-prompts", "2",
                "--output-len", "8", "--dataset", "humaneval", "--out", out])
+    # vLLM's schedule from chain steps (tree steps were measured and cached as the chain's), the trees beside
+    assert [s.tree(3) is None for s in made] == [True, False]
     with open(out) as f:
         cfg = json.load(f)
     err = capsys.readouterr().err

@@ -77,3 +77,50 @@ def test_llm_runs_a_gguf_file(tiny_gguf):
     assert "tiny.gguf" in llm.engine.target.precision
     out = llm.generate({"prompt_token_ids": [5, 6, 7, 8]}, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 6
+
+
+def test_auto_follows_the_projections_block_types_not_the_embeddings(qtarget, tmp_path):
+    """A file of float projections with a Q4_0 embedding runs as float (auto re-quantized every projection to
+    Q4_1 and called them "blocks as stored"); Q4 projections make it q4."""
+    import gguf
+    from ggufs import write_tiny_gguf
+
+    from peagle.models.gguf_target import block_family
+    T = gguf.GGMLQuantizationType
+    f, q = str(tmp_path / "f.gguf"), str(tmp_path / "q.gguf")
+    write_tiny_gguf(qtarget, f, {"proj.weight": T.F16, "embed_tokens.weight": T.Q4_0})
+    write_tiny_gguf(qtarget, q, {"proj.weight": T.Q4_0, "embed_tokens.weight": T.F16})
+    assert block_family(f) is None and block_family(q) == "q4"
+
+
+def test_a_converted_directory_runs_its_source_blocks_only_while_its_weights_are_the_conversions(qtarget, tmp_path):
+    """q4 / auto on a directory converted from a GGUF file run that file's blocks; once model.safetensors is
+    replaced (fine-tuned in place), they ran the old file's weights: now the directory's own weights. A Q8_0-only
+    source runs its blocks under q8 (auto says so), not under q4."""
+    import json
+    import shutil
+
+    import gguf
+    from ggufs import write_tiny_gguf
+    from tiny import save_tiny
+
+    from peagle.models.gguf import sha256_file
+    from peagle.models.loader import load_target
+    T = gguf.GGMLQuantizationType
+    d = str(tmp_path / "conv")
+    shutil.copytree(qtarget, d)
+    write_tiny_gguf(d, os.path.join(d, "src.gguf"), {"proj.weight": T.Q4_1})
+    stamp = os.path.join(d, "conversion.json")
+    st = os.path.join(d, "model.safetensors")
+    with open(stamp, "w") as f:
+        json.dump({"source": "src.gguf", "safetensors_sha256": sha256_file(st)}, f)
+    assert "blocks of src.gguf" in load_target(d, quantization="q4").precision
+    with open(stamp) as f:
+        assert json.load(f)["safetensors_stat"][0] == os.path.getsize(st)        # noted: later loads do not hash
+    assert "blocks of src.gguf" in load_target(d, quantization="q4a8").precision
+    assert "blocks of" not in load_target(d, quantization="q8").precision      # Q4 blocks are not q8's
+    other = str(tmp_path / "other")
+    save_tiny("llama", other, intermediate_size=128, seed=7)
+    shutil.copy(os.path.join(other, "model.safetensors"), st)                    # replaced in place
+    assert "blocks of" not in load_target(d, quantization="q4").precision
+    assert load_target(d, quantization="auto").quantization == "none"

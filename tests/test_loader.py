@@ -1,5 +1,9 @@
 """Backend choice: auto runs the native target where it is exact, transformers elsewhere; explicit choices
-are honoured or refused with the reason."""
+are honoured or refused with the reason; a config that does not describe the weights is refused at load."""
+import json
+import os
+import shutil
+
 import pytest
 from tiny import save_tiny
 
@@ -31,3 +35,22 @@ def test_native_refusals_name_the_reason(tmp_path, family_dirs):
         resolve_backend(mixed, "vllm")
     with pytest.raises(PeagleError, match="not found"):
         resolve_backend(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("patch, match", [
+    ({"num_hidden_layers": 2}, "hold 4 layers"), ({"num_attention_heads": 8}, "q_proj.weight has shape"),
+    ({"num_key_value_heads": 4}, "k_proj.weight has shape"), ({"intermediate_size": 64}, "gate_proj.weight has shape"),
+])
+@pytest.mark.parametrize("quantization", ["none", "q4"])
+def test_a_config_that_does_not_describe_the_weights_is_one_line(tiny_dirs, tmp_path, patch, match, quantization):
+    """Fewer layers in the config than in the weights ran the first ones and gave wrong outputs; wrong head
+    counts failed inside the first forward's kernel: both are refused at load, naming the tensor."""
+    d = str(tmp_path / "m")
+    shutil.copytree(tiny_dirs["llama"], d)
+    assert load_target(d, quantization=quantization) is not None               # the control loads
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({**cfg, **patch}, f)
+    with pytest.raises(PeagleError, match=match):
+        load_target(d, quantization=quantization)

@@ -254,6 +254,8 @@ def test_fused_ops_match_torch():
     s, n = Q.add_rms_norm(x, h, wt, 1e-5)
     assert torch.equal(s, x + h)
     assert torch.allclose(n, torch.nn.functional.rms_norm(x + h, (64,), wt, 1e-5), atol=1e-5)
+    with pytest.raises(RuntimeError):                   # a short weight: refused, not read past its end
+        Q.add_rms_norm(x, h, wt[:32], 1e-5)
     gu = torch.randn(3, 2, 80, generator=g)
     assert torch.allclose(Q.silu_mul(gu), torch.nn.functional.silu(gu[..., :40]) * gu[..., 40:], atol=1e-6)
     # every range the own exp meets (e^-a past float's range both ways), a tail of 5, and batch invariance

@@ -46,10 +46,19 @@ class GuardConfig:
     z: float = 1.0              # noise allowance of the early stop, in standard deviations
 
     def __post_init__(self):
+        for f in fields(self):                   # JSON values: a bool is a bool, an int an int, a float finite
+            v, want = getattr(self, f.name), type(f.default)
+            ok = isinstance(v, bool) if want is bool else (
+                isinstance(v, int) and not isinstance(v, bool) if want is int else
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            if not ok:
+                raise ValueError(f"guard.{f.name} must be {want.__name__ if want is not float else 'a finite number'}, "
+                                 f"got {v!r}")
         if min(self.window, self.backoff, self.refresh, self.plain_samples, self.plain_spacing) < 1 \
-                or self.min_steps < 2 or self.max_backoff < self.backoff or self.budget <= 0:
+                or self.min_steps < 2 or self.max_backoff < self.backoff or self.budget <= 0 \
+                or not 0 < self.rate <= 1 or self.z < 0 or self.min_speedup <= 0:
             raise ValueError("guard: window, backoff, refresh, plain_samples, plain_spacing >= 1, min_steps >= 2, "
-                             "budget > 0, max_backoff >= backoff")
+                             "budget > 0, max_backoff >= backoff, 0 < rate <= 1, z >= 0, min_speedup > 0")
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class AutoKConfig:
             raise ValueError("settle, horizon and default_max_tokens must be >= 1")
         if self.probe_tol is not None and not 0 <= self.probe_tol < 1:
             raise ValueError("probe_tol must be in [0, 1) or None")
+        if not 0 <= self.keep < 10:
+            raise ValueError(f"keep must be a fraction >= 0 (e.g. 0.02), got {self.keep!r}")
         if not isinstance(self.guard, GuardConfig):
             raise ValueError(f"guard must be a GuardConfig, got {type(self.guard).__name__}")
 

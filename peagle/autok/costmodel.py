@@ -49,8 +49,12 @@ def _cpu_name() -> str:
 
 
 def _files_id(d: str) -> dict:
-    """A directory's identity for the cache: its config text and its weight files' sizes and times."""
+    """A model's identity for the cache: a directory's config text and its weight files' sizes and times; a
+    file's (a .gguf) size and time."""
     out = {"config": ""}
+    if os.path.isfile(d):
+        st = os.stat(d)
+        return {"file": os.path.basename(d), "size": st.st_size, "mtime": int(st.st_mtime)}
     try:
         with open(os.path.join(d, "config.json")) as f:
             out["config"] = hashlib.sha1(f.read().encode()).hexdigest()
@@ -185,10 +189,20 @@ class CostModel:
 
     @classmethod
     def from_json(cls, d: dict) -> "CostModel":
-        if d.get("format") != FORMAT:
-            raise ValueError(f"cost model format {d.get('format')!r}, expected {FORMAT}")
+        """ValueError unless d is a cost model of this format: ascending positive batch sizes, one row of finite
+        positive seconds per batch size, every row as long."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"not a cost model of format {FORMAT}")
+        bs, t = d.get("batch_sizes"), d.get("seconds_per_step")
+        if not (isinstance(bs, list) and bs and all(isinstance(b, int) and b > 0 for b in bs) and bs == sorted(set(bs))):
+            raise ValueError(f"batch_sizes must be ascending positive integers, got {bs!r}")
+        if not (isinstance(t, list) and len(t) == len(bs) and all(isinstance(r, list) and r and len(r) == len(t[0])
+                                                                   for r in t)):
+            raise ValueError("seconds_per_step must hold one row per batch size, every row as long")
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for r in t for x in r):
+            raise ValueError("seconds_per_step must be finite positive numbers")
         meta = {k: v for k, v in d.items() if k not in ("format", "batch_sizes", "k", "seconds_per_step")}
-        return cls(d["batch_sizes"], d["seconds_per_step"], meta=meta)
+        return cls(bs, t, meta=meta)
 
     def save(self, path: str):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

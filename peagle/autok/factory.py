@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 
 from ..kpolicy import BatchSizeSchedule, FixedK, KPolicy
+from ..models import quant_ext
 from .acceptance import Acceptance
 from .auto import AutoK
 from .config import AutoKConfig
@@ -54,17 +55,25 @@ def k_max_for(spec, head_cfg: dict) -> int:
     return auto_k_max(head_cfg, spec.max_num_speculative_tokens) if spec.auto else spec.num_speculative_tokens
 
 
-def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int, model_dir: str, head_dir: str,
-                   dtype, log=_log, refresh: bool = False) -> CostModel:
-    """The cached cost model of this machine/model/head if it covers k_max and max_batch; else (or with
-    refresh) measured now (once: tens of seconds on a CPU for a small model) and saved. make_engine: as
-    peagle.autok.measure.measure takes it."""
+def cost_settings(target) -> dict:
+    """What decides a target's step costs beyond its files and the machine (part of the cost cache's key)."""
     settings = {"ctx_len": CTX_LEN, "steps": STEPS, "small_passes": SMALL_PASSES, "device": str(target.device)}
     if getattr(target, "backend", "native") != "native":       # the transformers backend's steps cost more
         settings["backend"] = target.backend
     if getattr(target, "quantization", "none") != "none":      # q8 / q4 weights: another step cost
         settings["quantization"] = target.quantization
-    name, ident = cache_key(model_dir, head_dir, method, dtype, settings)
+    if str(target.device) == "cpu":     # the C++ kernels (or torch's products) and which of their paths run
+        settings["kernels"] = quant_ext.describe() if quant_ext.get() is not None else "torch"
+        settings["f32_kernel"] = bool(getattr(target, "f32_kernel", False))
+    return settings
+
+
+def cost_model_for(target, make_engine, method: str, k_max: int, max_batch: int, model_dir: str, head_dir: str,
+                   dtype, log=_log, refresh: bool = False) -> CostModel:
+    """The cached cost model of this machine/model/head if it covers k_max and max_batch; else (or with
+    refresh) measured now (once: tens of seconds on a CPU for a small model) and saved. make_engine: as
+    peagle.autok.measure.measure takes it."""
+    name, ident = cache_key(model_dir, head_dir, method, dtype, cost_settings(target))
     path = os.path.join(cache_dir(), name)
     cm = None if refresh else CostModel.load(path)
     if cm is None or not cm.covers(k_max, max_batch):

@@ -130,6 +130,8 @@ def measure(target, make_engine, k_max: int, batch_sizes: list, ctx_len: int = 6
                 for _ in range(steps):
                     n = len(policy.log)
                     eng.step()
+                    if len(policy.log) == n:             # no decode step: the rows reached the context limit
+                        break
                     b, kk, s = policy.log[n]
                     if b == B and kk == k:
                         cells[k].append(s)

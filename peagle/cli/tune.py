@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from ..autok.factory import cost_model_for, k_max_for
+from ..autok.factory import chain_of, cost_model_for, k_max_for
 from ..autok.tune import best_k_per_batch, best_kind_per_batch, best_two_level, expected_tokens, ranges
 from ..data.benchmarks import encode_prompt, load_dataset
 from ..device import add_arguments
@@ -73,7 +73,7 @@ def run(a) -> int:
     if not prompts:
         raise PeagleError(f"no {a.dataset} prompt fits the context with --output-len {a.output_len}")
     e = _expected_tokens(llm, prompts, a.output_len, k_max)
-    cost = cost_model_for(eng.target, measuring_engines(eng.target, eng.proposer.head, spec, k_max), spec.name, k_max,
+    cost = cost_model_for(eng.target, measuring_engines(eng.target, eng.proposer.head, chain_of(spec), k_max), spec.name, k_max,
                           a.max_num_seqs, model, spec.model, eng.target.dtype)
     two_level = spec.parallel_drafting and not a.any_k
     if two_level:

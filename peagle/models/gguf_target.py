@@ -103,10 +103,12 @@ def describe_types(quants: dict) -> str:
 
 
 def block_family(path: str) -> str | None:
-    """"q4" when the file's projections include Q4_0 / Q4_1 blocks, "q8" when Q8_0 is its only block type, None
-    for a float file (the header's tensor types only; nothing is read into memory)."""
+    """"q4" when the file's projections (its layers' blk.N.* matrices; not the embedding or output) include
+    Q4_0 / Q4_1 blocks, "q8" when Q8_0 is their only block type, None when they are float (the header's tensor
+    types only; nothing is read into memory)."""
     import gguf
-    types = {int(t.tensor_type) for t in gguf.GGUFReader(path).tensors} & set(BLOCK_BYTES)
+    types = {int(t.tensor_type) for t in gguf.GGUFReader(path).tensors
+             if t.name.startswith("blk.") and len(t.shape) == 2} & set(BLOCK_BYTES)
     if types & {2, 3}:
         return "q4"
     return "q8" if types else None
@@ -114,16 +116,40 @@ def block_family(path: str) -> str | None:
 
 def source_gguf(model_dir: str) -> str | None:
     """The GGUF file a directory was converted from (`peagle convert-gguf`'s conversion.json), when peagle can
-    find it: next to the directory's files, or the default target's package file (same sha256)."""
+    find it (next to the directory's files, or the default target's package file: same sha256) and the
+    directory's weights are still the conversion's (else the file no longer describes them)."""
     stamp = os.path.join(model_dir, "conversion.json")
     if not os.path.isfile(stamp):
         return None
     with open(stamp) as f:
         rec = json.load(f)
+    if not weights_are_the_conversions(model_dir, rec, stamp):
+        return None
     local = os.path.join(model_dir, os.path.basename(rec.get("source", "")))
     if rec.get("source") and os.path.isfile(local):
         return local
     return packaged_gguf(rec.get("gguf_sha256"))
+
+
+def weights_are_the_conversions(model_dir: str, rec: dict, stamp: str) -> bool:
+    """model.safetensors is the file the conversion wrote (its sha256, ~0.6 s for SmolLM2). A match notes the
+    file's size and time in the stamp, so later loads compare those instead of hashing again."""
+    from .gguf import sha256_file
+    st = os.path.join(model_dir, "model.safetensors")
+    if not os.path.isfile(st) or not rec.get("safetensors_sha256"):
+        return False
+    s = os.stat(st)
+    if rec.get("safetensors_stat") == [s.st_size, s.st_mtime_ns]:
+        return True
+    if sha256_file(st) != rec["safetensors_sha256"]:
+        return False
+    try:                                                  # best effort: a read-only directory hashes every time
+        with open(stamp + ".tmp", "w") as f:
+            json.dump({**rec, "safetensors_stat": [s.st_size, s.st_mtime_ns]}, f, indent=1)
+        os.replace(stamp + ".tmp", stamp)
+    except OSError:
+        pass
+    return True
 
 
 # GGUF files shipped inside registry packages, by sha256: (module, file name). peagle/default_target.py pins the

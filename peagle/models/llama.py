@@ -43,6 +43,28 @@ def load_safetensors(path: str, dtype: torch.dtype, prefix_strip: str = "") -> d
             for k, t in iter_safetensors(files)}
 
 
+def check_shapes(cfg: ModelConfig, weights: dict, quants: dict) -> None:
+    """PeagleError naming the first layer tensor whose shape is not the config's, or layers past
+    num_hidden_layers (a config that does not describe these weights: wrong outputs or a kernel's error later)."""
+    H, hd, inter, L = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.num_hidden_layers
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    want = {"self_attn.q_proj.weight": (q, H), "self_attn.k_proj.weight": (kv, H), "self_attn.v_proj.weight": (kv, H),
+            "self_attn.o_proj.weight": (H, q), "mlp.gate_proj.weight": (inter, H), "mlp.up_proj.weight": (inter, H),
+            "mlp.down_proj.weight": (H, inter), "input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,)}
+    for i in range(L):
+        for suffix, shape in want.items():
+            name = f"model.layers.{i}.{suffix}"
+            got = (quants[name].n, quants[name].k) if name in quants else \
+                tuple(weights[name].shape) if name in weights else None
+            if got is not None and got != shape:
+                raise PeagleError(f"{name} has shape {list(got)}, the config says {list(shape)} (hidden_size {H}, "
+                                  f"heads {cfg.num_attention_heads} / {cfg.num_key_value_heads} x head_dim {hd}, "
+                                  f"intermediate_size {inter}): the config does not describe these weights")
+    layers = {int(n.split(".")[2]) for n in (*weights, *quants) if n.startswith("model.layers.")}
+    if layers and max(layers) >= L:
+        raise PeagleError(f"the weights hold {max(layers) + 1} layers, the config's num_hidden_layers is {L}")
+
+
 class Layer:
     def __init__(self, w: dict, i: int, cfg: ModelConfig, dual: bool = False, lin=None):
         """lin(names) -> the projection of those tensors stacked by output (quantized targets: Transformer._linear);
@@ -88,6 +110,7 @@ class Transformer:
         self.f32_kernel = (self.quantization == "none" and F32_KERNEL and self.device.type == "cpu"
                            and dtype == torch.float32 and quant_ext.get() is not None)
         quants = {} if self.quantization == "none" else (quants or {})
+        check_shapes(cfg, weights, quants)
         if self.quantization != "none" and (dtype != torch.float32 or self.device.type != "cpu"):
             raise PeagleError(f"--quantization {self.quantization} runs on the CPU in float32 (got {self.device.type}, "
                               f"{str(dtype).replace('torch.', '')})")
@@ -191,15 +214,16 @@ class Transformer:
     @classmethod
     def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu", layout: str = "auto",
                         quantization: str = "none") -> "Transformer":
-        """An HF directory, or a GGUF file (path ending in .gguf). With quantization q4, a directory converted
-        from a GGUF file peagle can find (gguf_target.source_gguf: the default target) runs that file's blocks."""
-        from .gguf_target import source_gguf
+        """An HF directory, or a GGUF file (path ending in .gguf). A directory converted from a GGUF file peagle
+        can find (gguf_target.source_gguf: the default target) runs that file's blocks under the quantization of
+        their kind (q4 / q4a8 for Q4_0 / Q4_1 projections, q8 / q8a8 for Q8_0 ones)."""
+        from .gguf_target import block_family, source_gguf
         quantization = check_quantization(quantization)
         if path.endswith(".gguf"):
             return cls.from_gguf(path, dtype, device, layout, quantization)
         cfg = ModelConfig.from_dir(path)
-        src = source_gguf(path) if weights_of(quantization) == "q4" else None
-        if src is not None:
+        src = source_gguf(path) if quantization != "none" else None
+        if src is not None and block_family(src) == weights_of(quantization):     # its blocks: what auto says
             return cls.from_gguf(src, dtype, device, layout, quantization, cfg)
         return cls(cfg, {k: v.to(device) for k, v in load_safetensors(path, dtype).items()}, dtype, device, layout,
                    quantization)
