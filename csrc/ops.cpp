@@ -69,7 +69,7 @@ void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, 
   // tasks of whole groups of 4 outputs (F32: 8, its kernel's group); an output is computed whole by one thread,
   // so the split changes nothing
   const int64_t G = qtype == pq::F32 ? 8 : 4, groups = (N + G - 1) / G, grain = std::max<int64_t>(1, 16384 / (G * K));
-  const int64_t MB = qtype == pq::F32 ? pq::F32_ROW_BLOCK : M;   // rows per pass over the weights
+  const int64_t MB = pq::ROW_BLOCK;                               // rows per pass over the weights
   for (int64_t r0 = 0; r0 < M; r0 += MB) {
     const int64_t m = std::min(MB, M - r0);
     at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {

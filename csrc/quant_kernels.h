@@ -24,9 +24,11 @@ constexpr int block_bytes(int qtype) {   // 0: no such type
 }
 // Rows of a weight tensor of N outputs (F32: padded to a multiple of 8).
 inline int64_t stored_rows(int qtype, int64_t N) { return qtype == F32 ? (N + 7) / 8 * 8 : N; }
-// F32 products take their rows in blocks of this many (each block's activations stay in L2; the weights are read
-// once per block), so any row count runs the kernel: at 128 rows within ~10 % of oneDNN's GEMM on a 2-core Zen 3.
-constexpr int64_t F32_ROW_BLOCK = 128;
+// Float-activation products take their rows in blocks of this many (each block's activations stay in L2; the
+// weights are read, and Q4 / Q8 blocks dequantized, once per block), so any row count runs the kernel -- one
+// summation order per row whatever the call's row count (a verify block of B x (K+1) rows included); F32 at 128
+// rows within ~10 % of oneDNN's GEMM on a 2-core Zen 3.
+constexpr int64_t ROW_BLOCK = 128;
 
 // Outputs n0..n1-1 of every row: y[r*N + n] = dot(x[r, :], W[n, :]). buf: 4*K floats of scratch.
 using LinearFn = void (*)(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,

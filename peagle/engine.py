@@ -59,6 +59,29 @@ def context_len(max_model_len: int | None, ctx: int) -> int:
     return min(max_model_len, ctx)
 
 
+def find_stop(tok, ids: list, stops) -> int | None:
+    """Where the first stop string begins in the decode of ids, if one ends in the last token (called after each
+    token, so an earlier one would have stopped the request before): looked for first in the decode of the last
+    tokens only, a window of at least 8 characters more than the longest stop string (its first characters may
+    differ from the whole decode's: a partial UTF-8 character, a stripped leading space), and placed in the whole
+    output's decode -- the text callers cut -- only when found there. Decoding the whole output after every token
+    cost O(n^2) on the engine thread."""
+    longest = max((len(s) for s in stops if s), default=0)
+    if not longest:
+        return None
+    w = 4 * longest + 9
+    while w < len(ids):
+        tail = tok.decode(ids[-w:], skip_special_tokens=True)
+        if len(tail) >= longest + 8:
+            if not any(s and s in tail for s in stops):
+                return None
+            break
+        w *= 2                                   # tokens that decode to few characters (special ones: none)
+    text = tok.decode(ids, skip_special_tokens=True)
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
 @dataclass
 class Request:
     request_id: str
@@ -145,11 +168,12 @@ class Engine:
     def abort(self, request_id) -> bool:
         for i, r in enumerate(self.waiting):
             if r.request_id == request_id:
+                r.finished, r.finish_reason, r.finish_time = True, "abort", time.perf_counter()
                 self.waiting.pop(i)
                 return True
         for i, r in enumerate(self.running):
             if r.request_id == request_id:
-                r.finished, r.finish_reason = True, "abort"
+                r.finished, r.finish_reason, r.finish_time = True, "abort", time.perf_counter()
                 self._remove(i)
                 return True
         return False
@@ -208,6 +232,23 @@ class Engine:
             outs.append(self._emit(r, [tok]))
         return outs
 
+    def _prefill_forward(self, toks, lens: list, plen, b0: int):
+        """The target's prefill of padded prompts toks [B, T] into rows b0..: (logits at each prompt's last token
+        [B, V], aux states [B, T, A] or None). A block longer than the target's exact attention covers
+        (exact_max_t) attends through SDPA, whose sums follow the padded length: then each prompt is prefilled
+        alone, so its bits do not depend on the prompts admitted with it (they differ between plain and
+        speculative runs, whose requests finish at other steps)."""
+        B, T = toks.shape
+        lim = getattr(self.target, "exact_max_t", None)
+        if B == 1 or not getattr(self.target, "exact_attention", False) or lim is None or T <= lim:
+            zeros = torch.zeros(B, dtype=torch.long, device=toks.device)
+            return self.target.forward(toks, self.cache, b0, zeros, self.aux_ids, logits_at=plen - 1,
+                                       **self._shape(T, 0))
+        outs = [self._prefill_forward(toks[i:i + 1, :n], [n], plen[i:i + 1], b0 + i) for i, n in enumerate(lens)]
+        aux = None if outs[0][1] is None else \
+            torch.cat([torch.nn.functional.pad(a, (0, 0, 0, T - a.shape[1])) for _, a in outs])
+        return torch.cat([lg for lg, _ in outs]), aux
+
     def _prefill_rows(self, new: list[Request], b0: int) -> torch.Tensor:
         """Target prefill of the new requests into rows b0.., their first tokens, the drafter's context;
         returns the first tokens [B] (device)."""
@@ -220,9 +261,7 @@ class Engine:
             host[i, : lens[i]] = torch.tensor(r.prompt_token_ids, dtype=torch.long, device="cpu")
         toks = host.to(dev)
         plen = torch.tensor(lens, dtype=torch.long, device="cpu").to(dev)
-        zeros = torch.zeros(B, dtype=torch.long, device=dev)
-        logits, aux = self.target.forward(toks, self.cache, b0, zeros, self.aux_ids, logits_at=plen - 1,
-                                          **self._shape(T, 0))
+        logits, aux = self._prefill_forward(toks, lens, plen, b0)
         self.running += new
         self._sampled_stale = True
         self.cache.lens[b0:b0 + B] = plen
@@ -337,12 +376,10 @@ class Engine:
         return StepOutput(r, added, r.finished)
 
     def _hit_stop_string(self, r: Request) -> bool:
-        text = self.tok.decode(r.output_ids, skip_special_tokens=True)
-        hits = [text.find(s) for s in r.params.stop if s and s in text]
-        if hits:
-            r.stop_text_at = min(hits)
-            return True
-        return False
+        at = find_stop(self.tok, r.output_ids, r.params.stop)
+        if at is not None:
+            r.stop_text_at = at
+        return at is not None
 
     def _compact(self):
         for i in range(len(self.running) - 1, -1, -1):

@@ -192,12 +192,19 @@ class LLM:
         if use_tqdm:
             from tqdm import tqdm
             bar = tqdm(total=len(reqs), desc="generate")
-        while self.engine.has_unfinished():
-            for o in self.engine.step():
-                if o.finished and bar:
-                    bar.update(1)
-        if bar:
-            bar.close()
+        try:
+            while self.engine.has_unfinished():
+                for o in self.engine.step():
+                    if o.finished and bar:
+                        bar.update(1)
+        except BaseException:                          # an error or Ctrl-C: none of the call's requests stays queued
+            for r in reqs:
+                if not r.finished:
+                    self.engine.abort(r.request_id)
+            raise
+        finally:
+            if bar:
+                bar.close()
         return [self._output(r) for r in reqs]
 
     def _output(self, r) -> RequestOutput:

@@ -45,3 +45,15 @@ def test_decode_error_names_the_running_requests(target):
     assert sorted(ei.value.request_ids) == ["a", "b"]
     assert isinstance(ei.value.__cause__, RuntimeError)
     assert torch.equal(e.cache.lens[:2], lens)          # the step failed before changing any length
+
+
+def test_abort_finishes_a_waiting_request_like_a_running_one(target):
+    """A request aborted while waiting stayed unfinished with no reason; a running one ended as 'abort'."""
+    eng = LLM(target, max_num_seqs=1).engine
+    sp = SamplingParams(temperature=0, max_tokens=8)
+    run, wait = eng.add_request("a", [5, 6], sp), eng.add_request("b", [7, 8], sp)
+    eng.step()
+    assert run in eng.running and wait in eng.waiting
+    assert eng.abort("b") and eng.abort("a") and not eng.has_unfinished()
+    assert [(r.finished, r.finish_reason) for r in (run, wait)] == [(True, "abort")] * 2
+    assert wait.finish_time is not None and run.finish_time is not None

@@ -175,3 +175,26 @@ def test_oracle_with_k_changing_mid_request(target):
     llm = oracle_llm(target, ref, 6, 0.05, policy=ScriptedK(6, [6, 0, 2, 0, 0, 4, 1]))
     assert ids(llm.generate(ps, sp)) == [f[:29] for f in full]
     assert llm.get_metrics()["mean_acceptance_length"] > 2
+
+
+@pytest.mark.parametrize("quantization", ["none", "q4"])
+def test_a_prompt_prefills_to_the_same_bits_whatever_prompts_come_with_it(target, quantization):
+    """A block longer than exact attention covers attends through SDPA, whose sums follow the padded length: a
+    30-token prompt admitted beside a 100-token one got other first-token logits than alone (1e-6 apart) -- and
+    plain and speculative runs admit prompts in other groups (their requests finish at other steps). Such a
+    block is prefilled prompt by prompt now: bit-identical logits and cache rows."""
+    eng = LLM(target, quantization=quantization).engine
+    assert eng.target.exact_attention and eng.target.exact_max_t is not None
+    g = torch.Generator().manual_seed(3)
+    short, long_ = torch.randint(5, 500, (30,), generator=g), torch.randint(5, 500, (100,), generator=g)
+    eng._ensure_rows(2)
+    alone, _ = eng._prefill_forward(short[None], [30], torch.tensor([30]), 0)
+    k_alone = eng.cache.k[0][0, :, :30].clone()
+    toks = torch.zeros(2, 100, dtype=torch.long)
+    toks[0], toks[1, :30] = long_, short
+    both, _ = eng._prefill_forward(toks, [100, 30], torch.tensor([100, 30]), 0)
+    assert torch.equal(both[1], alone[0]) and torch.equal(eng.cache.k[0][1, :, :30], k_alone)
+    # negative control: the padded block in one forward (what the engine did) gives other bits
+    z = torch.zeros(2, dtype=torch.long)
+    padded, _ = eng.target.forward(toks, eng.cache, 0, z, (), logits_at=torch.tensor([99, 29]), span=100, s0=0)
+    assert not torch.equal(padded[1], alone[0])

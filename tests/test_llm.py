@@ -71,3 +71,25 @@ def test_chat_checks_its_conversations():
         with pytest.raises(PeagleError, match="conversation"):
             llm.chat(bad)
     assert not llm.engine.has_unfinished()
+
+
+def test_an_interrupted_generate_leaves_nothing_for_the_next_call(tiny_dirs, monkeypatch):
+    """A Ctrl-C (or an error) inside generate left its requests running: the next call stepped them to their
+    end first (a thousand steps for max_tokens=None) and threw their outputs away. They are aborted now."""
+    llm = LLM(tiny_dirs["llama"], max_num_seqs=2)
+    sp = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    real, calls = llm.engine.step, []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real()
+    monkeypatch.setattr(llm.engine, "step", step)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}] * 3, sp)
+    assert not llm.engine.has_unfinished()
+    monkeypatch.setattr(llm.engine, "step", real)
+    small = SamplingParams(temperature=0, max_tokens=5)
+    got = llm.generate([{"prompt_token_ids": [9, 10]}], small)[0].outputs[0].token_ids
+    assert got == LLM(tiny_dirs["llama"]).generate([{"prompt_token_ids": [9, 10]}], small)[0].outputs[0].token_ids

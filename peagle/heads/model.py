@@ -223,7 +223,7 @@ class DrafterHead(nn.Module):
         resid = hn if L0.norm_before_residual else x
         a_in = torch.cat([Q.rms_norm(emb, L0.input_layernorm.weight, eps), hn], -1)
         stack = getattr(self, "_stack", None)
-        if stack is not None and Q.runner_takes(stack, a_in.shape[0] * a_in.shape[1], cache):
+        if stack is not None and Q.runner_takes(stack, cache):
             cache.reserve(ctx.S)
             return tuple(stack.run.forward(resid, cache.k, cache.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask, ctx.b0,
                                           ctx.S, [n], a_in))

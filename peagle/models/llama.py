@@ -291,7 +291,7 @@ class Transformer:
         aux, n = [], len(self.layers)
         exact = self.exact_attention and (self.exact_max_t is None or x.shape[1] <= self.exact_max_t)
         stack = self._layer_stack() if exact else None
-        if stack is not None and runner_takes(stack, x.shape[0] * x.shape[1], cache):
+        if stack is not None and runner_takes(stack, cache):
             cache.reserve(ctx.S)
             h, a = stack.run.forward(x, cache.k, cache.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask, ctx.b0, ctx.S,
                                      list(aux_ids))

@@ -11,12 +11,12 @@ group of 8 outputs, per chunk of 8 inputs, the outputs' floats side by side; [ce
 `--quantization q8` quantizes a float checkpoint to Q8_0 at load, `q4` to Q4_1 (llama.cpp's reference
 quantizers); a GGUF file's Q4_0/Q4_1/Q8_0 tensors are taken as stored (peagle/models/gguf_target.py).
 
-Products (:func:`qmm`): up to KERNEL_MAX_ROWS rows through the C++ kernel (csrc/, each weight byte read once
-per call for all rows; batch-invariant: a row's result does not depend on the other rows or their number), more
-rows (prefill) dequantize and run one float GEMM (a8 and F32: the kernel at any row count). Without the
-extension (peagle/models/quant_ext.py) the torch fallback computes the same products from the same float
-weights (bit-exact dequantization, summation order differs: equal to ~1e-6 relative), one row at a time so it
-stays batch-invariant too."""
+Products (:func:`qmm`): through the C++ kernel at any row count (csrc/, each weight byte read once per call for
+up to KERNEL_MAX_ROWS rows, more rows in passes of that many; batch-invariant: a row's result does not depend on
+the other rows or their number, so a verify block of B x (K+1) rows computes what B plain steps do). Without
+the extension (peagle/models/quant_ext.py) the torch fallback computes the same products from the same float
+weights (bit-exact dequantization, summation order differs: equal to ~1e-6 relative), one row at a time up to
+KERNEL_MAX_ROWS rows (batch-invariant), one float GEMM past them."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -34,7 +34,8 @@ KERNEL_BYTES = {**BLOCK_BYTES, F32: 128}         # what the kernels take: F32 ro
 NAMES = {F32: "F32", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
 QUANTIZATIONS = ("none", "q8", "q4", "q8a8", "q4a8")
 FOR_QUANTIZATION = {"q8": Q8_0, "q4": Q4_1, "q8a8": Q8_0, "q4a8": Q4_1}   # what a float weight is quantized to at load
-KERNEL_MAX_ROWS = 128   # products of more rows (prefill) dequantize, then one float GEMM
+KERNEL_MAX_ROWS = 128   # rows per pass of a float-activation kernel product (csrc ROW_BLOCK); the fallback's
+                        # products of more rows: one float GEMM
 
 
 def check_quantization(q: str | None) -> str:
@@ -290,8 +291,8 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     ext = quant_ext.get() if impl >= 0 else None
     x = x if x.dtype == torch.float32 else x.float()
-    # a8 and F32 (no unpacked copy kept; the kernel takes its rows in blocks): the kernel at any row count
-    if rows > KERNEL_MAX_ROWS and not ((w.act8 or w.qtype == F32) and ext is not None and x.device.type == "cpu"):
+    # the kernel at any row count (no unpacked copy kept; the kernel takes its rows in passes)
+    if rows > KERNEL_MAX_ROWS and not (ext is not None and x.device.type == "cpu"):
         xd = _act8_dense(x.reshape(rows, w.k)).view(x.shape) if w.act8 else x
         return F.linear(xd, w.dense() if ext is not None else w._fallback_dense())
     if ext is not None and x.device.type == "cpu":
@@ -324,12 +325,10 @@ def layer_stack(ws: list, norms: list, nh: int, nkv: int, hd: int, eps: float, i
     return SimpleNamespace(run=run, act8=act8)
 
 
-def runner_takes(stack, rows: int, cache) -> bool:
-    """Whether a layer_stack() runs a block of `rows` rows over `cache`: 8-bit-activation products take any row
-    count in the kernel, weight-only ones up to KERNEL_MAX_ROWS (more: dequantize + GEMM, the Python loop's);
-    the cache must be float32 and allocated (its first write is the Python loop's)."""
-    return (stack.act8 or rows <= KERNEL_MAX_ROWS) and all(k is not None and k.dtype == torch.float32
-                                                            for k in cache.k)
+def runner_takes(stack, cache) -> bool:
+    """Whether a layer_stack() runs a block over `cache` (its products take any row count): the
+    cache must be float32 and allocated (its first write is the Python loop's)."""
+    return all(k is not None and k.dtype == torch.float32 for k in cache.k)
 
 
 # ---- fused small ops (the extension's, else torch) ---------------------------------------------------------------

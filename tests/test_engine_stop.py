@@ -1,0 +1,39 @@
+"""Stop strings (peagle/engine.py find_stop): found where a decode of the whole output finds them."""
+
+
+def test_stop_strings_are_found_where_a_whole_decode_finds_them():
+    """find_stop decodes only the last tokens unless a stop string is there: against the whole decode after
+    every token (what the engine did, O(n^2)) on SmolLM2's byte-level tokenizer -- multi-byte characters split
+    over tokens, special tokens (no characters), stop strings across token boundaries -- the same stop step and
+    the same cut."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from peagle.engine import find_stop
+    from peagle.llm import DEMO_TARGET
+    tok = AutoTokenizer.from_pretrained(DEMO_TARGET)
+    rng = random.Random(0)
+    special = list(tok.all_special_ids)
+    byte_ids = tok.convert_tokens_to_ids(["Ã", "©", "â", "Ģ", "ĺ", "ð", "Ł", "ĺ", "Ģ"])   # pieces of é, ’, 😀
+    found = 0
+    for trial in range(300):
+        n = rng.randint(30, 90)
+        ids = [rng.choice(special + byte_ids) if rng.random() < 0.25 else rng.randrange(len(tok) - 20)
+               for _ in range(n)]
+        full = tok.decode(ids, skip_special_tokens=True)
+        a = rng.randrange(max(1, len(full) - 2))
+        stops = [full[a:a + rng.randint(1, 6)], rng.choice(["\ufffd", "é", " the", "zzq"])]
+        want = got = None
+        for i in range(1, n + 1):
+            text = tok.decode(ids[:i], skip_special_tokens=True)
+            hits = [text.find(s) for s in stops if s and s in text]
+            w = (i, min(hits)) if hits else None
+            at = find_stop(tok, ids[:i], stops)
+            g = (i, at) if at is not None else None
+            want, got = want or w, got or g
+            if w or g:
+                break
+        assert got == want, (ids, stops, got, want)
+        found += want is not None
+    assert found > 250                                   # most trials do stop (the stop strings are in the text)
