@@ -3,6 +3,7 @@ module), servers on loopback ports, the plain-decoding reference and small HTTP 
 is called with its first key (the helpers read it from the server's state)."""
 import json
 import shutil
+import signal
 import threading
 import time
 import urllib.error
@@ -22,14 +23,12 @@ K = 3
 # a real uvicorn on a loopback port, in a background thread of the test process
 class BackgroundServer:
     def __init__(self, state, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
-        import uvicorn
-
         from peagle.server.app import create_app
+        from peagle.server.start import make_server
         self.state = state
         self.app = create_app(state)
-        cfg = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, access_log=False,
-                             timeout_graceful_shutdown=5, lifespan="on")
-        self.server = uvicorn.Server(cfg)
+        self.server = make_server(self.app, state, host=host, port=port, log_level=log_level, access_log=False,
+                                  lifespan="on")
         self.thread = threading.Thread(target=self.server.run, name="peagle-uvicorn", daemon=True)
         self.host, self.port = host, port
 
@@ -48,7 +47,7 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     def stop(self, timeout: float = 15.0):
-        self.server.should_exit = True
+        self.server.handle_exit(signal.SIGTERM, None)         # as a signal would: the engine loop drains first
         self.thread.join(timeout)
         self.state.loop.stop()
 

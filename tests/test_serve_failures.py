@@ -274,3 +274,87 @@ def test_internal_error_fails_only_that_request(plain, ref_llm):
         assert get_json(plain, "/health") == {"status": "ok"}
     finally:
         target.forward = orig
+
+
+def test_shutdown_answers_every_request_in_flight(model_dir, ref_llm):
+    """Stopping the server (a signal's path) with requests in flight: a request that finishes within the grace
+    gets its whole answer, the waiting ones a 503 at once, one still running at the deadline a 503 (JSON; a
+    stream: an error event) -- uvicorn used to cancel them all after its graceful timeout (a bare 500 in
+    text/plain, a stream cut without an event) while the engine went on generating for them."""
+    srv = start(model_dir, max_num_seqs=2, max_waiting=4)
+    eng = srv.state.engine
+    step = eng.step
+    eng.step = lambda: (time.sleep(0.01), step())[1]           # ~100 steps/s: max_tokens 900 outlasts the grace
+    body = {"model": "tiny", "prompt": PROMPTS[0], "temperature": 0, "ignore_eos": True}
+    res = {}
+
+    def call(name, extra):
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps({**body, **extra}), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        res[name] = (r.status, r.getheader("content-type"), r.read().decode())
+    jobs = {"short": {"max_tokens": 40}, "long": {"max_tokens": 900}, "wait": {"max_tokens": 900},
+            "wait_stream": {"max_tokens": 900, "stream": True}}
+    ts = []
+    for name, extra in jobs.items():
+        ts.append(threading.Thread(target=call, args=(name, extra)))
+        ts[-1].start()
+        time.sleep(0.3)                                          # in this order: short and long run, the rest wait
+    srv.stop()
+    for t in ts:
+        t.join(30)
+    status, ctype, text = res["short"]
+    assert status == 200 and json.loads(text)["choices"][0]["text"] == ref_complete(ref_llm, [PROMPTS[0]], 40,
+                                                                                       ignore_eos=True)[0].text
+    for name in ("long", "wait"):
+        status, ctype, text = res[name]
+        assert status == 503 and ctype == "application/json" and "shutting down" in json.loads(text)["error"]["message"]
+    status, ctype, text = res["wait_stream"]
+    assert "shutting down" in text and ctype.startswith("text/event-stream"), res["wait_stream"]
+
+
+def test_a_client_gone_before_its_body_is_not_a_server_error(plain):
+    """Headers promising 1000 bytes, 10 sent, then the socket closed: logged as an unhandled error and counted as
+    a 500 before; now a 499 (client closed), nothing failed."""
+    def count(status):
+        key = f'peagle:http_requests_total{{route="/v1/completions",status="{status}"}}'
+        return sum(float(x.split()[-1]) for x in get_text(plain, "/metrics").splitlines() if x.startswith(key))
+    before = count(499), count(500)
+    s = socket.create_connection((plain.host, plain.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 1000\r\n\r\n" + b'{"prompt":')
+    s.close()
+    deadline = time.monotonic() + 10
+    while count(499) == before[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (count(499), count(500)) == (before[0] + 1, before[1])
+
+
+def test_prompt_tokens_count_prompts_that_were_prefilled(model_dir):
+    """vllm:prompt_tokens_total counted every submitted prompt, prefilled or not (aborted while waiting)."""
+    srv = start(model_dir, max_num_seqs=1, max_waiting=4)
+    try:
+        c = client(srv)
+        r = c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=4, temperature=0)
+        n = r.usage.prompt_tokens
+        line = [x for x in get_text(srv, "/metrics").splitlines() if x.startswith("vllm:prompt_tokens_total")]
+        assert float(line[0].split()[-1]) == n
+        # a request that waits behind a running one and leaves before its prefill counts nothing
+        step = srv.state.engine.step
+        srv.state.engine.step = lambda: (time.sleep(0.01), step())[1]
+        t = threading.Thread(target=lambda: c.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=300,
+                                                                   temperature=0, extra_body={"ignore_eos": True}))
+        t.start()
+        time.sleep(0.3)
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
+        conn.request("POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": PROMPTS[3], "max_tokens": 4}),
+                     {"Content-Type": "application/json"})
+        time.sleep(0.3)
+        conn.sock.close()                                        # gone while waiting
+        t.join(60)
+        wait_idle(srv)
+        line = [x for x in get_text(srv, "/metrics").splitlines() if x.startswith("vllm:prompt_tokens_total")]
+        p2 = len(srv.state.tokenizer(PROMPTS[2], add_special_tokens=False)["input_ids"])
+        assert float(line[0].split()[-1]) == n + p2
+    finally:
+        srv.stop()

@@ -179,7 +179,6 @@ async def _generate(state: ServerState, request: Request, req, ids, text, chat: 
                             f"{state.engine.max_num_seqs} + max_waiting={state.loop.max_waiting}); retry later",
                        "rate_limit_error", None, "rate_limit_exceeded", headers={"Retry-After": "1"})
     state.loop.submit(h)                 # from here on the engine loop releases the reservation
-    state.metrics.prompt_tokens.inc(len(ids))
     if req.stream:
         return _Stream(gen.sse(), gen.close)
     return await gen.collect(request)

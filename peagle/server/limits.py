@@ -75,13 +75,17 @@ async def read_body(request, limit: int) -> bytes:
     drain_cap = 8 * limit
     if n is not None and n.isdigit() and (len(n) > 18 or int(n) > drain_cap):
         raise ApiError(413, f"request body is {n} bytes; the limit is {limit}", code="request_too_large")
+    from starlette.requests import ClientDisconnect
     chunks, size = [], 0
-    async for c in request.stream():
-        size += len(c)
-        if size > drain_cap:
-            break
-        if size <= limit:
-            chunks.append(c)
+    try:
+        async for c in request.stream():
+            size += len(c)
+            if size > drain_cap:
+                break
+            if size <= limit:
+                chunks.append(c)
+    except ClientDisconnect:      # the client left before sending its body: nobody to answer, nothing failed here
+        raise ApiError(499, "client closed the request before sending its body", code="client_closed") from None
     if size > limit:
         raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
     return b"".join(chunks)

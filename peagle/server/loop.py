@@ -47,6 +47,7 @@ class Handle:
         self.arrival = time.perf_counter()
         self.done = False                 # set on the asyncio side once a final item was consumed or it aborted
         self.retried = False              # engine side: already retried alone after a prefill failure
+        self.prefilled = False            # engine side: its prompt was prefilled (its first token came)
 
 
 # ---- what a Handle's queue carries (put by the engine thread, or Gone by the HTTP side)
@@ -128,6 +129,7 @@ class EngineLoop:
         self._isolate: set[str] = set()
         self._budget = engine.prefill_token_budget
         self._stop = False
+        self._drain_until: float | None = None     # shutting down: running requests may finish until then
         self.steps = 0
         self.step_errors = 0
         self.last_error: str | None = None
@@ -150,6 +152,13 @@ class EngineLoop:
             except Exception:  # noqa: BLE001 - _run logs its own errors; a timeout leaves the thread to exit
                 pass
         self._thread.shutdown()
+
+    def drain(self, seconds: float):
+        """Shutting down (any thread): requests not yet running are answered 503 at once, running ones may finish
+        for `seconds`, then the loop stops and answers the rest 503 -- while their handlers can still send it
+        (uvicorn cancels them after its graceful timeout, before the app's lifespan shutdown calls stop())."""
+        self._drain_until = time.monotonic() + seconds
+        self._wake.set()
 
     @property
     def alive(self) -> bool:
@@ -187,6 +196,12 @@ class EngineLoop:
                     self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
                 self._drain()
+                if self._drain_until is not None:
+                    for r in list(self.engine.waiting):
+                        if r.request_id in self._handles:
+                            self._fail(self._handles[r.request_id], 503, "server is shutting down")
+                    if not self.engine.running or time.monotonic() > self._drain_until:
+                        break
                 if self.engine.has_unfinished():
                     self._step()
                 self._snap()
@@ -276,13 +291,16 @@ class EngineLoop:
             self._recover(ex)
             return
         self.steps += 1
-        items, ntok = [], 0
+        items, ntok, ptok = [], 0, 0
         for o in outs:
             r = o.request
             h = self._handles.get(r.request_id)
             if h is None:
                 continue
             ntok += len(o.new_token_ids)
+            if not h.prefilled:           # prompt tokens count once processed, as vLLM's counter does
+                h.prefilled = True
+                ptok += len(h.prompt_ids)
             stats = None
             if o.finished:
                 self._release(h)
@@ -290,6 +308,7 @@ class EngineLoop:
             items.append((h, Tokens(list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, stats)))
         if self.metrics is not None and ntok:
             self.metrics.generation_tokens.inc(ntok)
+            self.metrics.prompt_tokens.inc(ptok)
         self._snap()                      # spec counters current before clients see this step's tokens
         self._post(items)
         if self._isolate:

@@ -91,8 +91,6 @@ def check_listen(host: str, port: int) -> None:
 def run(args) -> int:
     import sys
 
-    import uvicorn
-
     from .app import create_app  # fastapi (app, auth) loads only when serving: `peagle CMD` imports this module
     from .auth import exposed_without_key, resolve_api_keys
     check_listen(args.host, args.port)            # before the model loads and auto K measures (~30 s)
@@ -121,6 +119,22 @@ def run(args) -> int:
           f"max_model_len={state.max_model_len} device={state.engine.device} "
           f"dtype={str(state.engine.target.dtype).replace('torch.', '')} api_keys={len(keys)}", flush=True)
     print(f"peagle serve: target {getattr(state.engine.target, 'precision', 'float weights')}", flush=True)
-    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.access_log, timeout_graceful_shutdown=5)
+    make_server(create_app(state), state, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=args.access_log).run()
     return 0
+
+
+GRACE_S = 5     # uvicorn's graceful shutdown; running requests may finish for a second less
+
+
+def make_server(app, state, **config):
+    """A uvicorn.Server (config: uvicorn.Config's keywords) whose shutdown drains the engine loop first: waiting
+    requests answered 503, running ones finishing for GRACE_S - 1 seconds, the rest answered 503 (without it,
+    uvicorn cancelled them after GRACE_S seconds: a bare 500 or a stream cut without an error)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            state.loop.drain(GRACE_S - 1)
+            super().handle_exit(sig, frame)
+    return Server(uvicorn.Config(app, timeout_graceful_shutdown=GRACE_S, **config))
