@@ -146,8 +146,9 @@ class Transformer:
             # a token's bits must not depend on its block (plain step, verify block, tree) or its batch: the
             # kernels are row-invariant, and attention is summed in one fixed order per query (SDPA's blocking
             # follows T and S). 8-bit activations would turn SDPA's last-bit differences into other tokens, so
-            # a8 targets attend exactly in every block; weight-only ones in decode-sized blocks (a long prompt's
-            # prefill is the same block for plain and speculative decoding, and SDPA's is ~3x faster there).
+            # a8 targets attend exactly in every block; weight-only ones in decode-sized blocks (SDPA's is ~3x
+            # faster on a long prompt, which the engine prefills alone so that its block does not depend on
+            # the prompts admitted with it: Engine._prefill_forward).
             self.exact_attention = True
             self.exact_max_t = EXACT_MAX_T
             if quantizes_activations(self.quantization):
