@@ -169,7 +169,7 @@ class LLM:
             raise PeagleError(f"a prompt must be a string, a list of token ids or a dict, got {type(p).__name__}")
         if self.tokenizer is None:
             raise PeagleError(f"{self.model} has no tokenizer: pass prompt_token_ids")
-        return p, self.tokenizer(p, add_special_tokens=False)["input_ids"]
+        return p, self.tokenizer(p)["input_ids"]         # with the tokenizer's special tokens (BOS), as vLLM's
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None, use_tqdm: bool = False):
         single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))

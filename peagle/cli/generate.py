@@ -48,7 +48,7 @@ def run(args) -> int:
     else:
         if llm.tokenizer is None:
             raise PeagleError(f"{llm.model} has no tokenizer")
-        ids = llm.tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+        ids = llm.tokenizer(args.prompt)["input_ids"]        # with the tokenizer's special tokens, as LLM.generate
     eng, tok = llm.engine, llm.tokenizer
     req = eng.add_request("cli", ids, sp, args.prompt)
     # what runs, once the input is accepted (a rejected input stays one error line)

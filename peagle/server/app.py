@@ -106,7 +106,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def completions(request: Request):
         t0 = time.perf_counter()
         req = await _read_request(state, request, CompletionRequest)
-        ids, text = completion_prompt(state, req.prompt)
+        ids, text = completion_prompt(state, req.prompt, req.add_special_tokens)
         given = "max_tokens" in req.model_fields_set     # absent: OpenAI's 16 (or the server's default)
         return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens, t0=t0,
                                fallback=None if given else COMPLETIONS_MAX_TOKENS)

@@ -21,8 +21,9 @@ def _check_chars(state, n_chars: int, param: str):
                        code="context_length_exceeded")
 
 
-def completion_prompt(state, prompt):
-    """-> (ids, text or None)."""
+def completion_prompt(state, prompt, add_special_tokens: bool = True):
+    """-> (ids, text or None). A text prompt is encoded as vLLM's completions endpoint encodes it: with the
+    tokenizer's special tokens (a Llama tokenizer's BOS; SmolLM2's adds none) unless add_special_tokens is false."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise ApiError(400, "only one prompt per request is supported", param="prompt")
@@ -30,7 +31,7 @@ def completion_prompt(state, prompt):
     if isinstance(prompt, str):
         _need_tokenizer(state)
         _check_chars(state, len(prompt), "prompt")
-        ids = state.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = state.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
         text = prompt
     else:
         ids, text = list(prompt), None

@@ -61,6 +61,7 @@ class _Common(_Strict):
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]
+    add_special_tokens: bool = True                # vLLM extension: the tokenizer's BOS etc. on a text prompt
     best_of: int | None = None
     echo: bool | None = False
     logprobs: int | None = None
