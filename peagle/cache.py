@@ -57,11 +57,12 @@ class KVCache:
                     store[i] = new
         self.cap = cap
 
-    def ensure_rows(self, n: int):
-        """Grow to at least n rows (existing rows are kept)."""
+    def ensure_rows(self, n: int, limit: int | None = None):
+        """Grow to at least n rows (existing rows are kept): doubling, but not past limit (the engine's
+        max_num_seqs: a 65th row of 64 would otherwise allocate 128)."""
         if n <= self.rows:
             return
-        n = max(n, 2 * self.rows)
+        n = max(n, min(2 * self.rows, limit or 2 * self.rows))
         for store in (self.k, self.v):
             for i, old in enumerate(store):
                 if old is not None:

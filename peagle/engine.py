@@ -198,10 +198,10 @@ class Engine:
         return outs
 
     def _ensure_rows(self, n: int):
-        self.cache.ensure_rows(n)
+        self.cache.ensure_rows(n, self.max_num_seqs)
         if self.proposer is not None:
-            self.proposer.ensure_rows(n)
-        self.state.ensure(n)
+            self.proposer.ensure_rows(n, self.max_num_seqs)
+        self.state.ensure(n, self.max_num_seqs)
 
     def _sampled_rows(self) -> SampledRows | None:
         if self._sampled_stale:

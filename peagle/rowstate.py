@@ -16,11 +16,11 @@ class RowState:
         self.rows = 0
         self.last = torch.zeros(0, dtype=torch.long, device=self.device)
 
-    def ensure(self, rows: int):
-        """At least `rows` rows; existing contents are kept."""
+    def ensure(self, rows: int, limit: int | None = None):
+        """At least `rows` rows (doubling, not past limit); existing contents are kept."""
         if rows <= self.rows:
             return
-        self.rows = max(rows, 2 * self.rows)
+        self.rows = max(rows, min(2 * self.rows, limit or 2 * self.rows))
         self.last = grown(self.last, (self.rows,), self.device)
 
     def move(self, src: int, dst: int):

@@ -14,7 +14,7 @@ class FakeProposer(Proposer):
     def __init__(self, k):
         self.k = k
         self.head = type("H", (), {"aux_ids": ()})()
-        self.cache = type("C", (), {"ensure_rows": lambda s, n: None, "move_row": lambda s, a, b: None})()
+        self.cache = type("C", (), {"ensure_rows": lambda s, n, limit=None: None, "move_row": lambda s, a, b: None})()
 
     def prefill(self, batch):
         pass

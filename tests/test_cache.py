@@ -85,3 +85,19 @@ def test_engine_lengths_match_what_each_request_holds(tiny_dirs, tmp_path, paral
         ctx = e.proposer.context                # the drafter's rows still to feed: device and host agree
         assert torch.equal(ctx.n[:B], torch.tensor(ctx.behind, dtype=torch.long)) and len(ctx.behind) == B
     assert steps > 6
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_rows_never_grow_past_max_num_seqs(tiny_dirs, tmp_path, parallel):
+    """Rows double as requests arrive, but not past max_num_seqs: with 5, the target cache, the drafter's cache
+    and context and the row state held 6 rows (and 65 of 64 would allocate 128)."""
+    target = tiny_dirs["llama"]
+    head = save_random_head(target, str(tmp_path / "h"), layers=1, parallel=parallel)
+    llm = LLM(target, max_num_seqs=5, speculative_config={"method": "eagle3", "model": head,
+                                                          "num_speculative_tokens": 2, "parallel_drafting": parallel})
+    eng = llm.engine
+    for n in range(1, 6):                      # 1, 2, ... 5 requests at once: rows 1, 2, 4, then 5, not 8
+        llm.generate([{"prompt_token_ids": [5 + i, 6, 7]} for i in range(n)],
+                     SamplingParams(temperature=0, max_tokens=3))
+    rows = (eng.cache.rows, eng.proposer.cache.rows, eng.proposer.context.rows, eng.state.rows)
+    assert rows == (5, 5, 5, 5), rows

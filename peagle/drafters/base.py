@@ -53,6 +53,7 @@ class Proposer:
     name = "base"
     draft_sampling = "argmax"
     context: DraftContext | None = None        # the per-row state: made by the first add_requests, on its device
+    max_rows: int | None = None                # rows never double past this (the engine's max_num_seqs)
 
     def __init__(self, head: DrafterHead, k: int, max_len: int, rows: int = 1, draft_sampling: str = "argmax",
                  dual: bool = False, quantization: str = "none"):
@@ -77,8 +78,11 @@ class Proposer:
         raise NotImplementedError
 
     # ---------------------------------------------------------------- the engine's side: rows and steps
-    def ensure_rows(self, rows: int):
-        self.cache.ensure_rows(rows)
+    def ensure_rows(self, rows: int, limit: int | None = None):
+        """At least `rows` rows of the drafter's cache (and of its context, when add_requests makes it), not
+        doubling past limit."""
+        self.cache.ensure_rows(rows, limit)
+        self.max_rows = limit
 
     def remove_row(self, row: int, last: int):
         """The request in `row` has left; the last row in use, `last`, moves into its place."""
@@ -97,6 +101,7 @@ class Proposer:
         (B, T), dev = ids.shape, ids.device
         if self.context is None:
             self.context = DraftContext(dev)
+            self.context.max_rows = self.max_rows
         ctx, rows = self.context, slice(b0, b0 + B)
         ctx.ensure(b0 + B, self.k + 1)
         del ctx.behind[b0:]

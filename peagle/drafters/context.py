@@ -22,6 +22,7 @@ class DraftContext:
     def __init__(self, device):
         self.device = torch.device(device)
         self.rows = self.width = 0
+        self.max_rows: int | None = None       # rows never double past this (the engine's max_num_seqs)
         self.n = torch.zeros(0, dtype=torch.long, device=self.device)
         self.ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.aux: torch.Tensor | None = None
@@ -33,7 +34,7 @@ class DraftContext:
         new_aux = aux_dim is not None and (self.aux is None or self.aux.shape[-1] != aux_dim)
         if rows <= self.rows and width <= self.width and not new_aux:
             return
-        rows = max(rows, 2 * self.rows) if rows > self.rows else self.rows
+        rows = max(rows, min(2 * self.rows, self.max_rows or 2 * self.rows)) if rows > self.rows else self.rows
         width = max(width, 2 * self.width) if width > self.width else self.width  # K = 0 steps grow it by 1
         self.n = grown(self.n, (rows,), self.device)
         self.ids = grown(self.ids, (rows, width), self.device)
