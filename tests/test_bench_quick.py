@@ -1,6 +1,7 @@
 """`peagle bench` end to end on a tiny target with random heads: files written, figures consistent."""
 import json
 import os
+import shlex
 
 import pytest
 from heads import save_random_head
@@ -128,3 +129,35 @@ def test_the_reports_command_keeps_the_quantization():
         a = build_parser("bench").parse_args(["bench", "--ks", "1", *argv])
         apply_defaults(a)
         assert canonical_command(a).split("--quantization ")[1].split()[0] == want
+
+
+def test_the_reports_command_keeps_the_target_backend():
+    """--target-backend transformers was dropped: the printed command reran the sweep on the native backend."""
+    from peagle.bench.command import apply_defaults, canonical_command
+    from peagle.cli import build_parser
+    a = build_parser("bench").parse_args(["bench", "--ks", "1", "--target-backend", "transformers"])
+    apply_defaults(a)
+    cmd = canonical_command(a)
+    again = build_parser("bench").parse_args(shlex.split(cmd)[1:])
+    assert again.target_backend == "transformers"
+
+
+def test_online_servers_run_the_offline_settings():
+    """The online server got no thread count (torch's default, while the report named --threads), and its
+    speculative config dropped --draft-sampling and --auto-k: online and offline runs differed in settings."""
+    from peagle.autok.config import AutoKConfig
+    from peagle.bench.online import OnlineServer, spec_json
+    cfg = json.loads(spec_json("peagle", "auto", "H", "argmax", AutoKConfig.from_dict({"margin": 0.05})))
+    assert cfg["draft_sampling"] == "argmax" and cfg["auto_k"] == {"margin": 0.05} and cfg["parallel_drafting"]
+    assert "draft_sampling" not in json.loads(spec_json("eagle3", 3, "H"))          # the default is not spelled out
+    assert spec_json("baseline", 0, None) is None
+    srv = OnlineServer("M", "eagle3", 3, "H", 4, 256, threads=1)
+    assert srv.env["OMP_NUM_THREADS"] == "1" and OnlineServer("M", "baseline", 0, None, 4, 256).env is None
+
+
+def test_peer_rows_take_the_mean_tpot_like_the_peers():
+    """The c=1 subset row of a peagle run took the median TPOT under a column of means (the HF rows' mean)."""
+    from peagle.bench.report import _subset
+    reqs = [{"output_len": 5, "e2e_s": 1.0, "ttft_s": 0.1, "tpot_s": t} for t in (0.010, 0.010, 0.040)]
+    row = _subset({"method": "baseline", "k": 0, "requests": reqs, "identity": {}}, 3)
+    assert row["tpot_ms"]["mean"] == pytest.approx(20.0)

@@ -53,7 +53,8 @@ def canonical_command(a) -> str:
               str(a.mtbench_turns), "--max-prompt-len", str(a.max_prompt_len), "--peers", ",".join(a.peers),
               "--peer-prompts", str(a.peer_prompts), "--pld-tokens", str(a.pld_tokens), "--device", a.device, "--dtype", a.dtype,
               "--seed", str(a.seed)]
-    parts += ["--quantization", getattr(a, "quantization", None) or "none"]
+    parts += ["--quantization", getattr(a, "quantization", None) or "none",
+              "--target-backend", getattr(a, "target_backend", None) or "auto"]
     if a.threads:
         parts += ["--threads", str(a.threads)]
     if a.compile:

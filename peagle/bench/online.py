@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 from .. import client as C
-from ..spec_config import speculative_config
+from ..spec_config import AUTO, DEFAULT_DRAFT_SAMPLING, speculative_config
 from .runner import out_hash, stats_ms
 
 
-def spec_json(method: str, k: int, head: str | None) -> str | None:
-    return None if method == "baseline" else json.dumps(speculative_config(head, k, method == "peagle"))
+def spec_json(method: str, k: int, head: str | None, draft_sampling: str = DEFAULT_DRAFT_SAMPLING,
+              auto_k=None) -> str | None:
+    """The server's speculative config: the offline runs' settings (draft sampling, auto K's knobs) included."""
+    if method == "baseline":
+        return None
+    cfg = speculative_config(head, k, method == "peagle")
+    if draft_sampling != DEFAULT_DRAFT_SAMPLING:
+        cfg["draft_sampling"] = draft_sampling
+    if k == AUTO and auto_k is not None and auto_k.as_dict():
+        cfg["auto_k"] = auto_k.as_dict()
+    return json.dumps(cfg)
 
 
 class OnlineServer:
@@ -22,8 +32,11 @@ class OnlineServer:
 
     def __init__(self, model: str, method: str, k: int, head: str | None, max_num_seqs: int, max_model_len: int,
                  dtype: str = "auto", seed: int = 0, device: str = "auto", compile: bool = False,
-                 target_backend: str = "auto", quantization: str = "none"):
-        self.args = (model, spec_json(method, k, head), max_num_seqs,
+                 target_backend: str = "auto", quantization: str = "none", threads: int = 0,
+                 draft_sampling: str = DEFAULT_DRAFT_SAMPLING, auto_k=None):
+        """threads: the server's torch threads (0: torch's default), as the offline runs' --threads."""
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+        self.args = (model, spec_json(method, k, head, draft_sampling, auto_k), max_num_seqs,
                      ["--max-model-len", str(max_model_len), "--device", device, "--dtype", dtype, "--seed", str(seed),
                       "--target-backend", target_backend, "--quantization", quantization,
                       "--max-waiting", str(4 * max_num_seqs), "--served-model-name", "bench"]
@@ -32,7 +45,7 @@ class OnlineServer:
 
     def __enter__(self):
         model, spec, n, extra = self.args
-        self.proc, self.url = C.launch(model, spec, n, extra)
+        self.proc, self.url = C.launch(model, spec, n, extra, env=self.env)
         return self
 
     def __exit__(self, *exc):

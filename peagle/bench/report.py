@@ -107,13 +107,17 @@ def drafter_md(s) -> str:
                    "P-EAGLE verify ms/step"], rows)
 
 
+def _fmean(xs):
+    return statistics.fmean(xs) if xs else None
+
+
 def _subset(r, n):
     """A c=1 run's figures over its first n requests (sequential at c=1: tokens ÷ summed latency)."""
     rq = r["requests"][:n]
     tot, t = sum(q["output_len"] for q in rq), sum(q["e2e_s"] for q in rq)
     return {"method": r["method"], "k": r["k"], "n_requests": len(rq), "output_tok_s": tot / t if t else None,
             "ttft_ms": {"mean": 1000 * statistics.fmean(q["ttft_s"] for q in rq)},
-            "tpot_ms": {"mean": _med([1000 * q["tpot_s"] for q in rq if q["tpot_s"] is not None])},
+            "tpot_ms": {"mean": _fmean([1000 * q["tpot_s"] for q in rq if q["tpot_s"] is not None])},   # as peers'
             "identity": {"identical": "reference", "n": len(rq)}
             if r["method"] == "baseline" else {"identical": sum(1 for i in range(len(rq)) if i not in {
                 x["request"] for x in r["identity"].get("ties", []) + r["identity"].get("mismatches", [])}),

@@ -221,16 +221,17 @@ def _online_sweep(a, bench, cfgs, batches, res, log, on_dataset):
     for m, k in cfgs:
         t0 = time.time()
         with OnlineServer(a.model, m, k, bench.heads_dirs.get(m), max(a.concurrency), mlen, a.dtype, a.seed,
-                          a.device, getattr(a, "compile", False), bench.backend, bench.quantization) as srv:
+                          a.device, getattr(a, "compile", False), bench.backend, bench.quantization, a.threads,
+                          getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None)) as srv:
             log(f"[online] {m} K={k}: peagle serve at {srv.url} (up in {time.time() - t0:.0f}s)")
             run_online(srv, m, k, 1, [batches[next(iter(batches))][0][0][:32]], 8, a.temperature, True)  # warm-up
             for (ds, c), (batch, _) in batches.items():
                 t1 = time.time()
                 r = run_online(srv, m, k, c, batch, a.output_len, a.temperature, a.ignore_eos)
                 outs = r.pop("_outputs")
+                ok_outs = [o if o is not None else [] for o in outs]          # a failed request: no tokens
                 if m == "baseline" and refs.get((ds, c)) is None:
-                    refs[(ds, c)] = outs
-                ok_outs = [o if o is not None else [] for o in outs]
+                    refs[(ds, c)] = ok_outs
                 r["identity"] = (bench.identity(batch, ok_outs, refs[(ds, c)]) if greedy
                                  else {"ok": None, "note": "sampling"})
                 r.update(dataset=ds, repeat=0)
