@@ -151,3 +151,28 @@ def test_a_feature_cache_of_other_documents_is_refused(tiny_dirs, tmp_path):
     with pytest.raises(PeagleError, match="other tokens than document 0"):
         trainer_losses(target, a, str(tmp_path / "oa"), "eagle3", ["--ttt-steps", "2", "--feature-cache", fc],
                        steps=1)
+
+
+def test_a_speculators_cache_is_read_with_a_config_and_says_it_has_no_masks(tiny_dirs, tmp_path, capsys):
+    """speculators writes hs_{i} files with token_ids and hidden_states only (no hidden_states.json, no
+    loss_mask): refused with what to add, then read, saying that every token is supervised."""
+    from safetensors.torch import save_file
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    L = target.cfg.num_hidden_layers
+    d = str(tmp_path / "spec")
+    extract(target, _docs(3), d, [1, 2, 3, L], progress=False)
+    for i in range(3):                                          # as speculators leaves them
+        with safe_open(sample_path(d, i), "pt") as f:
+            t = {k: f.get_tensor(k) for k in ("token_ids", "hidden_states")}
+        save_file(t, sample_path(d, i))
+    cfg = os.path.join(d, CONFIG)
+    with open(cfg) as f:
+        keep = json.load(f)
+    os.remove(cfg)
+    with pytest.raises(PeagleError, match='"layer_ids"'):
+        HiddenStateCache(d)
+    with open(cfg, "w") as f:
+        json.dump({"format": "speculators-hs", "layer_ids": keep["layer_ids"], "hidden_size": keep["hidden_size"]}, f)
+    cache = HiddenStateCache(d)
+    assert len(cache) == 3 and "every token is supervised" in capsys.readouterr().err
+    assert bool(cache.doc(0)[1].all())

@@ -1,7 +1,12 @@
 """Drafter training data with the target's hidden states, in vllm-project/speculators' offline format, so
 the target runs once per sample and every training run (both drafters, every recipe) reuses it.
 
-Layout of a cache directory (what speculators' vLLM extraction writes, plus the loss mask):
+Layout of a cache directory: speculators' hs_{i} files (what vLLM's extract_hidden_states writes and speculators
+renames: the same keys, layout and layer semantics as vLLM's EAGLE-3 aux states), plus two things of peagle's
+that speculators keeps elsewhere -- the loss mask in each file (speculators: in its dataset) and
+hidden_states.json (speculators: the layer ids in its vLLM launch settings). A cache written by speculators is
+read once a hidden_states.json naming its layer ids (ascending, the last = num_hidden_layers) is put beside it;
+without loss masks every token is supervised, prompts included (said when the cache is opened).
     hs_{i}.safetensors     token_ids      int64 [seq]
                            hidden_states  model dtype [seq, n_layers, hidden]: the residual stream entering
                                           each layer id of `layer_ids` (id L = the final pre-norm state)
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import torch
@@ -92,7 +98,9 @@ def extract(target, docs: list, out: str, layer_ids: list[int], max_batch_tokens
 def read_config(d: str) -> dict:
     fn = os.path.join(d, CONFIG)
     if not os.path.isfile(fn):
-        raise PeagleError(f"{d} has no {CONFIG} (not a hidden-state cache)")
+        raise PeagleError(f"{d} has no {CONFIG} (not a hidden-state cache; one written by speculators needs one: "
+                          f'{{"format": "speculators-hs", "layer_ids": [its ids, ascending, the last = the number of '
+                          f'layers], "hidden_size": H}})')
     with open(fn) as f:
         return json.load(f)
 
@@ -115,6 +123,11 @@ class HiddenStateCache:
                               "rerun the extraction to complete it")
         self.n = n
         self.aux_cols = list(range(len(self.layer_ids) - 1))     # columns features() returns as aux states
+        if n:
+            with safe_open(sample_path(d, 0), "pt") as f:
+                if "loss_mask" not in f.keys():
+                    print(f"peagle: {d}: no loss_mask in its samples (speculators keeps it in its dataset): every "
+                          "token is supervised, prompts included", file=sys.stderr)
 
     def __len__(self) -> int:
         return self.n
