@@ -33,6 +33,7 @@ from .kpolicy import FixedK, KPolicy
 from .rowstate import RowState
 from .sampling import SamplingParams, greedy, make_generator
 from .spec_metrics import SpecMetrics
+from .stops import find_stop
 from .tree import TreeSpec
 from .tree_step import tree_step
 from .verify import SampledRows, verify_greedy, verify_sampled
@@ -57,29 +58,6 @@ def context_len(max_model_len: int | None, ctx: int) -> int:
         print(f"peagle: max_model_len {max_model_len} is above the model's context ({ctx}): using {ctx}",
               file=sys.stderr)
     return min(max_model_len, ctx)
-
-
-def find_stop(tok, ids: list, stops) -> int | None:
-    """Where the first stop string begins in the decode of ids, if one ends in the last token (called after each
-    token, so an earlier one would have stopped the request before): looked for first in the decode of the last
-    tokens only, a window of at least 8 characters more than the longest stop string (its first characters may
-    differ from the whole decode's: a partial UTF-8 character, a stripped leading space), and placed in the whole
-    output's decode -- the text callers cut -- only when found there. Decoding the whole output after every token
-    cost O(n^2) on the engine thread."""
-    longest = max((len(s) for s in stops if s), default=0)
-    if not longest:
-        return None
-    w = 4 * longest + 9
-    while w < len(ids):
-        tail = tok.decode(ids[-w:], skip_special_tokens=True)
-        if len(tail) >= longest + 8:
-            if not any(s and s in tail for s in stops):
-                return None
-            break
-        w *= 2                                   # tokens that decode to few characters (special ones: none)
-    text = tok.decode(ids, skip_special_tokens=True)
-    hits = [text.find(s) for s in stops if s and s in text]
-    return min(hits) if hits else None
 
 
 @dataclass

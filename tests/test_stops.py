@@ -1,4 +1,4 @@
-"""Stop strings (peagle/engine.py find_stop): found where a decode of the whole output finds them."""
+"""Stop strings (peagle/stops.py find_stop): found where a decode of the whole output finds them."""
 
 
 def test_stop_strings_are_found_where_a_whole_decode_finds_them():
@@ -10,8 +10,8 @@ def test_stop_strings_are_found_where_a_whole_decode_finds_them():
 
     from transformers import AutoTokenizer
 
-    from peagle.engine import find_stop
     from peagle.llm import DEMO_TARGET
+    from peagle.stops import find_stop
     tok = AutoTokenizer.from_pretrained(DEMO_TARGET)
     rng = random.Random(0)
     special = list(tok.all_special_ids)

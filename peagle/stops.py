@@ -1,0 +1,29 @@
+"""Stop strings: where a request's output stops, found as a decode of the whole output would find it.
+
+Invariant: find_stop(tok, ids, stops) after each new token gives the same stop step and the same cut as
+searching `tok.decode(ids)` after each token (the text callers cut at the returned index), while decoding only
+the last tokens on the steps where no stop string is found."""
+from __future__ import annotations
+
+
+def find_stop(tok, ids: list, stops) -> int | None:
+    """Where the first stop string begins in the decode of ids, if one ends in the last token (called after each
+    token, so an earlier one would have stopped the request before): looked for first in the decode of the last
+    tokens only, a window of at least 8 characters more than the longest stop string (its first characters may
+    differ from the whole decode's: a partial UTF-8 character, a stripped leading space), and placed in the whole
+    output's decode -- the text callers cut -- only when found there. Decoding the whole output after every token
+    cost O(n^2) on the engine thread."""
+    longest = max((len(s) for s in stops if s), default=0)
+    if not longest:
+        return None
+    w = 4 * longest + 9
+    while w < len(ids):
+        tail = tok.decode(ids[-w:], skip_special_tokens=True)
+        if len(tail) >= longest + 8:
+            if not any(s and s in tail for s in stops):
+                return None
+            break
+        w *= 2                                   # tokens that decode to few characters (special ones: none)
+    text = tok.decode(ids, skip_special_tokens=True)
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
