@@ -11,9 +11,10 @@ import os
 import re
 import sys
 
+if len(sys.argv) < 3 or any(a in ("-h", "--help") for a in sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help") else 2)
 *srcs, dst = sys.argv[1:]
-if not srcs:
-    sys.exit(__doc__)
 os.makedirs(dst, exist_ok=True)
 cfg, sources, j = None, [], 0
 for src in srcs:

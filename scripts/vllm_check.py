@@ -270,6 +270,9 @@ def main(argv=None) -> int:
             print(f"error: run {run.get('name')}: no prompt set {run.get('prompts')!r} in {args.prompts}",
                   file=sys.stderr)
             return 2
+        if run.get("head") and not run.get("speculative_config") and not run.get("serve") and not run.get("k"):
+            print(f"error: run {run.get('name')}: a head needs k", file=sys.stderr)      # before any run is lost
+            return 2
     t_import = time.perf_counter()
     import vllm
     import_s = round(time.perf_counter() - t_import, 2)

@@ -147,3 +147,16 @@ def test_norms_vllm_applies_and_peagle_does_not_are_refused(tiny_dirs, key):
     assert validate_config(d) == []
     d[key] = True
     assert any(f"config.{key} is true" in p for p in validate_config(d))
+
+
+@pytest.mark.parametrize("over", [{"bias": True}, {"attention_bias": True}, {"mlp_bias": True},
+                                  {"layer_types": ["sliding_attention"], "sliding_window": 16}, {"is_causal": False},
+                                  {"partial_rotary_factor": 0.5}, {"logit_scale": 0.25},
+                                  {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                       "partial_rotary_factor": 0.5}}])
+def test_what_vllm_applies_and_peagle_does_not_is_refused(tiny_dirs, over):
+    """vLLM obeys these keys (biases it would fill with uninitialised memory, sliding windows, non-causal
+    attention, partial rotary, logit scaling); peagle's drafter ignored them and exported them: refused."""
+    d = head_config(tiny_dirs["llama"], parallel=False).to_dict()
+    assert validate_config(d) == []
+    assert any("peagle's drafter does not" in p for p in validate_config({**d, **over})), over

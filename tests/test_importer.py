@@ -156,7 +156,8 @@ def test_import_speculators_eagle3_defaults_and_missing_aux(tmp_path):
     icfg, its = import_head(src, None, target_dir=target)
     assert icfg["norm_before_residual"] is True
     assert icfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM's default (2, L//2, L-3), L = 8
-    assert icfg["peagle"] == {"method": "eagle3", "train_depths": 5, "target": "org/target",
+    # the K it is served with, not a trained depth: an EAGLE-3 head's depth is its ttt_steps (when recorded)
+    assert icfg["peagle"] == {"method": "eagle3", "num_speculative_tokens": 5, "target": "org/target",
                               "imported_from": "speculators:eagle3"}
     same_tensors(its, ts)
 
@@ -190,3 +191,60 @@ def test_import_mask_token_id_only_flat(tmp_path):
     icfg, its = import_head(write_head(tmp_path / "h", cfg, ts))
     assert icfg["ptd_token_id"] == icfg["pard_token"] == MASK and "mask_token_id" not in icfg
     assert icfg["peagle"]["method"] == "peagle" and its["mask_hidden"].shape == (1, 1, 3 * H)
+
+
+def test_a_dflash_mask_token_is_not_left_for_vllm_to_prefer(tmp_path):
+    """vLLM reads dflash_config.mask_token_id before pard_token / ptd_token_id: left in, vLLM drafted with another
+    mask token than peagle. Import keeps one mask token."""
+    cfg = make_config()
+    cfg["dflash_config"] = {"mask_token_id": MASK + 2, "other": 1}
+    icfg, _ = import_head(write_head(tmp_path / "h", cfg, make_tensors(make_config())))
+    assert icfg["ptd_token_id"] == icfg["pard_token"] == MASK and icfg["dflash_config"] == {"other": 1}
+
+
+def test_depths_survive_a_speculators_round_trip_and_set_exports_k(tmp_path):
+    """Exported to speculators with K = 2 and imported back, an EAGLE-3 head of ttt_steps 6 came back with
+    train_depths 2 (auto K's bound fell to 2); export's default K ignored ttt_steps (3)."""
+    from peagle.autok.factory import trained_depth
+    tgt = str(tmp_path / "t")
+    write_target(tgt)
+    cfg = make_config("eagle3")
+    cfg["peagle"] = {"method": "eagle3", "ttt_steps": 6}
+    src = write_head(tmp_path / "h", cfg, make_tensors(cfg))
+    out = str(tmp_path / "spec")
+    export_head(src, out, format="speculators", target_dir=tgt, num_speculative_tokens=2)
+    back, _ = import_head(out, None)
+    assert trained_depth(back) == 6 and back["peagle"]["num_speculative_tokens"] == 2
+    vout = str(tmp_path / "v")
+    export_head(src, vout, target_dir=tgt)
+    assert load_head_dir(vout)[0]["peagle"]["num_speculative_tokens"] == 6
+
+
+def test_a_float_d2t_and_a_tied_bin_checkpoint(tmp_path):
+    """A d2t stored as floats was cast to int64 (bfloat16 rounds offsets past 256): refused. A .bin checkpoint
+    whose lm_head shares the embedding's storage crashed safetensors' writer: written as two tensors."""
+    cfg = make_config("eagle3")
+    ts = make_tensors(cfg)
+    bad = dict(ts, d2t=ts["d2t"].to(torch.bfloat16))
+    with pytest.raises(HeadValidationError, match="d2t is stored as bfloat16"):
+        import_head(write_head(tmp_path / "f", cfg, bad))
+    tied = dict(ts)
+    tied["lm_head.weight"] = tied["embed_tokens.weight"]
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    torch.save(tied, d / "pytorch_model.bin")
+    import_head(str(d), str(tmp_path / "out"))
+    got = load_head_dir(str(tmp_path / "out"))[1]
+    assert torch.equal(got["lm_head.weight"], ts["embed_tokens.weight"])
+
+
+def test_export_into_a_symlinked_directory(tmp_path):
+    """An empty directory reached through a symlink was accepted, then rmtree refused the link (a traceback)."""
+    cfg = make_config("eagle3")
+    src = write_head(tmp_path / "h", cfg, make_tensors(cfg))
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    export_head(src, str(tmp_path / "link"))
+    assert (tmp_path / "link").is_symlink() and (real / "config.json").is_file()

@@ -266,6 +266,22 @@ def validate_config(config: Mapping, target_config: Mapping | None = None, paral
     for key in ("norm_before_fc", "fc_norm", "norm_output"):
         if cfg.get(key):
             P(f"config.{key} is true: a norm vLLM applies and peagle's drafter does not (not supported)")
+    def P_unsupported(what):
+        P(f"{what}: vLLM applies it, peagle's drafter does not (not supported)")
+    for key in ("attention_bias", "mlp_bias", "bias", "qkv_bias"):
+        if cfg.get(key):
+            P_unsupported(f"config.{key} is true (projection biases)")
+    if any(t != "full_attention" for t in cfg.get("layer_types") or []) or cfg.get("use_sliding_window"):
+        P_unsupported(f"config.layer_types {cfg.get('layer_types')!r} (sliding-window attention)")
+    if cfg.get("is_causal") is False:
+        P_unsupported("config.is_causal is false (non-causal attention)")
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    for where, v in (("partial_rotary_factor", cfg.get("partial_rotary_factor")),
+                     ("rope_parameters.partial_rotary_factor", rp.get("partial_rotary_factor"))):
+        if v is not None and v != 1:
+            P_unsupported(f"config.{where} {v!r} (rotary embedding on part of each head)")
+    if cfg.get("logit_scale") not in (None, 1, 1.0):
+        P_unsupported(f"config.logit_scale {cfg.get('logit_scale')!r}")
     if cfg.get("tie_word_embeddings", False) is not False:
         P("config.tie_word_embeddings must be false (the head has its own lm_head over the draft vocabulary)")
     if not isinstance(cfg.get("norm_before_residual"), bool):

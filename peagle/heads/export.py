@@ -100,7 +100,7 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
     k = num_speculative_tokens
     if k is None:
         pb = cfg.get("peagle") or {}
-        k = pb.get("serve_k") or pb.get("num_speculative_tokens") or pb.get("train_depths") or 3
+        k = pb.get("serve_k") or pb.get("num_speculative_tokens") or pb.get("train_depths") or pb.get("ttt_steps") or 3
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         problems.append(f"num_speculative_tokens must be a positive integer (got {k!r})")
     if format == "speculators" and target_dir is None and not (cfg.get("peagle") or {}).get("target"):

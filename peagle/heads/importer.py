@@ -76,8 +76,10 @@ def convert_config(config: Mapping, notes: list[str] | None = None) -> dict:
         spec_cfg = src.get("speculators_config") or {}
         k = _first_k(spec_cfg)
         peagle_block.setdefault("method", "peagle" if smt == "peagle" or mt is not None else "eagle3")
-        if k and "train_depths" not in peagle_block:
-            peagle_block["train_depths"] = k
+        if k:                          # the K it is served with; a trained depth only where none is recorded
+            peagle_block.setdefault("num_speculative_tokens", k)
+            if peagle_block["method"] == "peagle" and "train_depths" not in peagle_block:
+                peagle_block["train_depths"] = k
         ver = spec_cfg.get("verifier") if isinstance(spec_cfg, Mapping) else None
         if isinstance(ver, Mapping) and ver.get("name_or_path"):
             peagle_block.setdefault("target", ver["name_or_path"])
@@ -100,6 +102,11 @@ def convert_config(config: Mapping, notes: list[str] | None = None) -> dict:
             notes.append(f"dropped conflicting mask_token_id={mt} (mask token is {tok})")
         if tok is not None:
             flat["ptd_token_id"] = flat["pard_token"] = int(tok)
+    dc = flat.get("dflash_config")
+    if isinstance(dc, Mapping) and "mask_token_id" in dc:   # vLLM reads it before pard_token / ptd_token_id
+        flat["dflash_config"] = {k: v for k, v in dc.items() if k != "mask_token_id"} or None
+        if flat["dflash_config"] is None:
+            del flat["dflash_config"]
     arch = (flat.get("architectures") or [None])[0]
     if arch != NATIVE_ARCH:
         if arch not in (None, "Eagle3LlamaForCausalLM", "LlamaForCausalLM", "LlamaForCausalLMEagle3"):
@@ -189,6 +196,9 @@ def convert_head(config: Mapping, tensors: Mapping[str, torch.Tensor], target_di
         ts["d2t"] = torch.zeros(V, dtype=torch.int64)
         notes.append("full-vocabulary head without d2t: wrote identity d2t (zeros)")
     if "d2t" in ts:
+        if ts["d2t"].is_floating_point():
+            raise HeadValidationError([f"d2t is stored as {str(ts['d2t'].dtype).replace('torch.', '')}: token "
+                                       "offsets must be integers (a float dtype may have rounded them)"], "import")
         ts["d2t"] = ts["d2t"].to(torch.int64)
         if "t2d" not in ts and V is not None:
             d2t = ts["d2t"]

@@ -43,7 +43,12 @@ def save_head_dir(path: str | os.PathLike, config: Mapping, tensors: Mapping[str
 
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    sd, seen = {}, set()
+    for k, v in tensors.items():
+        t = v.detach().contiguous().cpu()
+        ptr = t.untyped_storage().data_ptr()
+        sd[k] = t.clone() if ptr in seen else t      # tied tensors (a .bin's shared storage): safetensors refuses
+        seen.add(ptr)
     _atomic(p / WEIGHTS_NAME, lambda fn: save_file(sd, fn, metadata={"format": "pt"}))
 
     def write_config(fn):
@@ -89,7 +94,7 @@ def replace_head_dir(out_dir: str | os.PathLike, config: Mapping, tensors: Mappi
                      overwrite: bool = True) -> None:
     """Write a head into a temporary directory beside ``out_dir``, then rename it into place; an existing
     ``out_dir`` is replaced only if it is a head directory or empty (check_head_out)."""
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()                  # a symlink: the directory it names is replaced, the link kept
     check_head_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
