@@ -6,9 +6,11 @@
 namespace peagle_attend {
 
 #ifdef PEAGLE_ATTEND_AVX512
-// Which of the 16 keys at m are visible (a mask row's bools: bit k set for key k).
+// Which of the 16 keys at m are visible (a mask row's bools, any nonzero byte as the other paths read it: bit k
+// set for key k).
 static inline __mmask16 visible16(const bool* m) {
-  return _mm_test_epi8_mask(_mm_loadu_si128((const __m128i*)m), _mm_set1_epi8(1));
+  const __m128i v = _mm_loadu_si128((const __m128i*)m);
+  return _mm_test_epi8_mask(v, v);
 }
 
 // Queries qa, qb against 8 keys (k0, kstride apart): the 16 dot8 values, each exactly dot8's (lane l of a half

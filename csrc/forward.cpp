@@ -36,6 +36,8 @@ class LayerStack {
              std::vector<torch::Tensor> norms, int64_t nh, int64_t nkv, int64_t hd, double eps, int64_t impl)
       : nh_(nh), nkv_(nkv), hd_(hd), eps_((float)eps), impl_(impl), act8_(!packed.empty()) {
     const int64_t n = (int64_t)w.size() / 4;
+    TORCH_CHECK(nkv > 0 && nh % nkv == 0 && hd > 0 && hd % 8 == 0,
+                "LayerStack: heads ", nh, " / ", nkv, " x head_dim ", hd, " (nh a multiple of nkv, hd of 8)");
     TORCH_CHECK(n >= 1 && (int64_t)w.size() == 4 * n && (int64_t)qtypes.size() == 4 * n &&
                     (packed.empty() || packed.size() == w.size()) && (int64_t)norms.size() == 2 * n + 1,
                 "LayerStack: 4 weights, 4 qtypes, (4 packed) and 2 norms per layer, then the final norm");
@@ -64,7 +66,8 @@ class LayerStack {
     }
     for (int64_t i = 0; i < n; i++) {
       const Proj &qkv = proj_[4 * i], &o = proj_[4 * i + 1], &gu = proj_[4 * i + 2];
-      TORCH_CHECK((qkv.K == H_ || i == 0) && o.K == nh * hd && gu.K == H_, "LayerStack: layer ", i, " shapes");
+      TORCH_CHECK((qkv.K == H_ || i == 0) && o.K == nh * hd && gu.K == H_ && gu.N == proj_[2].N, "LayerStack: layer ",
+                  i, " shapes (every layer's intermediate size the first's: the scratch is sized by it)");
     }
     for (auto& t : norms) {
       TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.numel() == H_, "LayerStack: norms of ", H_, " floats");
@@ -88,7 +91,7 @@ class LayerStack {
     for (int64_t i = 0; i < n; i++)
       TORCH_CHECK(kc[i].scalar_type() == torch::kFloat32 && kc[i].is_contiguous() && vc[i].is_contiguous() &&
                       kc[i].sizes() == vc[i].sizes() && kc[i].dim() == 4 && kc[i].size(1) == nkv_ &&
-                      kc[i].size(2) == cap && kc[i].size(3) == hd && b0 + B <= kc[i].size(0),
+                      kc[i].size(2) == cap && kc[i].size(3) == hd && b0 >= 0 && b0 + B <= kc[i].size(0),
                   "forward: caches [rows, nkv, cap, hd] float32");
     TORCH_CHECK(S >= 1 && S <= cap, "forward: span ", S, " outside the cache's ", cap);
     const int64_t* pp = p.data_ptr<int64_t>();

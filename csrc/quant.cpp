@@ -116,6 +116,7 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor h, torch:
   TORCH_CHECK(weight.numel() == H, "add_rms_norm: x, h [..., H], weight [H]");
   auto xc = x.contiguous(), hc = h.contiguous(), wc = weight.contiguous();
   auto res = torch::empty_like(xc), out = torch::empty_like(xc);
+  if (xc.numel() == 0) return {res, out};
   po::add_rms_norm(xc.data_ptr<float>(), hc.data_ptr<float>(), wc.data_ptr<float>(), xc.numel() / H, H, (float)eps,
                    res.data_ptr<float>(), out.data_ptr<float>());
   return {res, out};
@@ -128,6 +129,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   const int64_t H = x.size(-1);
   auto xc = x.contiguous(), wc = weight.contiguous();
   auto out = torch::empty_like(xc);
+  if (xc.numel() == 0) return out;
   po::rms_norm(xc.data_ptr<float>(), wc.data_ptr<float>(), xc.numel() / H, H, (float)eps, out.data_ptr<float>());
   return out;
 }
@@ -140,6 +142,7 @@ torch::Tensor silu_mul(torch::Tensor gu) {
   auto sizes = g.sizes().vec();
   sizes.back() = I;
   auto out = torch::empty(sizes, g.options());
+  if (out.numel() == 0) return out;
   po::silu_mul(g.data_ptr<float>(), g.numel() / (2 * I), I, out.data_ptr<float>());
   return out;
 }
@@ -154,8 +157,8 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = kc.size(3), half = hd / 2, cap = kc.size(2);
   TORCH_CHECK(qkv.size(2) == (nh + 2 * nkv) * hd && hd % 2 == 0, "rope_kv: qkv width");
   TORCH_CHECK(kc.scalar_type() == torch::kFloat32 && vc.scalar_type() == torch::kFloat32 && kc.is_contiguous() &&
-              vc.is_contiguous() && kc.sizes() == vc.sizes() && kc.size(1) == nkv && b0 + B <= kc.size(0),
-              "rope_kv: caches");
+              vc.is_contiguous() && kc.sizes() == vc.sizes() && kc.dim() == 4 && kc.size(1) == nkv && b0 >= 0 &&
+              b0 + B <= kc.size(0), "rope_kv: caches");
   auto c = cos.contiguous(), sn = sin.contiguous(), p = pos.to(torch::kLong).contiguous();
   TORCH_CHECK(c.numel() == B * T * hd && sn.numel() == B * T * hd && p.numel() == B * T, "rope_kv: cos/sin/pos");
   auto q = torch::empty({B, T, nh, hd}, qkv.options());
@@ -179,12 +182,12 @@ void compact_kv(std::vector<torch::Tensor> ks, std::vector<torch::Tensor> vs, in
   for (size_t l = 0; l < ks.size(); l++) {
     auto &k = ks[l], &v = vs[l];
     TORCH_CHECK(k.scalar_type() == torch::kFloat32 && k.is_contiguous() && v.is_contiguous() && k.dim() == 4 &&
-                k.sizes() == v.sizes() && v.scalar_type() == torch::kFloat32 && b0 + B <= k.size(0),
+                k.sizes() == v.sizes() && v.scalar_type() == torch::kFloat32 && b0 >= 0 && b0 + B <= k.size(0),
                 "compact_kv: caches [rows, nkv, cap, hd] float32");
     const int64_t cap = k.size(2);
     for (int64_t b = 0; b < B; b++)
-      for (int64_t i = 0; i < W; i++)
-        TORCH_CHECK(sp[b] >= 0 && sp[b] + std::max(i, pp[b * W + i]) < cap && pp[b * W + i] >= 0,
+      for (int64_t i = 0; i < W; i++)      // compared without overflow: sp + max(i, path) < cap
+        TORCH_CHECK(sp[b] >= 0 && pp[b * W + i] >= 0 && pp[b * W + i] < cap && sp[b] < cap - std::max(i, pp[b * W + i]),
                     "compact_kv: slot outside the cache");
     po::compact_kv(k.data_ptr<float>(), v.data_ptr<float>(), k.size(1), cap, k.size(3), b0, B, sp, pp, W);
   }

@@ -293,3 +293,38 @@ def test_fused_rope_and_cache_write_match_the_torch_ops_bit_for_bit(one_slice):
     assert not torch.equal(bad, qk[:, :, :nh]) and not torch.equal(fused.k[1], ref.k[1])
     with pytest.raises(RuntimeError, match="outside the cache"):
         Q.rope_kv(qkv, ctx.cos, ctx.sin, fused, 1, 1, ctx.pos_w + 100, nh, nkv)
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+def test_bad_arguments_to_the_extension_raise_instead_of_writing_outside_buffers():
+    """Found by a review, each a crash or a write past a buffer before: a zero-wide row divided by zero
+    (SIGFPE), a negative or overflowing cache row / slot wrote outside the cache, a LayerStack whose layers
+    differ in intermediate size overran its scratch, a head size not a multiple of 8 overran a vector store."""
+    assert EXT.rms_norm(torch.zeros(3, 0), torch.zeros(0), 1e-6).shape == (3, 0)
+    assert EXT.add_rms_norm(torch.zeros(3, 0), torch.zeros(3, 0), torch.zeros(0), 1e-6)[1].shape == (3, 0)
+    assert EXT.silu_mul(torch.zeros(3, 0)).shape == (3, 0)
+    nh, nkv, hd, cap = 2, 1, 8, 4
+    base = torch.zeros(3, nkv, cap, hd)
+    kc, vc = base[1:], torch.zeros(2, nkv, cap, hd)
+    qkv, cos, sin = torch.ones(1, 1, (nh + 2 * nkv) * hd), torch.ones(1, 1, hd), torch.zeros(1, 1, hd)
+    with pytest.raises(RuntimeError, match="rope_kv: caches"):
+        EXT.rope_kv(qkv, cos, sin, kc, vc, -1, torch.zeros(1, 1, dtype=torch.long), nh, nkv)
+    EXT.rope_kv(qkv, cos, sin, kc, vc, 0, torch.zeros(1, 1, dtype=torch.long), nh, nkv)        # the control
+    assert base[0].abs().sum() == 0 and base[1].abs().sum() > 0
+    k = torch.zeros(1, 1, 4, 8)
+    with pytest.raises(RuntimeError, match="slot outside"):
+        EXT.compact_kv([k], [k.clone()], 0, torch.tensor([2 ** 62 + 10 ** 8]), torch.tensor([[2 ** 62]]))
+    with pytest.raises(RuntimeError, match="compact_kv: caches"):
+        EXT.compact_kv([k], [k.clone()], -1, torch.tensor([0]), torch.tensor([[1]]))
+
+    def stack(Is, nh=1, nkv=1, hd=32, H=32):
+        ws = [Q.quantize(torch.randn(N, K) * 0.05, Q.Q8_0) for inter in Is
+              for N, K in (((nh + 2 * nkv) * hd, H), (H, nh * hd), (2 * inter, H), (H, inter))]
+        return EXT.LayerStack(ws, [], [Q.Q8_0] * len(ws), [torch.ones(H)] * (2 * len(Is) + 1), nh, nkv, hd, 1e-6, 0)
+    assert stack([32, 32]) is not None
+    with pytest.raises(RuntimeError, match="intermediate size"):
+        stack([32, 4096])
+    with pytest.raises(RuntimeError, match="head_dim"):
+        stack([32], nh=8, nkv=8, hd=4)
+    with pytest.raises(RuntimeError, match="head_dim"):
+        stack([32], nh=2, nkv=0)
