@@ -9,8 +9,9 @@ from __future__ import annotations
 def find_stop(tok, ids: list, stops) -> int | None:
     """Where the first stop string begins in the decode of ids, if one ends in the last token (called after each
     token, so an earlier one would have stopped the request before): looked for first in the decode of the last
-    tokens only, a window of at least 8 characters more than the longest stop string (its first characters may
-    differ from the whole decode's: a partial UTF-8 character, a stripped leading space), and placed in the whole
+    tokens only, a window whose text before the last token is at least 8 characters longer than the longest stop
+    string (its first characters may differ from the whole decode's: a partial UTF-8 character, a stripped
+    leading space), and placed in the whole
     output's decode -- the text callers cut -- only when found there. Decoding the whole output after every token
     cost O(n^2) on the engine thread."""
     longest = max((len(s) for s in stops if s), default=0)
@@ -18,12 +19,14 @@ def find_stop(tok, ids: list, stops) -> int | None:
         return None
     w = 4 * longest + 9
     while w < len(ids):
-        tail = tok.decode(ids[-w:], skip_special_tokens=True)
-        if len(tail) >= longest + 8:
+        # the text before the last token must reach past the window's first characters: a stop string ending in
+        # the last token starts at most longest - 1 characters before it (special tokens decode to nothing)
+        if len(tok.decode(ids[-w:-1], skip_special_tokens=True)) >= longest + 8:
+            tail = tok.decode(ids[-w:], skip_special_tokens=True)
             if not any(s and s in tail for s in stops):
                 return None
             break
-        w *= 2                                   # tokens that decode to few characters (special ones: none)
+        w *= 2
     text = tok.decode(ids, skip_special_tokens=True)
     hits = [text.find(s) for s in stops if s and s in text]
     return min(hits) if hits else None

@@ -8,6 +8,7 @@ import torch
 from fakes import FakeProposer, ScriptedK, install_proposer
 
 from peagle import LLM, SamplingParams
+from peagle.models import quant_ext
 
 
 def prompts(n, seed, lo=1, hi=40):
@@ -177,6 +178,7 @@ def test_oracle_with_k_changing_mid_request(target):
     assert llm.get_metrics()["mean_acceptance_length"] > 2
 
 
+@pytest.mark.skipif(quant_ext.get() is None, reason="needs the built extension (exact attention)")
 @pytest.mark.parametrize("quantization", ["none", "q4"])
 def test_a_prompt_prefills_to_the_same_bits_whatever_prompts_come_with_it(target, quantization):
     """A block longer than exact attention covers attends through SDPA, whose sums follow the padded length: a

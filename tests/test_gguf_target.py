@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from peagle.models import quant as Q
+from peagle.models import quant_ext
 
 
 def test_gguf_blocks_load_as_stored_and_match_transformers(tiny_gguf, qtarget):
@@ -93,6 +94,8 @@ def test_auto_follows_the_projections_block_types_not_the_embeddings(qtarget, tm
     assert block_family(f) is None and block_family(q) == "q4"
 
 
+@pytest.mark.skipif(quant_ext.get() is None,
+                    reason="needs the built extension (q4a8)")
 def test_a_converted_directory_runs_its_source_blocks_only_while_its_weights_are_the_conversions(qtarget, tmp_path):
     """q4 / auto on a directory converted from a GGUF file run that file's blocks; once model.safetensors is
     replaced (fine-tuned in place), they ran the old file's weights: now the directory's own weights. A Q8_0-only

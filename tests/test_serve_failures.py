@@ -354,7 +354,22 @@ def test_prompt_tokens_count_prompts_that_were_prefilled(model_dir):
         t.join(60)
         wait_idle(srv)
         line = [x for x in get_text(srv, "/metrics").splitlines() if x.startswith("vllm:prompt_tokens_total")]
-        p2 = len(srv.state.tokenizer(PROMPTS[2], add_special_tokens=False)["input_ids"])
+        p2 = len(srv.state.tokenizer(PROMPTS[2])["input_ids"])              # as the server encodes it
         assert float(line[0].split()[-1]) == n + p2
     finally:
         srv.stop()
+
+
+def test_ctrl_c_stops_peagle_serve_cleanly(model_dir):
+    """Ctrl-C (SIGINT) on `peagle serve`: a clean shutdown, exit status 0 (uvicorn's Server.run re-raises the
+    signal it handled after shutting down; uncaught, it was exit 130 and 'peagle: interrupted')."""
+    import signal
+
+    from peagle import client as client_http
+    p, url = client_http.launch(model_dir, None, 2)
+    try:
+        assert client_http.get_json(url + "/health", 5)["status"] == "ok"
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 0
+    finally:
+        client_http.stop(p)

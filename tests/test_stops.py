@@ -37,3 +37,7 @@ def test_stop_strings_are_found_where_a_whole_decode_finds_them():
         assert got == want, (ids, stops, got, want)
         found += want is not None
     assert found > 250                                   # most trials do stop (the stop strings are in the text)
+    # special tokens (no text) between a stop string's start and a long last token: the window must reach back
+    # past them (a review's case: the tail held only the last token's text)
+    ids = tok("x a")["input_ids"] + [special[0]] * 20 + tok.convert_tokens_to_ids(["================================"])
+    assert find_stop(tok, ids, ["a="]) == 2

@@ -100,6 +100,8 @@ def test_step_plan_trains_every_document_once_per_epoch_whatever_its_row_count()
         seen.setdefault(e, []).extend(d for _, ds in rows for d in ds)
     assert {e: sorted(v) for e, v in seen.items()} == {e: list(range(len(lengths))) for e in range(3)}
     assert plan.steps_for(1.5) == counts[0] + -(-counts[1] // 2)
+    even = StepPlan([100] * 10, 200, 0, 1)                   # 5 rows per epoch
+    assert [even.steps_for(e) for e in (2.2, 2.6, 0.5, 3)] == [11, 13, 3, 15]   # no float error rounded up
     two = StepPlan(lengths, 256, 0, 2)
     assert two.steps_for(1) == counts[0] // 2 and two.locate(two.steps_for(1)) == (1, 0)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 
 import numpy as np
 import torch
@@ -143,10 +144,11 @@ def weights_are_the_conversions(model_dir: str, rec: dict, stamp: str) -> bool:
         return True
     if sha256_file(st) != rec["safetensors_sha256"]:
         return False
-    try:                                                  # best effort: a read-only directory hashes every time
-        with open(stamp + ".tmp", "w") as f:
+    try:                  # best effort (a read-only directory hashes every time); a temp file per writer
+        fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".conversion.", suffix=".json")
+        with os.fdopen(fd, "w") as f:
             json.dump({**rec, "safetensors_stat": [s.st_size, s.st_mtime_ns]}, f, indent=1)
-        os.replace(stamp + ".tmp", stamp)
+        os.replace(tmp, stamp)
     except OSError:
         pass
     return True

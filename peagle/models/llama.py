@@ -210,7 +210,7 @@ class Transformer:
         where = f" (blocks of {source} as stored where quantized)" if source else ""
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(c.items()))
         return (f"quantization {self.quantization}: projections {kinds}{where}, {nbytes / 1e6:.1f} MB read per step; "
-                f"{quant_ext.describe()}; up to {KERNEL_MAX_ROWS} rows per product in the kernel")
+                f"{quant_ext.describe()}; products in passes of up to {KERNEL_MAX_ROWS} rows")
 
     @classmethod
     def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu", layout: str = "auto",

@@ -157,7 +157,8 @@ class EngineLoop:
         """Shutting down (any thread): requests not yet running are answered 503 at once, running ones may finish
         for `seconds`, then the loop stops and answers the rest 503 -- while their handlers can still send it
         (uvicorn cancels them after its graceful timeout, before the app's lifespan shutdown calls stop())."""
-        self._drain_until = time.monotonic() + seconds
+        if self._drain_until is None:            # a second signal keeps the first deadline
+            self._drain_until = time.monotonic() + seconds
         self._wake.set()
 
     @property

@@ -119,8 +119,11 @@ def run(args) -> int:
           f"max_model_len={state.max_model_len} device={state.engine.device} "
           f"dtype={str(state.engine.target.dtype).replace('torch.', '')} api_keys={len(keys)}", flush=True)
     print(f"peagle serve: target {getattr(state.engine.target, 'precision', 'float weights')}", flush=True)
-    make_server(create_app(state), state, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=args.access_log).run()
+    try:
+        make_server(create_app(state), state, host=args.host, port=args.port, log_level=args.log_level,
+                    access_log=args.access_log).run()
+    except KeyboardInterrupt:      # Server.run re-raises the SIGINT it handled, after the shutdown (uvicorn.run ate it)
+        pass
     return 0
 
 

@@ -79,8 +79,9 @@ def epoch_rows(lengths: list[int], max_tokens: int, seed: int, epoch: int) -> li
 
 class StepPlan:
     """Optimizer steps over epochs: epoch e packs its own rows (epoch_rows: seed + e) and takes
-    max(1, rows // batch_rows) steps of batch_rows consecutive rows (a last partial batch is left out). Epochs
-    pack into different numbers of rows, so each epoch's first step is the sum of the steps before it."""
+    max(1, rows // batch_rows) steps of batch_rows consecutive rows (a last partial batch is left out; an epoch
+    of fewer rows than batch_rows is one step of them all). Epochs pack into different numbers of rows, so each
+    epoch's first step is the sum of the steps before it."""
 
     def __init__(self, lengths: list[int], max_tokens: int, seed: int, batch_rows: int):
         self.lengths, self.max_tokens, self.seed, self.R = lengths, max_tokens, seed, batch_rows
@@ -101,8 +102,8 @@ class StepPlan:
         full = int(epochs)
         while len(self.starts) <= full + 1:
             self._extend()
-        part = epochs - full
-        return self.starts[full] + math.ceil(part * (self.starts[full + 1] - self.starts[full]))
+        part = epochs - full                     # 2.2 - 2 = 0.2000000000000002: rounded before the ceiling
+        return self.starts[full] + math.ceil(round(part * (self.starts[full + 1] - self.starts[full]), 9))
 
     def locate(self, step: int) -> tuple[int, int]:
         """(epoch, step within it)."""

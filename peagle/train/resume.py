@@ -40,6 +40,10 @@ def check_resume(ck: dict, cfg: dict, fingerprint: str, ckpt_dir: str) -> None:
     old_fp = (ck.get("data") or {}).get("fingerprint")
     if old_fp is not None and old_fp != fingerprint:
         diff.append("--data holds other documents than the checkpoint's run trained on")
+    if old_fp is None:
+        print(f"train: {ckpt_dir} was written by an older peagle (no record of its documents, and epochs after the "
+              "first may take other rows now: data.StepPlan): resuming as this version plans them",
+              file=sys.stderr, flush=True)
     if diff:
         raise PeagleError(f"--resume from {ckpt_dir}: this run differs from the one that wrote the checkpoint: "
                           f"{'; '.join(diff)}. Resume with the same settings, or train into another --out")
