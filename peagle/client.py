@@ -50,17 +50,20 @@ def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float 
     p = subprocess.Popen(cmd, cwd=cwd or REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if p.poll() is not None:
-            raise RuntimeError(f"server exited with {p.returncode}: {' '.join(cmd)}")
-        try:
-            if get_json(url + "/health", 5).get("status") == "ok":
-                return p, url
-        except OSError:
-            pass
-        time.sleep(0.3)
-    stop(p)
-    raise RuntimeError(f"server did not come up in {timeout:.0f} s: {' '.join(cmd)}")
+    try:
+        while time.monotonic() - t0 < timeout:
+            if p.poll() is not None:
+                raise RuntimeError(f"server exited with {p.returncode}: {' '.join(cmd)}")
+            try:
+                if get_json(url + "/health", 5).get("status") == "ok":
+                    return p, url
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"server did not come up in {timeout:.0f} s: {' '.join(cmd)}")
+    except BaseException:              # not up (or interrupted while waiting): no server left behind
+        stop(p)
+        raise
 
 
 def stop(p, timeout: float = 30):

@@ -9,6 +9,7 @@ the engine sizes the target's (peagle.engine.cache_len), and get the K policy th
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 from dataclasses import dataclass, field, replace
 
@@ -163,8 +164,8 @@ class LLM:
             if "prompt_token_ids" in p:
                 return p.get("prompt"), list(p["prompt_token_ids"])
             p = p["prompt"]
-        if isinstance(p, (list, tuple)) and (not p or isinstance(p[0], int)):
-            return None, list(p)
+        if isinstance(p, (list, tuple)) and (not p or isinstance(p[0], numbers.Integral)):
+            return None, [int(t) for t in p]
         if not isinstance(p, str):
             raise PeagleError(f"a prompt must be a string, a list of token ids or a dict, got {type(p).__name__}")
         if self.tokenizer is None:
@@ -172,7 +173,8 @@ class LLM:
         return p, self.tokenizer(p)["input_ids"]         # with the tokenizer's special tokens (BOS), as vLLM's
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None, use_tqdm: bool = False):
-        single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        single = isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and bool(prompts)
+                                                      and isinstance(prompts[0], numbers.Integral))
         if single:
             prompts = [prompts]
         sps = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)

@@ -69,10 +69,12 @@ class SamplingParams:
             raise PeagleError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if not (self.seed is None or _is_int(self.seed)):
             raise PeagleError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise PeagleError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")    # "false" was true
         if self.max_tokens is not None and self.max_tokens < 1:
             raise PeagleError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.n != 1:
-            raise PeagleError("only n=1 is supported")
+        if not _is_int(self.n) or self.n != 1:
+            raise PeagleError(f"only n=1 is supported, got {self.n!r}")
 
     @property
     def greedy(self) -> bool:

@@ -105,8 +105,11 @@ def _k(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 32
 
 
+OFF = ("", "none", "null", "off")          # a speculative config that turns speculation off (as `peagle serve` takes)
+
+
 def parse_spec_config(spec) -> SpecConfig | None:
-    if spec is None or spec == "" or spec == {}:
+    if spec is None or spec == {} or isinstance(spec, str) and spec.strip().lower() in OFF:
         return None
     if isinstance(spec, SpecConfig):
         return spec

@@ -156,3 +156,12 @@ def test_tune_refuses_bad_threads_and_a_head_config_that_is_not_json(tmp_path, t
     spec = json.dumps({"method": "eagle3", "model": str(h), "num_speculative_tokens": 2})
     assert "--threads" in one_line(capsys, ["tune", target, "--speculative-config", spec, "--threads", "-1"])
     assert "cannot read the head's config" in one_line(capsys, ["tune", target, "--speculative-config", spec])
+
+
+def test_generate_checks_its_sampling_flags_before_loading(tmp_path, capsys):
+    """--max-tokens 0 (or a bad --top-p) loaded the model first and then failed: checked before anything loads
+    (a model path that does not exist shows it: the sampling error comes first)."""
+    missing = str(tmp_path / "no-such-model")
+    assert "max_tokens must be >= 1" in one_line(capsys, ["generate", "--model", missing, "--prompt", "hi",
+                                                          "--max-tokens", "0"])
+    assert "top_p" in one_line(capsys, ["generate", "--model", missing, "--prompt", "hi", "--top-p", "2"])

@@ -93,3 +93,14 @@ def test_an_interrupted_generate_leaves_nothing_for_the_next_call(tiny_dirs, mon
     small = SamplingParams(temperature=0, max_tokens=5)
     got = llm.generate([{"prompt_token_ids": [9, 10]}], small)[0].outputs[0].token_ids
     assert got == LLM(tiny_dirs["llama"]).generate([{"prompt_token_ids": [9, 10]}], small)[0].outputs[0].token_ids
+
+
+def test_token_id_prompts_as_tuples_or_numpy_ints(tiny_dirs):
+    """A tuple of ids, or numpy ints, were refused ("a prompt must be ... got int64"); both are token ids."""
+    import numpy as np
+    llm = LLM(tiny_dirs["llama"])
+    sp = SamplingParams(temperature=0, max_tokens=3)
+    want = llm.generate([5, 6, 7], sp)[0].outputs[0].token_ids
+    assert llm.generate((5, 6, 7), sp)[0].outputs[0].token_ids == want
+    assert llm.generate(list(np.array([5, 6, 7])), sp)[0].outputs[0].token_ids == want
+    assert llm.generate([{"prompt_token_ids": np.array([5, 6, 7]).tolist()}], sp)[0].outputs[0].token_ids == want

@@ -64,7 +64,10 @@ def test_rows_split_over_threads_change_nothing():
 
 @pytest.mark.parametrize("kw", [dict(stop=[5]), dict(stop=5), dict(temperature="0.5"), dict(temperature=float("nan")),
                                 dict(top_p=float("inf")), dict(max_tokens="5"), dict(seed="abc"), dict(top_k=-5),
-                                dict(top_k=2.5), dict(stop_token_ids="5")])
+                                dict(top_k=2.5), dict(stop_token_ids="5"),
+                                # values that silently meant something else: "false" was true (EOS ignored),
+                                # n=True passed as 1
+                                dict(ignore_eos="false"), dict(n=True)])
 def test_sampling_params_refuse_what_they_cannot_mean(kw):
     from peagle.errors import PeagleError
     from peagle.sampling import SamplingParams

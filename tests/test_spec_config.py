@@ -37,3 +37,10 @@ def test_per_batch_size_schedule_as_vllm():
 def test_bad_configs_are_one_clear_error(kw, msg):
     with pytest.raises(PeagleError, match=msg):
         parse_spec_config(cfg(**kw))
+
+
+def test_none_turns_speculation_off_everywhere():
+    """`peagle serve` took "none" / "null" / "off" as no speculation; generate and LLM called it invalid JSON."""
+    from peagle.spec_config import parse_spec_config
+    for off in ("none", "NULL", " off ", ""):
+        assert parse_spec_config(off) is None

@@ -36,13 +36,13 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    parse_spec_config(args.speculative_config)   # fail fast on a bad config, before loading weights
+    parse_spec_config(args.speculative_config)   # fail fast on a bad config or sampling flag, before loading weights
+    sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        max_tokens=args.max_tokens, seed=args.seed)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0,
               speculative_config=args.speculative_config,
               max_model_len=args.max_model_len, target_backend=args.target_backend,
               quantization=args.quantization)
-    sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                        max_tokens=args.max_tokens, seed=args.seed)
     if args.chat:
         ids = llm.apply_chat_template([{"role": "user", "content": args.prompt}])
     else:

@@ -9,7 +9,7 @@ import os
 from .. import llm  # llm.DEFAULT_*: read when called (tests point them elsewhere)
 from ..errors import PeagleError
 from ..llm import build_engine, load_tokenizer
-from ..spec_config import AUTO, parse_spec_config, speculative_config
+from ..spec_config import AUTO, OFF, parse_spec_config, speculative_config
 from .limits import Limits
 from .loop import EngineThread
 
@@ -27,7 +27,7 @@ def resolve_config(model, spec_flag, env=None):
     says otherwise."""
     env = os.environ if env is None else env
     spec = spec_flag if spec_flag is not None else env.get(ENV_SPEC) or None
-    if isinstance(spec, str) and spec.strip().lower() in ("", "none", "null", "off"):
+    if isinstance(spec, str) and spec.strip().lower() in OFF:
         spec, explicit_off = None, True
     else:
         explicit_off = False
