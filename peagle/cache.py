@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .rowstate import grow_rows
+
 
 class KVCache:
     """n_kv / head_dim None: layers are allocated on their first write (``alloc``), each with its own shape
@@ -58,11 +60,10 @@ class KVCache:
         self.cap = cap
 
     def ensure_rows(self, n: int, limit: int | None = None):
-        """Grow to at least n rows (existing rows are kept): doubling, but not past limit (the engine's
-        max_num_seqs: a 65th row of 64 would otherwise allocate 128)."""
+        """Grow to at least n rows (existing rows are kept; rowstate.grow_rows)."""
         if n <= self.rows:
             return
-        n = max(n, min(2 * self.rows, limit or 2 * self.rows))
+        n = grow_rows(self.rows, n, limit)
         for store in (self.k, self.v):
             for i, old in enumerate(store):
                 if old is not None:

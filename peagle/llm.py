@@ -130,6 +130,11 @@ def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_s
     return eng, tok, spec
 
 
+def _is_token_ids(p) -> bool:
+    """A prompt given as token ids: a list or tuple of integers (numpy's included)."""
+    return isinstance(p, (list, tuple)) and (not p or isinstance(p[0], numbers.Integral))
+
+
 class LLM:
     def __init__(self, model: str | None = None, dtype: str = "auto", seed: int = 0,
                  speculative_config=None, max_num_seqs: int = 128, max_model_len: int | None = None,
@@ -164,7 +169,7 @@ class LLM:
             if "prompt_token_ids" in p:
                 return p.get("prompt"), list(p["prompt_token_ids"])
             p = p["prompt"]
-        if isinstance(p, (list, tuple)) and (not p or isinstance(p[0], numbers.Integral)):
+        if _is_token_ids(p):
             return None, [int(t) for t in p]
         if not isinstance(p, str):
             raise PeagleError(f"a prompt must be a string, a list of token ids or a dict, got {type(p).__name__}")
@@ -173,8 +178,7 @@ class LLM:
         return p, self.tokenizer(p)["input_ids"]         # with the tokenizer's special tokens (BOS), as vLLM's
 
     def generate(self, prompts, sampling_params: SamplingParams | list | None = None, use_tqdm: bool = False):
-        single = isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and bool(prompts)
-                                                      and isinstance(prompts[0], numbers.Integral))
+        single = isinstance(prompts, (str, dict)) or (bool(prompts) and _is_token_ids(prompts))
         if single:
             prompts = [prompts]
         sps = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)

@@ -20,11 +20,17 @@ class RowState:
         """At least `rows` rows (doubling, not past limit); existing contents are kept."""
         if rows <= self.rows:
             return
-        self.rows = max(rows, min(2 * self.rows, limit or 2 * self.rows))
+        self.rows = grow_rows(self.rows, rows, limit)
         self.last = grown(self.last, (self.rows,), self.device)
 
     def move(self, src: int, dst: int):
         self.last[dst] = self.last[src]
+
+
+def grow_rows(rows: int, n: int, limit: int | None = None) -> int:
+    """The row count a buffer of `rows` rows grows to when it needs n > rows: doubling (few reallocations as
+    requests arrive), but not past limit (the engine's max_num_seqs: a 65th row of 64 would allocate 128)."""
+    return max(n, min(2 * rows, limit or 2 * rows))
 
 
 def grown(old, shape, device, dtype=None):

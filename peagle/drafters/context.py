@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rowstate import grown
+from ..rowstate import grow_rows, grown
 
 
 class DraftContext:
@@ -34,7 +34,7 @@ class DraftContext:
         new_aux = aux_dim is not None and (self.aux is None or self.aux.shape[-1] != aux_dim)
         if rows <= self.rows and width <= self.width and not new_aux:
             return
-        rows = max(rows, min(2 * self.rows, self.max_rows or 2 * self.rows)) if rows > self.rows else self.rows
+        rows = grow_rows(self.rows, rows, self.max_rows) if rows > self.rows else self.rows
         width = max(width, 2 * self.width) if width > self.width else self.width  # K = 0 steps grow it by 1
         self.n = grown(self.n, (rows,), self.device)
         self.ids = grown(self.ids, (rows, width), self.device)

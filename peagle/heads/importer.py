@@ -104,8 +104,10 @@ def convert_config(config: Mapping, notes: list[str] | None = None) -> dict:
             flat["ptd_token_id"] = flat["pard_token"] = int(tok)
     dc = flat.get("dflash_config")
     if isinstance(dc, Mapping) and "mask_token_id" in dc:   # vLLM reads it before pard_token / ptd_token_id
-        flat["dflash_config"] = {k: v for k, v in dc.items() if k != "mask_token_id"} or None
-        if flat["dflash_config"] is None:
+        rest = {k: v for k, v in dc.items() if k != "mask_token_id"}
+        if rest:
+            flat["dflash_config"] = rest
+        else:
             del flat["dflash_config"]
     arch = (flat.get("architectures") or [None])[0]
     if arch != NATIVE_ARCH:

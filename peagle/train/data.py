@@ -42,7 +42,16 @@ def read_shard(path: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(ids[offs[i]:offs[i + 1]], mask[offs[i]:offs[i + 1]]) for i in range(len(offs) - 1)]
 
 
-def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+MIN_SUPERVISED = 2     # a document with fewer supervised tokens trains nothing (and a 1-token row breaks a step)
+
+
+def usable(doc: tuple[torch.Tensor, torch.Tensor], min_supervised: int = MIN_SUPERVISED) -> bool:
+    """Whether a document (token ids, loss mask) has enough supervised tokens to train on."""
+    return int(doc[1].sum()) >= min_supervised
+
+
+def load_docs(data_dir: str, max_docs: int | None = None,
+              min_supervised: int = MIN_SUPERVISED) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """All documents of a datagen directory, or of several given as "dir1,dir2" (shards in order); documents
     with < min_supervised assistant tokens are dropped."""
     files = []
@@ -53,7 +62,7 @@ def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = 
         files += found
     docs = []
     for fn in files:
-        docs += [d for d in read_shard(fn) if int(d[1].sum()) >= min_supervised]
+        docs += [d for d in read_shard(fn) if usable(d, min_supervised)]
         if max_docs and len(docs) >= max_docs:
             return docs[:max_docs]
     return docs

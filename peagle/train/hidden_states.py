@@ -149,9 +149,7 @@ class HiddenStateCache:
             raise PeagleError(f"{self.dir} holds {self.n} samples, the data {len(docs)} documents: made from other "
                               "data; use another --feature-cache")
         for i, t in enumerate(docs):
-            with safe_open(sample_path(self.dir, i), "pt") as f:
-                ids = f.get_tensor("token_ids")
-            if not torch.equal(ids.long(), t.long()):
+            if not torch.equal(self.doc(i)[0], t.long()):
                 raise PeagleError(f"{self.dir}: sample {i} holds other tokens than document {i} of the data (made "
                                   "from other data or --max-tokens); use another --feature-cache")
 

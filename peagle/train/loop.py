@@ -41,7 +41,7 @@ from .common import (
     set_rng_state,
 )
 from .config import TrainConfig
-from .data import StepPlan, load_docs
+from .data import MIN_SUPERVISED, StepPlan, load_docs, usable
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
@@ -104,14 +104,15 @@ class Trainer:
         # load_docs leaves out such documents)
         self.hs = HiddenStateCache(c.data) if is_cache(c.data) else None
         if self.hs is not None:
-            kept = [(i, d) for i, d in ((i, self.hs.doc(i)) for i in range(len(self.hs))) if int(d[1].sum()) >= 2]
+            kept = [(i, d) for i, d in ((i, self.hs.doc(i)) for i in range(len(self.hs))) if usable(d)]
             kept = kept[: c.max_docs]
             self.hs_ids, self.docs = [i for i, _ in kept], [d for _, d in kept]
         else:
             self.docs = load_docs(c.data, c.max_docs)
             self.hs_ids = list(range(len(self.docs)))
         if not self.docs:
-            raise PeagleError(f"--data {c.data}: no document with at least 2 supervised tokens: nothing to train on")
+            raise PeagleError(f"--data {c.data}: no document with at least {MIN_SUPERVISED} supervised tokens: "
+                              "nothing to train on")
         self.lengths = [len(d[0]) for d in self.docs]
         os.makedirs(c.out, exist_ok=True)
         self.ckpt_dir = os.path.join(c.out, "checkpoint")
