@@ -39,15 +39,18 @@ def free_port() -> int:
 def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float = 300, env=None, cwd=None):
     """`peagle serve MODEL` (model None or "demo": the embedded default) on a free loopback port, without API keys
     (a key in the environment, e.g. $VLLM_API_KEY, is not passed on: the clients here send none); cwd: the
-    checkout whose peagle runs (default: this one). Returns (process, base url) once /health answers; raises
+    checkout whose peagle runs (default: the peagle imported here, run from the caller's directory, so relative
+    model and head paths mean what they mean here). Returns (process, base url) once /health answers; raises
     RuntimeError if it exits or never comes up."""
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ENV_KEYS}
+    if cwd is None:       # this peagle first on the server's path, whatever directory it starts in
+        env["PYTHONPATH"] = os.pathsep.join([REPO] + [x for x in [env.get("PYTHONPATH")] if x])
     port = free_port()
     cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])
     cmd += ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--log-level", "warning", *extra]
     if spec:
         cmd += ["--speculative-config", spec]
-    p = subprocess.Popen(cmd, cwd=cwd or REPO, env=env)
+    p = subprocess.Popen(cmd, cwd=cwd, env=env)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     try:

@@ -11,6 +11,7 @@ import torch
 
 from .errors import PeagleError
 from .llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
+from .paths import SETUP_COMMAND
 from .sampling import SamplingParams
 from .spec_config import speculative_config
 
@@ -55,7 +56,7 @@ def main() -> int:
     print(f"(torch threads: {threads}; one timed run each after a warm-up)")
     model = DEFAULT_MODEL
     if not os.path.isfile(os.path.join(model, "config.json")):
-        raise PeagleError(f"the default target {model} is not converted yet: run `make setup`")
+        raise PeagleError(f"the default target {model} is not converted yet: run `{SETUP_COMMAND}`")
     sp = SamplingParams(temperature=0, max_tokens=128)
     base = LLM(model)         # quantization "auto": the fastest plain decoding here (stated on stderr)
     print(f"(target: {getattr(base.engine.target, 'precision', 'float weights').split(';')[0]})")

@@ -24,18 +24,19 @@ from .errors import PeagleError
 from .heads.model import DrafterHead
 from .kpolicy import KPolicy
 from .models.loader import load_target
-from .paths import REPO
+from .paths import HOME
 from .sampling import SamplingParams
 from .spec_config import SpecConfig, parse_spec_config
 
-# the default target (SmolLM2-135M-Instruct, converted by `make setup`: peagle/default_target.py) and its heads
-DEFAULT_MODEL = os.path.join(REPO, "models", "smollm2-135m-instruct")
-DEFAULT_PEAGLE_HEAD = os.path.join(REPO, "models", "smollm2-135m-instruct-peagle")
-DEFAULT_EAGLE3_HEAD = os.path.join(REPO, "models", "smollm2-135m-instruct-eagle3")
+# the default target (SmolLM2-135M-Instruct, converted by `make setup` / `peagle setup`: peagle/default_target.py)
+# and its heads, under peagle's home (paths.HOME: the checkout, when peagle runs from one)
+DEFAULT_MODEL = os.path.join(HOME, "models", "smollm2-135m-instruct")
+DEFAULT_PEAGLE_HEAD = os.path.join(HOME, "models", "smollm2-135m-instruct-peagle")
+DEFAULT_EAGLE3_HEAD = os.path.join(HOME, "models", "smollm2-135m-instruct-eagle3")
 # the small target trained here (models/demo-target/README.md): the tests' real-weights fixture
-DEMO_TARGET = os.path.join(REPO, "models", "demo-target")
-DEMO_PEAGLE_HEAD = os.path.join(REPO, "models", "demo-target-peagle")
-DEMO_EAGLE3_HEAD = os.path.join(REPO, "models", "demo-target-eagle3")
+DEMO_TARGET = os.path.join(HOME, "models", "demo-target")
+DEMO_PEAGLE_HEAD = os.path.join(HOME, "models", "demo-target-peagle")
+DEMO_EAGLE3_HEAD = os.path.join(HOME, "models", "demo-target-eagle3")
 
 
 @dataclass

@@ -15,11 +15,16 @@ if len(sys.argv) < 3 or any(a in ("-h", "--help") for a in sys.argv[1:]):
     print(__doc__)
     sys.exit(0 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help") else 2)
 *srcs, dst = sys.argv[1:]
+configs = []
+for src in srcs:         # every source read before the destination exists: a bad one leaves nothing behind
+    try:
+        with open(os.path.join(src, "hidden_states.json")) as f:
+            configs.append(json.load(f))
+    except (OSError, ValueError) as e:
+        sys.exit(f"{src}: not a hidden-states cache ({type(e).__name__}: {e})")
 os.makedirs(dst, exist_ok=True)
 cfg, sources, j = None, [], 0
-for src in srcs:
-    with open(os.path.join(src, "hidden_states.json")) as f:
-        c = json.load(f)
+for src, c in zip(srcs, configs):
     if cfg is None:
         cfg = c
     elif any(c[k] != cfg[k] for k in ("layer_ids", "hidden_size", "dtype")):

@@ -140,7 +140,7 @@ def test_fused_ops_path_of_quantized_heads_matches_the_torch_ops(tiny_dirs, tmp_
 
 
 def test_layer_runner_gives_the_python_loops_bits(tiny_dirs, tmp_path):
-    """A quantized target's head runs its layers in the C++ runner (csrc/forward.cpp, layer 0 reading its 2H
+    """A quantized target's head runs its layers in the C++ runner (peagle/csrc/forward.cpp, layer 0 reading its 2H
     input): normed and prenorm outputs and the KV cache bit-identical to _forward_cached_fused's Python loop, for
     a prompt block and a verify-sized block after it; negative control: a norm weight changed by 1 % is seen."""
     import pytest

@@ -1,4 +1,4 @@
-"""csrc/forward.cpp (the C++ layer runner of quantized targets): a forward through it gives the same logits,
+"""peagle/csrc/forward.cpp (the C++ layer runner of quantized targets): a forward through it gives the same logits,
 auxiliary states and KV cache, bit for bit, as the per-op Python loop it replaces (llama.Transformer's
 _forward_fused), for plain steps, verify blocks, ragged prefills and tree masks; it is really the path taken;
 and it stays off where it does not apply."""

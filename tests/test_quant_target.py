@@ -131,4 +131,15 @@ def test_auto_quantization_resolves_per_model_and_machine(qtarget, tiny_gguf, ca
     assert LLM(qtarget).engine.target.quantization == "none"
     assert "quantization auto" not in capsys.readouterr().err          # float weights: nothing to announce
     assert LLM(tiny_gguf).engine.target.quantization == fast
-    assert (f"quantization auto -> {fast}" in capsys.readouterr().err) == (fast != "none")
+    assert f"quantization auto -> {fast}" in capsys.readouterr().err   # said either way: the output follows it
+
+
+def test_auto_says_when_missing_kernels_leave_a_gguf_model_in_float(tiny_gguf, capsys, monkeypatch):
+    """Without the kernels, auto runs a GGUF-backed model's float32 weights, whose output differs from q4a8's:
+    said on stderr with the reason (it was silent)."""
+    from peagle import LLM
+    from peagle.models import quant_ext
+    for name, v in (("_tried", True), ("_mod", None), ("_why", "not built")):
+        monkeypatch.setattr(quant_ext, name, v)
+    assert LLM(tiny_gguf).engine.target.quantization == "none"
+    assert "quantization auto -> none (the C++ kernels do not run here (not built); float32" in capsys.readouterr().err

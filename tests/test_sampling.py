@@ -1,4 +1,4 @@
-"""greedy(): every greedy token peagle emits or drafts. Its CPU kernel (csrc/argmax.cpp, each vector path) gives
+"""greedy(): every greedy token peagle emits or drafts. Its CPU kernel (peagle/csrc/argmax.cpp, each vector path) gives
 torch's max(-1).indices on rows built to break an argmax: ties (the first maximum wins), NaNs (the first NaN
 wins), all -inf, +inf, lengths around the vector widths; and a negative control: the last maximum instead of the
 first is told apart by these rows."""

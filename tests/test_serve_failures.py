@@ -3,6 +3,7 @@ once and an abort mid-batch leaves its neighbours exact; overload gets 429 and a
 request, and the server stays healthy and exact after each."""
 import http.client
 import json
+import os
 import socket
 import threading
 import time
@@ -371,5 +372,19 @@ def test_ctrl_c_stops_peagle_serve_cleanly(model_dir):
         assert client_http.get_json(url + "/health", 5)["status"] == "ok"
         p.send_signal(signal.SIGINT)
         assert p.wait(30) == 0
+    finally:
+        client_http.stop(p)
+
+
+def test_launch_takes_a_model_path_relative_to_the_callers_directory(model_dir, tmp_path, monkeypatch):
+    """client.launch (`peagle bench --mode online`) ran the server in the checkout, so a model path relative to
+    the caller's directory named nothing there ('model directory ... does not exist')."""
+    from peagle import client as client_http
+    (tmp_path / "mine").mkdir()
+    os.symlink(os.path.abspath(model_dir), tmp_path / "mine" / "model")
+    monkeypatch.chdir(tmp_path)
+    p, url = client_http.launch(os.path.join("mine", "model"), None, 2)
+    try:
+        assert client_http.get_json(url + "/health", 5)["status"] == "ok"
     finally:
         client_http.stop(p)

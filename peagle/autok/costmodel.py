@@ -67,16 +67,16 @@ def _files_id(d: str) -> dict:
     return out
 
 
-# the code a step runs (and csrc/, below): a change there (a faster kernel path) makes measured step times stale
-STEP_CODE = ("models", "heads", "drafters", "engine.py", "verify.py", "cache.py", "rowstate.py", "sampling.py",
-             "tree.py", "tree_step.py")
+# the code a step runs (the C++ kernels of csrc/ included): a change there (a faster kernel path) makes measured
+# step times stale
+STEP_CODE = ("models", "heads", "drafters", "csrc", "engine.py", "verify.py", "cache.py", "rowstate.py",
+             "sampling.py", "tree.py", "tree_step.py")
 
 
 def _code_id() -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha1()
-    csrc = os.path.join(os.path.dirname(root), "csrc")      # the C++ kernels a quantized step runs
-    for name in STEP_CODE + ((csrc,) if os.path.isdir(csrc) else ()):
+    for name in STEP_CODE:
         p = os.path.join(root, name)
         files = ([os.path.join(p, f) for f in sorted(os.listdir(p)) if f.endswith((".py", ".cpp", ".h"))]
                  if os.path.isdir(p) else [p])

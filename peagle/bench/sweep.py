@@ -13,7 +13,7 @@ import torch
 from ..data.benchmarks import load_dataset
 from ..device import cpuinfo
 from ..errors import PeagleError
-from ..paths import REPO, portable_path, portable_settings
+from ..paths import CHECKOUT, REPO, portable_path, portable_settings
 from ..sampling import SamplingParams
 from ..spec_config import DEFAULT_DRAFT_SAMPLING
 from .online import OnlineServer, run_online
@@ -40,6 +40,14 @@ def machine_info() -> dict:
 
 def versions() -> dict:
     import transformers
+    if not CHECKOUT:         # an installed peagle: its version (a git call would name whatever repository holds it)
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("peagle")
+        except PackageNotFoundError:
+            v = None
+        return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                "peagle_version": v, "peagle_commit": None, "peagle_dirty": None}
     try:
         commit = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip()

@@ -26,6 +26,7 @@ COMMANDS = {
     "export": "export a head in vLLM's flat or the speculators layout",
     "import": "import a published head into peagle's layout",
     "convert-gguf": "convert a Llama-family GGUF file into a Hugging Face directory",
+    "setup": "build the C++ kernels and convert the default target (what `make setup` does)",
 }
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PeagleError
-from ..paths import REPO
+from ..paths import HOME, REPO
 from .corpus import collect_chat, split_docs
 from .sources import stable_hash
 
@@ -199,7 +199,7 @@ def heldout_chat_turns() -> list[tuple[str, str]]:
         with open(fn, encoding="utf-8") as f:
             docs = [json.loads(line) for line in f if line.strip()]
     else:
-        cache = Path(os.environ.get("PEAGLE_BENCH_CACHE", Path(REPO) / "bench-out" / ".cache")) / "chat.heldout.jsonl"
+        cache = Path(os.environ.get("PEAGLE_BENCH_CACHE", Path(HOME) / "bench-out" / ".cache")) / "chat.heldout.jsonl"
         if cache.exists():
             docs = [json.loads(line) for line in cache.read_text(encoding="utf-8").splitlines() if line.strip()]
         else:

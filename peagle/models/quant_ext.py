@@ -1,10 +1,11 @@
-"""The C++ kernels of csrc/ (quantized linears, fused small ops): built once by `make setup` (this module's
-`main`; `python -m peagle.models.quant_ext` also works, with a runpy warning) through torch.utils.cpp_extension
-into build/peagle_quant/, loaded from there at run time. Nothing is compiled implicitly at import: without a
-build (or with PEAGLE_QUANT_EXT=0), :func:`get` returns None and peagle/models/quant.py's torch fallback runs.
+"""The C++ kernels of peagle/csrc/ (quantized linears, fused small ops; shipped with the package): built once by
+`make setup` or `peagle setup` (this module's `main`) through torch.utils.cpp_extension into build/peagle_quant/
+under peagle's home (paths.HOME: the checkout, when peagle runs from one), loaded from there at run time.
+Nothing is compiled implicitly at import: without a build (or with PEAGLE_QUANT_EXT=0), :func:`get` returns None
+and peagle/models/quant.py's torch fallback runs.
 
 A build records a hash of its sources, flags and torch version; a stale build (sources changed since) is not
-loaded (`make setup` rebuilds it)."""
+loaded (the set-up command rebuilds it)."""
 from __future__ import annotations
 
 import hashlib
@@ -13,10 +14,10 @@ import json
 import os
 import sys
 
-from ..paths import REPO
+from ..paths import HOME, SETUP_COMMAND
 
 NAME = "peagle_quant"
-CSRC = os.path.join(REPO, "csrc")
+CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 SOURCES = ("quant.cpp", "ops.cpp", "forward.cpp", "quant_scalar.cpp", "quant_avx2.cpp", "quant_a8_avx2.cpp",
            "quant_avx512.cpp", "quant_amx.cpp", "attend_generic.cpp", "attend_avx2.cpp",
            "attend_avx512.cpp", "draft_kl.cpp", "draft_kl_avx2.cpp",
@@ -25,7 +26,7 @@ SOURCES = ("quant.cpp", "ops.cpp", "forward.cpp", "quant_scalar.cpp", "quant_avx
 HEADERS = ("ops.h", "quant_kernels.h", "quant_avx2_inline.h", "quant_avx512_inline.h", "attend_impl.h",
            "attend_blocked.h", "exp16_inline.h", "exp_consts.h", "draft_kl.h", "bf16_inline.h", "train_attn.h",
            "transpose.h", "train_ops.h", "amx_inline.h")
-BUILD_DIR = os.path.join(REPO, "build", NAME)
+BUILD_DIR = os.path.join(HOME, "build", NAME)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")   # no contraction: the kernels' fma are explicit
 LDFLAGS = ("-fopenmp",)
 STAMP = "peagle-build.json"
@@ -62,11 +63,11 @@ def _load():
     so = os.path.join(BUILD_DIR, NAME + ".so")
     stamp = os.path.join(BUILD_DIR, STAMP)
     if not (os.path.isfile(so) and os.path.isfile(stamp)):
-        return None, "not built (make setup builds it)"
+        return None, f"not built (`{SETUP_COMMAND}` builds it)"
     try:
         with open(stamp) as f:
             if json.load(f).get("sources_sha256") != source_hash():
-                return None, "its build is stale (csrc/ changed since: make setup rebuilds it)"
+                return None, f"its build is stale (peagle/csrc/ changed since: `{SETUP_COMMAND}` rebuilds it)"
         import torch  # noqa: F401 - the extension links against torch's libraries
         spec = importlib.util.spec_from_file_location(NAME, so)
         mod = importlib.util.module_from_spec(spec)
@@ -108,12 +109,12 @@ def describe() -> str:
 
 
 def main(argv=None) -> int:
-    """`make setup`'s build step: build (or find current) and say which vector paths the CPU has; a failed build is
-    a warning and exit status 0 (the torch fallback runs)."""
+    """`make setup`'s and `peagle setup`'s build step: build (or find current) and say which vector paths the CPU
+    has; a failed build is a warning and exit status 0 (the torch fallback runs)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         m = build(verbose="-v" in argv)
-        print(f"built {NAME} into {os.path.relpath(BUILD_DIR, REPO)} (AVX2: {m.has_avx2()}, "
+        print(f"built {NAME} into {BUILD_DIR} (AVX2: {m.has_avx2()}, "
               f"AVX-512: {m.has_avx512()}, AMX: {m.has_amx()})")
     except Exception as e:  # noqa: BLE001 - a failed build is a warning: the torch fallback runs
         print(f"warning: the C++ kernels did not build ({type(e).__name__}: {str(e)[-2000:]}); "

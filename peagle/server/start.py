@@ -9,6 +9,7 @@ import os
 from .. import llm  # llm.DEFAULT_*: read when called (tests point them elsewhere)
 from ..errors import PeagleError
 from ..llm import build_engine, load_tokenizer
+from ..paths import SETUP_COMMAND
 from ..spec_config import AUTO, OFF, parse_spec_config, speculative_config
 from .limits import Limits
 from .loop import EngineThread
@@ -34,7 +35,7 @@ def resolve_config(model, spec_flag, env=None):
     if model is None:
         if not os.path.isdir(llm.DEFAULT_MODEL):
             raise PeagleError(f"no MODEL given and the default target {llm.DEFAULT_MODEL} does not exist yet "
-                              "(`make setup` converts it, or pass a model directory)")
+                              f"(`{SETUP_COMMAND}` converts it, or pass a model directory)")
         model, name = llm.DEFAULT_MODEL, os.path.basename(llm.DEFAULT_MODEL)
         if spec is None and not explicit_off and os.path.isdir(llm.DEFAULT_PEAGLE_HEAD):
             spec = speculative_config(llm.DEFAULT_PEAGLE_HEAD, SERVE_K, True)

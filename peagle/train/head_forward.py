@@ -77,7 +77,7 @@ KL_IMPL = 0       # the kernel's path: 0 best for this CPU, 2 AVX2, 3 AVX-512 (t
 
 
 def _kl_kernel(logits: torch.Tensor, tlogp: torch.Tensor):
-    """The C++ extension when it runs these tensors (csrc/draft_kl.cpp: one pass per element, AVX2 or
+    """The C++ extension when it runs these tensors (peagle/csrc/draft_kl.cpp: one pass per element, AVX2 or
     AVX-512), else None."""
     if not (FUSED_KL and logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16)
             and tlogp.dtype == torch.float32 and logits.shape[-1] % 8 == 0):
@@ -93,7 +93,7 @@ class DraftKL(torch.autograd.Function):
     the tlogp row of each element. With sum(p) = 1,
         KL = sum p * (log p - z) + logsumexp(z),    dKL/dz = softmax(z) - p,
     so forward keeps only logsumexp per element and backward rebuilds softmax(z) - p: no [E, Vd] float32
-    temporaries or gathered copy of tlogp. On the CPU with the extension: csrc/draft_kl.cpp, each element's row
+    temporaries or gathered copy of tlogp. On the CPU with the extension: peagle/csrc/draft_kl.cpp, each element's row
     in one pass (alone 1.8x / 3.9x faster than the torch form below on AVX2 / AVX-512, one thread; see
     docs/training-study/train-cost.md); else torch ops in blocks of KL_CHUNK rows. Both give the op-by-op
     form's values (tests)."""

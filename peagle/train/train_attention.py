@@ -4,9 +4,9 @@ Invariant: ``block_attention(q, kv, blocks)`` gives each block's queries softmax
 over the key slices the block names, with its gradients -- what ``F.scaled_dot_product_attention`` computes block
 by block over the gathered keys -- and the tests hold every path to a float64 reference. Where it runs (bfloat16
 q/k/v, the C++ extension with AVX-512): the scores q k^T and dP = dO v^T in float32 (as a flash kernel accumulates
-them), the softmax and its backward in one pass each (csrc/train_attn_avx512.cpp, denormals flushed) with P and
+them), the softmax and its backward in one pass each (peagle/csrc/train_attn_avx512.cpp, denormals flushed) with P and
 dS in bfloat16 (what the value, query and key products read; the backward reads that P). Where the CPU has
-AMX-BF16 the scores are tiles of csrc/train_scores_amx.cpp, 32 rows at a time, softmaxed while in cache (no
+AMX-BF16 the scores are tiles of peagle/csrc/train_scores_amx.cpp, 32 rows at a time, softmaxed while in cache (no
 float32 [rows, keys] tensor), and those rows of P (dS) times the values (keys) on the same tiles; else torch's
 float32 products and oneDNN's. The backward is four products and a pass, where torch's CPU flash backward
 recomputes the scores block by block. All blocks of a stream are one autograd node: a key slice that several

@@ -10,7 +10,7 @@ Why (measured in docs/training-study/train-cost.md), on a CPU:
   to run it), so token rows are padded with zeros to a multiple of ``PAD_ROWS`` and a run sees a few shapes;
 - its bfloat16 products run 2-3x slower with a transposed left operand, the form of a weight gradient g^T x:
   that is computed from a row-major copy of g^T, or as (x^T g)^T when x^T and the transposed result are the
-  smaller copies (the LM head), written by the extension's transposing pass (csrc/transpose_avx512.cpp;
+  smaller copies (the LM head), written by the extension's transposing pass (peagle/csrc/transpose_avx512.cpp;
   torch's copy elsewhere);
 - autocast casts every weight again in each autocast region: here once per weight version;
 - one product of a wider weight costs less than several narrow ones of one input: q/k/v and gate/up run as one

@@ -3,7 +3,7 @@
 Invariant: ``rms_norm(x, w, eps)`` is x / sqrt(mean(x^2) + eps) * w and ``swiglu(a, b)`` is silu(a) * b, computed in
 float32 from the inputs and rounded once to bfloat16, with the gradients of those formulas (of x, a and b in their
 dtypes, the norm's weight in float32); the tests hold both paths to float64 with negative controls. The C++ path
-(csrc/train_ops*.cpp) runs on AVX-512 CPUs with the extension; elsewhere torch ops of the same formulas.
+(peagle/csrc/train_ops*.cpp) runs on AVX-512 CPUs with the extension; elsewhere torch ops of the same formulas.
 
 Why (docs/training-study/train-cost.md): autograd runs F.rms_norm's backward and silu * mul of the split gate/up
 product as several elementwise passes each over [tokens, width] tensors, a tenth of a P-EAGLE row step.
@@ -31,7 +31,7 @@ def _kernel(x: torch.Tensor):
 
 
 class _RMSNorm(torch.autograd.Function):
-    """x [.., H] float32 or bfloat16, w [H] float32 -> bfloat16 [.., H] (csrc/train_ops.cpp)."""
+    """x [.., H] float32 or bfloat16, w [H] float32 -> bfloat16 [.., H] (peagle/csrc/train_ops.cpp)."""
 
     @staticmethod
     def forward(ctx, x, w, eps, ext):
