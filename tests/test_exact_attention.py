@@ -1,4 +1,4 @@
-"""Exact attention (quant.attend_exact, csrc/attend_*): against float64 SDPA, block- and batch-invariant (a
+"""Exact attention (quant.attend_exact, peagle/csrc/attend_*): against float64 SDPA, block- and batch-invariant (a
 query's output the same bits alone or inside any block), the generic / AVX2 / AVX-512 builds bit-identical, and
 so a q4a8 target gives a token the same bits in a plain step as in a verify block or a tree in a ragged batch."""
 import pytest
@@ -118,3 +118,34 @@ def test_a8_trees_in_ragged_batches_stay_identical(qtarget):
     assert ids(llm.generate(ps, SamplingParams(temperature=0, max_tokens=23, ignore_eos=True))) == \
         [f[:23] for f in full]
     assert llm.get_metrics()["mean_acceptance_length"] > 1.5
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+@pytest.mark.parametrize("hd", [64, 128])
+def test_nan_scores_and_mask_bytes_read_the_same_on_every_path(hd):
+    """Every path the same bits where the inputs are odd: a NaN score (the blocked forms' vector max let it
+    become the row's max, so their output was the mean of v while the generic path left the key out), and a
+    mask byte other than 0 / 1 (a bool tensor viewed from uint8: the blocked forms read 2 as hidden, the generic
+    path as visible). Negative control: the NaN key's value row changes nothing, another key's does."""
+    g = torch.Generator().manual_seed(9)
+    B, T, nh, nkv, S = 1, 3, 6, 2, 37
+    q = torch.randn(B, T, nh, hd, generator=g)
+    k = torch.randn(B, nkv, S, hd, generator=g)
+    v = torch.randn(B, nkv, S, hd, generator=g)
+    for j in (0, 3, 8, 16, 36):                                          # lanes of the 8- and 16-wide maxima
+        kn = k.clone()
+        kn[:, :, j, 0] = float("nan")
+        outs = [Q.attend_exact(q, kn, v, None, i) for i in ATT_IMPLS]
+        assert all(torch.equal(o, outs[0]) for o in outs), j
+        assert not outs[0].isnan().any()
+        v2 = v.clone()
+        v2[:, :, j] += 1.0
+        assert torch.allclose(Q.attend_exact(q, kn, v2, None, 1), outs[0], atol=1e-30)   # the NaN key: ~0 weight
+        v2[:, :, (j + 1) % S] += 1.0
+        assert not torch.equal(Q.attend_exact(q, kn, v2, None, 1), outs[0])
+    m01 = torch.rand(B, 1, T, S, generator=g) < 0.6
+    m01[..., 0] = True
+    twos = (m01.to(torch.uint8) * 2).view(torch.bool)                   # nonzero bytes that are not 1
+    ref = Q.attend_exact(q, k, v, m01, 1)
+    for i in ATT_IMPLS:
+        assert torch.equal(Q.attend_exact(q, k, v, twos, i), ref), i

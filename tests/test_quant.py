@@ -1,4 +1,4 @@
-"""Weight-only quantized linears (peagle/models/quant.py, csrc/): the kernels against a dequantized float
+"""Weight-only quantized linears (peagle/models/quant.py, peagle/csrc/): the kernels against a dequantized float
 reference, batch invariance (a row's result bit-identical whatever the other rows), every vector path against
 the scalar one bit for bit, the quantizers against gguf's, and the fused small ops against torch's. Every kernel
 test runs on the torch fallback and, where the C++ extension is built (`make setup`), on each path the CPU has.
@@ -183,6 +183,8 @@ def test_8bit_activations_match_their_reference(qtype, impl):
     for m in (1, 2, 3, 5, 16, 33):
         x = torch.randn(m, w.k, generator=g)
         x[0, :32] = 0.0                                                       # an all-zero block: scale 0
+        x[0, 32:64] = 0.0                                # amax / 127 below float's normal range: 1 / xd is inf,
+        x[0, 32:34] = torch.tensor([3e-37, -1.5e-37])    # so the block quantizes to zeros (it gave +-127 and NaN)
         if m > 1:                                                             # ties: x / xd = k + 1/2 exactly
             x[1, 32:64] = torch.tensor([127.0] + [k + 0.5 for k in range(-16, 15)])
         xq, xd = Q.quantize_act_torch(x)
@@ -247,6 +249,18 @@ def test_q4_0_rewritten_as_q4_1_is_the_same_weight():
     assert isinstance(stack, Q.QuantStack)
     x = torch.randn(3, 64)
     assert torch.allclose(Q.qmm(x, stack), x @ stack.dense().t(), atol=1e-5)
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the extension's AVX2 path")
+def test_silu_mul_scalar_path_gives_the_vector_paths_bits():
+    """silu_mul on a CPU without AVX2 took libm's expf where the vector path takes peagle's own e^x: other bits
+    (1 ulp on ~5 % of elements, -0.0 for e^-a past float's range), so such a CPU's forward differed from a plain
+    step's on another path. Both take one e^x now (exp1_inline.h)."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.cat([torch.linspace(-120, 120, 2001), torch.randn(3000, generator=g) * 8,
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.5, -88.5, 87.0, -87.0, float("inf"), -float("inf")])])
+    gu = torch.cat([a, torch.randn(a.numel(), generator=g)]).reshape(1, -1)
+    assert torch.equal(EXT.silu_mul(gu, 1).view(torch.int32), EXT.silu_mul(gu, 2).view(torch.int32))
 
 
 def test_fused_ops_match_torch():

@@ -31,6 +31,19 @@ def test_transpose_pad_is_exact(kernel, monkeypatch):
                 assert not out[:, R:].any()
 
 
+@pytest.mark.skipif(not HAS_KERNEL, reason="needs the extension's AVX-512 path")
+def test_bfloat16_narrowing_keeps_a_nan_a_nan():
+    """float32 -> bfloat16 in the AVX-512 kernels rounded a NaN's payload into its exponent (0x7fffffff -> -0.0,
+    0x7f800001 -> inf): a NaN in training turned into a number. Now torch's cast: NaN stays NaN, the rest
+    rounds to nearest even (the largest float to inf, as torch)."""
+    bits = torch.tensor([0x7FC00000, 0x7FFFFFFF, -1, 0x7FFF8000, 0x7F808000, 0x7F800001, 0x7F7FFFFF, 0x3F808000],
+                        dtype=torch.int64).to(torch.int32)
+    src = torch.zeros(16, 16)
+    src[0, :8] = bits.view(torch.float32)
+    got, want = ext.transpose_pad(src, 16, False)[:8, 0].float(), bits.view(torch.float32).bfloat16().float()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
 def _grads(lin, x, w_coef):
     """(y, dx, dW) of lin(x) under bfloat16 autocast with loss sum(y * w_coef), w_coef [.., out] per row."""
     lin.zero_grad(set_to_none=True)

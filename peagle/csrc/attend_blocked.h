@@ -8,7 +8,7 @@ namespace peagle_attend {
 #ifdef PEAGLE_ATTEND_AVX512
 // Which of the 16 keys at m are visible (a mask row's bools, any nonzero byte as the other paths read it: bit k
 // set for key k).
-static inline __mmask16 visible16(const bool* m) {
+static inline __mmask16 visible16(const uint8_t* m) {
   const __m128i v = _mm_loadu_si128((const __m128i*)m);
   return _mm_test_epi8_mask(v, v);
 }
@@ -84,7 +84,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
     const float* kb = a.k + b * a.ksb + g * a.ksg;
     const float* vb = a.v + b * a.ksb + g * a.ksg;
     int64_t idx[QB];
-    const bool* mrow[QB];
+    const uint8_t* mrow[QB];
     for (int64_t i = 0; i < nq; i++) {
       const int64_t t = (qa + i) / group, h = g * group + (qa + i) % group;
       idx[i] = (b * a.T + t) * a.nh + h;
@@ -126,7 +126,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       int64_t j = 0;
       for (; j + 16 <= S; j += 16) {
         const __mmask16 k = mrow[i] ? visible16(mrow[i] + j) : (__mmask16)0xffff;
-        m16 = _mm512_mask_max_ps(m16, k, m16, _mm512_loadu_ps(si + j));
+        m16 = _mm512_mask_max_ps(m16, k, _mm512_loadu_ps(si + j), m16);   // a NaN score: m16 kept (as attend_range)
       }
       float m = _mm512_reduce_max_ps(m16);
       for (; j < S; j++)
@@ -145,7 +145,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
           const __m256i vis = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(mrow[i] + j)));
           v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_setzero_si256())));
         }
-        m8 = _mm256_max_ps(m8, v);
+        m8 = _mm256_max_ps(v, m8);                  // a NaN score: m8 kept (as attend_range)
       }
       alignas(32) float lanes[8];
       _mm256_store_ps(lanes, m8);
@@ -158,7 +158,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
 #endif
     for (int64_t i = 0; i < nq; i++) {
       float* si = sc.data() + i * S;
-      const bool* mr = mrow[i];
+      const uint8_t* mr = mrow[i];
       if (mr) {                                     // a hidden key's score := the max: unused; keeps exp's
         int64_t j = 0;                              // argument in range
 #ifdef PEAGLE_ATTEND_AVX512
@@ -177,14 +177,14 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       const int64_t j1 = j0 + KC < S ? j0 + KC : S;
       for (int64_t i = 0; i < nq; i++) {
         const float* si = sc.data() + i * S;
-        const bool* mr = mrow[i];
+        const uint8_t* mr = mrow[i];
         float* oi = os.data() + i * HD;
 #ifdef PEAGLE_ATTEND_AVX512
         // two queries at once (each element's fma chain as one query's; a hidden key's fma masked off: no
         // operation, as the loop below skips it), the last odd query alone
         const int64_t nz = i + 1 < nq ? 2 : 1;
         const float* sj = sc.data() + (i + nz - 1) * S;
-        const bool* mj = mrow[i + nz - 1];
+        const uint8_t* mj = mrow[i + nz - 1];
         float* oj = os.data() + (i + nz - 1) * HD;
         __m512 oz[2][HD / 16];
         #pragma GCC unroll 8
@@ -197,7 +197,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         // every key of the chunk visible to the query (or queries): the same fma and adds without the masks
         // (a full mask is a plain fma), and no second query's masked-off fma when there is one query. The three
         // cases are guarded loops: as an if / else chain GCC's code ran 4-6 % slower at 9-17 queries (measured)
-        const auto all_visible = [&](const bool* m) {
+        const auto all_visible = [&](const uint8_t* m) {
           if (!m) return true;
           if (j1 - j0 == 16) return visible16(m + j0) == 0xffff;
           for (int64_t j = j0; j < j1; j++)

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "exp1_inline.h"
 #include "exp_consts.h"
 
 namespace peagle_attend {
@@ -36,30 +37,15 @@ struct AttnArgs {
   const float* q;        // [B, T, nh, hd] contiguous
   const float* k;        // k[b, g, j, :] at k + b*ksb + g*ksg + j*ksj
   const float* v;        // same strides as k
-  const bool* mask;      // nullptr: every key < S visible; else mask[b*msb + t*mst + j] (j < S)
+  const uint8_t* mask;   // nullptr: every key < S visible; else key j visible iff mask[b*msb + t*mst + j] != 0
   float* out;            // [B, T, nh * hd]
   int64_t B, T, nh, nkv, hd, S;
   int64_t ksb, ksg, ksj, msb, mst;
   float scale;
 };
 
-static inline float exp_neg(float x) {
-  x = x > -87.0f ? x : -87.0f;                                // e^-87 ~ 1.6e-38: the smallest normal scale
-  const float n = std::nearbyint(x * peagle_exp::LOG2E);   // x = n ln2 + r, |r| <= ln2 / 2
-  float r = std::fma(n, peagle_exp::LN2_HI, x);
-  r = std::fma(n, peagle_exp::LN2_LO, r);
-  float p = peagle_exp::P0;
-  p = std::fma(p, r, peagle_exp::P1);
-  p = std::fma(p, r, peagle_exp::P2);
-  p = std::fma(p, r, peagle_exp::P3);
-  p = std::fma(p, r, peagle_exp::P4);
-  p = std::fma(p, r, peagle_exp::P5);
-  p = std::fma(p * r, r, r) + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;              // 2^n, n in [-126, 0]
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return p * scale;
-}
+// e^x for x <= 0 (clamped below at -87: e^-87 ~ 1.6e-38, the smallest normal scale).
+static inline float exp_neg(float x) { return peagle_exp::exp1_clamped(x > -87.0f ? x : -87.0f); }
 
 #ifdef PEAGLE_ATTEND_AVX2
 using peagle_quant::avx2::exp_neg8;   // the same operations on 8 lanes at once (quant_avx2_inline.h)
@@ -145,7 +131,7 @@ static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
     const int64_t g = h / group;
     const float* kb = a.k + b * a.ksb + g * a.ksg;
     const float* vb = a.v + b * a.ksb + g * a.ksg;
-    const bool* mrow = a.mask ? a.mask + b * a.msb + t * a.mst : nullptr;
+    const uint8_t* mrow = a.mask ? a.mask + b * a.msb + t * a.mst : nullptr;
     int64_t n = 0;
     for (int64_t j = 0; j < a.S; j++)
       if (!mrow || mrow[j]) vis[n++] = (int32_t)j;

@@ -1,4 +1,4 @@
-// float32 -> bfloat16 rounded to nearest even on 16 lanes, stored as raw 16-bit words. Included only by
+// float32 -> bfloat16 rounded to nearest even on 16 lanes (a NaN: 0x7fc0, as torch), stored as raw 16-bit words. Included only by
 // translation units compiled for AVX-512 F/BW (draft_kl_avx512.cpp, train_attn_avx512.cpp, transpose_avx512.cpp,
 // train_ops_avx512.cpp).
 #pragma once
@@ -11,7 +11,8 @@ namespace peagle_bf16 {
 static inline void store_bf16(uint16_t* p, __m512 x) {
   const __m512i b = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));   // NaN: torch's
   _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
 }
 

@@ -33,11 +33,12 @@ inline float hmax(__m256 x) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
-// float32 -> bfloat16, rounded to nearest even (torch's rounding for finite values), 8 lanes -> 8 words.
+// float32 -> bfloat16, rounded to nearest even (torch's rounding; a NaN: 0x7fc0, as torch), 8 lanes -> 8 words.
 inline void store_bf16(uint16_t* p, __m256 x) {
   const __m256i b = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
   const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extractf128_si256(r, 1));
   _mm_storeu_si128((__m128i*)p, w);
 }

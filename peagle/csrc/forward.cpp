@@ -105,7 +105,7 @@ class LayerStack {
                       m.size(2) == T && m.size(3) == S, "forward: mask [1 or B, 1, T, S] bool");
       m = m.expand({B, 1, T, S});
       if (m.stride(3) != 1) m = m.contiguous();
-      a.mask = m.data_ptr<bool>();
+      a.mask = reinterpret_cast<const uint8_t*>(m.data_ptr<bool>());   // bytes: any nonzero is visible
       a.msb = m.stride(0);
       a.mst = m.stride(2);
     }
@@ -164,7 +164,7 @@ class LayerStack {
       prod(proj_[4 * i + 1], att, o);
       po::add_rms_norm(xr, o, norms_[2 * i + 1].data_ptr<float>(), M, H, eps_, xr, hp);
       prod(proj_[4 * i + 2], hp, gu);
-      po::silu_mul(gu, M, I, act);
+      po::silu_mul(gu, M, I, act, impl_);
       prod(proj_[4 * i + 3], act, o);
       po::add_rms_norm(xr, o, norms_[i + 1 < n ? 2 * i + 2 : 2 * n].data_ptr<float>(), M, H, eps_, xr, hp);
     }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "exp1_inline.h"
 #include "quant_kernels.h"
 
 namespace pq = peagle_quant;
@@ -133,8 +134,8 @@ void rms_norm(const float* x, const float* w, int64_t R, int64_t H, float eps, f
   });
 }
 
-void silu_mul(const float* gu, int64_t R, int64_t I, float* out) {
-  const bool vec = has_avx2();
+void silu_mul(const float* gu, int64_t R, int64_t I, float* out, int64_t impl) {
+  const bool vec = use_avx2(impl);
   at::parallel_for(0, R, SMALL_OP_ROWS, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       const float *a = gu + r * 2 * I, *b = a + I;
@@ -143,7 +144,7 @@ void silu_mul(const float* gu, int64_t R, int64_t I, float* out) {
         pq::avx2::silu_mul(a, b, o, I);
         continue;
       }
-      for (int64_t i = 0; i < I; i++) o[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+      for (int64_t i = 0; i < I; i++) o[i] = a[i] / (1.0f + peagle_exp::exp1(-a[i])) * b[i];   // the vector's bits
     }
   });
 }

@@ -50,7 +50,7 @@ void add_rms_norm(const float* x, const float* h, const float* w, int64_t R, int
 // out = rms_norm(x) * w, R rows of H (the sums of squares as add_rms_norm's).
 void rms_norm(const float* x, const float* w, int64_t R, int64_t H, float eps, float* out);
 // out[r, :I] = silu(gu[r, :I]) * gu[r, I:], R rows of gu [2I].
-void silu_mul(const float* gu, int64_t R, int64_t I, float* out);
+void silu_mul(const float* gu, int64_t R, int64_t I, float* out, int64_t impl = 0);
 
 // RoPE of q and k (rotate-half) and the k/v cache write. qkv [B*T, (nh + 2 nkv) * hd]; cos, sin [B*T, hd];
 // pos [B*T] (< cap, checked by the caller); kc, vc [rows, nkv, cap, hd]; q out [B*T, nh, hd].

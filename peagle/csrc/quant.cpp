@@ -135,7 +135,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // silu(gu[..., :I]) * gu[..., I:] for gu [..., 2I] float32.
-torch::Tensor silu_mul(torch::Tensor gu) {
+torch::Tensor silu_mul(torch::Tensor gu, int64_t impl) {
   TORCH_CHECK(gu.scalar_type() == torch::kFloat32 && gu.size(-1) % 2 == 0, "silu_mul: float32 [..., 2I]");
   auto g = gu.contiguous();
   const int64_t I = g.size(-1) / 2;
@@ -143,7 +143,7 @@ torch::Tensor silu_mul(torch::Tensor gu) {
   sizes.back() = I;
   auto out = torch::empty(sizes, g.options());
   if (out.numel() == 0) return out;
-  po::silu_mul(g.data_ptr<float>(), g.numel() / (2 * I), I, out.data_ptr<float>());
+  po::silu_mul(g.data_ptr<float>(), g.numel() / (2 * I), I, out.data_ptr<float>(), impl);
   return out;
 }
 
@@ -215,7 +215,7 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
                 "attend_exact: mask [1 or B, 1, T, S]");
     m = m.expand({B, 1, T, S});
     if (m.stride(3) != 1) m = m.contiguous();
-    a.mask = m.data_ptr<bool>();
+    a.mask = reinterpret_cast<const uint8_t*>(m.data_ptr<bool>());   // bytes: any nonzero is visible
     a.msb = m.stride(0);
     a.mst = m.stride(2);
   }
@@ -244,7 +244,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "(x + h, rms_norm(x + h) * w)");
   m.def("rms_norm", &rms_norm, "rms_norm(x) * w");
   m.def("compact_kv", &compact_kv, "a tree step's KV compaction over every layer");
-  m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]");
+  m.def("silu_mul", &silu_mul, "silu(a) * b of gu = [a, b]", py::arg("gu"), py::arg("impl") = 0);
   m.def("has_avx2", &cpu_has_avx2, "AVX2 + FMA + F16C on this CPU");
   m.def("has_avx512", &po::has_avx512, "AVX-512 F/VL/BW/DQ + VNNI on this CPU (impl 3)");
   m.def("has_amx_bf16", &po::has_amx_bf16, "AMX-BF16 usable here, with has_amx (training attention's scores)");

@@ -5,6 +5,7 @@
 // are summed in 16 bits (|sum| <= 8 * 2 * 15 * 127 < 2^15: exact), then one madd by ones gives each output
 // its block's integer dot product; Q8_0 (|w| up to 128) widens after every maddubs (sign trick: |w| unsigned,
 // x * sign(w)). Then per block one conversion and one fused multiply-add by d_w * xd for all 8 outputs.
+#include <cfloat>      // before the target pragma: a standard header is not built for AVX2
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
@@ -142,7 +143,7 @@ void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, f
       __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
       m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
       const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
-      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const float d = amax / 127.0f, id = d >= FLT_MIN ? 1.0f / d : 0.0f;   // 1/d finite; a smaller d: all zeros
       const __m256 idv = _mm256_set1_ps(id);
       __m256i q32[4];
       for (int c = 0; c < 4; c++) {

@@ -27,7 +27,7 @@ static inline float fold(__m256 s) {
 
 // e^x for x already clamped to [-87, 88]: Cephes' expf polynomial (~1 ulp), x = n ln2 + r, 2^n built in the
 // exponent bits; basic IEEE operations only (the rounding: the current mode's, as nearbyint's), so a one-lane
-// version of the same operations gives the same bits (attend_impl.h's exp_neg).
+// version of the same operations gives the same bits (exp1_inline.h).
 static inline __m256 exp8_clamped(__m256 x) {
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(peagle_exp::LOG2E)),
                                    _MM_FROUND_CUR_DIRECTION);

@@ -53,7 +53,8 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
 
 // ---- 8-bit activations (llama.cpp's arithmetic: GGUF weights times activations quantized to 8 bits) ----------
 // Each activation row is quantized per block of 32 (quantize_act, shared by both paths): xd[b] = amax/127,
-// xq = nearbyint(x * (1/xd)) in [-127, 127], xs[b] = xd[b] * sum(xq of the block). Per output and row, block b's
+// xq = nearbyint(x * (1/xd)) in [-127, 127] (0 where xd < FLT_MIN: 1/xd would not be finite),
+// xs[b] = xd[b] * sum(xq of the block). Per output and row, block b's
 // integer dot product p_b (unsigned nibbles or signed Q8_0 weights times xq) is exact; then, blocks in order,
 // acc = fma(d_w[b] * xd[b], (float)p_b, acc) (the product rounded once, then one fused multiply-add); Q4_1's
 // minimum term (and Q4_0's, as m = -8 d) is summed apart over the blocks in order, s = fma(m_w[b], xs[b], s);

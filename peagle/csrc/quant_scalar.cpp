@@ -1,4 +1,5 @@
 // Portable path: the AVX2 path's arithmetic, one lane at a time (std::fma where it fuses).
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -141,7 +142,7 @@ void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, f
       const float* v = x + r * K + b * 32;
       float amax = 0.0f;
       for (int i = 0; i < 32; i++) amax = std::fmax(amax, std::fabs(v[i]));
-      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const float d = amax / 127.0f, id = d >= FLT_MIN ? 1.0f / d : 0.0f;   // 1/d finite; a smaller d: all zeros
       int32_t sum = 0;
       int8_t* q = xq + r * K + b * 32;
       for (int i = 0; i < 32; i++) {

@@ -1,6 +1,6 @@
 """Quantized linears: GGUF's blocks of 32 (Q4_0, Q4_1, Q8_0, llama.cpp's byte layout) kept as they are stored;
 activations in float32 (q8, q4: weight-only) or quantized to 8 bits per block of 32 first (q8a8, q4a8:
-llama.cpp's own arithmetic, integer dot products per block; csrc/quant_kernels.h says how).
+llama.cpp's own arithmetic, integer dot products per block; peagle/csrc/quant_kernels.h says how).
 
 Layout: a weight [out N, in K] is a uint8 tensor [N, K/32 * block bytes], row n = output channel n's blocks:
   Q4_0 (18 B): fp16 d, 16 B of nibbles; w[j] = d * (lo(q[j]) - 8), w[j+16] = d * (hi(q[j]) - 8)
@@ -11,7 +11,7 @@ group of 8 outputs, per chunk of 8 inputs, the outputs' floats side by side; [ce
 `--quantization q8` quantizes a float checkpoint to Q8_0 at load, `q4` to Q4_1 (llama.cpp's reference
 quantizers); a GGUF file's Q4_0/Q4_1/Q8_0 tensors are taken as stored (peagle/models/gguf_target.py).
 
-Products (:func:`qmm`): through the C++ kernel at any row count (csrc/, each weight byte read once per call for
+Products (:func:`qmm`): through the C++ kernel at any row count (peagle/csrc/, each weight byte read once per call for
 up to KERNEL_MAX_ROWS rows, more rows in passes of that many; batch-invariant: a row's result does not depend on
 the other rows or their number, so a verify block of B x (K+1) rows computes what B plain steps do). Without
 the extension (peagle/models/quant_ext.py) the torch fallback computes the same products from the same float
@@ -91,12 +91,12 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
 
 
 def stored_rows(qtype: int, n: int) -> int:
-    """Rows of a weight tensor of n outputs (F32: padded to a multiple of 8; csrc/quant_kernels.h's twin)."""
+    """Rows of a weight tensor of n outputs (F32: padded to a multiple of 8; peagle/csrc/quant_kernels.h's twin)."""
     return (n + 7) // 8 * 8 if qtype == F32 else n
 
 
 def pack_f32(w: torch.Tensor) -> torch.Tensor:
-    """w [N, K] float -> F32 packed by 8 (csrc/quant_kernels.h), as bytes [ceil(N/8)*8, 4K]: per group of 8
+    """w [N, K] float -> F32 packed by 8 (peagle/csrc/quant_kernels.h), as bytes [ceil(N/8)*8, 4K]: per group of 8
     outputs (zero rows pad the last), per chunk of 8 inputs, the 8 outputs' floats side by side."""
     N, K = w.shape
     R = stored_rows(F32, N)
@@ -191,7 +191,7 @@ class QuantWeight:
         return dequantize(self.data, self.qtype, self.n, self.k)
 
     def packed_a8(self, ext) -> torch.Tensor:
-        """The blocks reordered for the AVX2 a8 products (csrc/quant_kernels.h, pack_a8), made once."""
+        """The blocks reordered for the AVX2 a8 products (peagle/csrc/quant_kernels.h, pack_a8), made once."""
         if self._packed is None:
             self._packed = ext.pack_a8(self.data, self.qtype, self.n, self.k)
         return self._packed
@@ -272,7 +272,7 @@ def quantize_act_torch(x: torch.Tensor) -> tuple:
     M, K = x.shape
     b = x.reshape(M, K // BLOCK, BLOCK)
     d = b.abs().amax(-1) / 127.0
-    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    inv = torch.where(d >= torch.finfo(torch.float32).tiny, 1.0 / d, torch.zeros_like(d))   # 1/d finite
     q = torch.round(b * inv[..., None]).clamp_(-127, 127)
     return q.to(torch.int8).reshape(M, K), d
 
@@ -285,7 +285,7 @@ def _act8_dense(x2: torch.Tensor) -> torch.Tensor:
 
 def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     """x [..., K] float32 @ W^T -> [..., N]. impl (tests): 0 best kernel, 1 scalar, 2 AVX2, 3 AVX-512, 4 AMX (see
-    csrc/ops.h), -1 the torch fallback. A weight with act8 multiplies the activations quantized to 8 bits (llama.cpp's)."""
+    peagle/csrc/ops.h), -1 the torch fallback. A weight with act8 multiplies the activations quantized to 8 bits (llama.cpp's)."""
     if isinstance(w, QuantStack):
         return torch.cat([qmm(x, p, impl) for p in w.parts], -1)
     rows = x.numel() // x.shape[-1]
@@ -311,7 +311,7 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
 
 
 def layer_stack(ws: list, norms: list, nh: int, nkv: int, hd: int, eps: float, impl: int = 0):
-    """The extension's C++ layer runner (csrc/forward.cpp) over ws, 4 projections per layer (qkv, o, gate_up,
+    """The extension's C++ layer runner (peagle/csrc/forward.cpp) over ws, 4 projections per layer (qkv, o, gate_up,
     down), and norms (ln1, ln2 per layer, then the final norm): SimpleNamespace(run: the LayerStack, act8: whether
     its products quantize the activations), or None where it does not apply (no extension, a projection not in
     GGUF blocks, mixed activation kinds, a head size the exact attention does not take). impl: the paths (tests)."""
@@ -363,7 +363,7 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 def attend_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                  impl: int = 0) -> torch.Tensor | None:
     """q [B,T,nh,hd], k/v [B,nkv,S,hd], mask None or bool [B|1,1,T,S] -> [B,T,nh*hd]: attention with every
-    query's sums in one fixed order (csrc/attend_impl.h), so a query's output has the same bits alone, in a
+    query's sums in one fixed order (peagle/csrc/attend_impl.h), so a query's output has the same bits alone, in a
     verify block of any length, in a tree or next to other rows; SDPA's do not (its blocking follows T and S),
     which 8-bit activations turn into different tokens. None where the extension is missing (the caller runs
     SDPA: then outputs agree only up to float rounding)."""

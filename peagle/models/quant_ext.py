@@ -24,7 +24,7 @@ SOURCES = ("quant.cpp", "ops.cpp", "forward.cpp", "quant_scalar.cpp", "quant_avx
            "draft_kl_avx512.cpp", "train_attn.cpp", "train_attn_avx512.cpp", "train_scores_amx.cpp",
            "transpose.cpp", "transpose_avx512.cpp", "train_ops.cpp", "train_ops_avx512.cpp", "argmax.cpp")
 HEADERS = ("ops.h", "quant_kernels.h", "quant_avx2_inline.h", "quant_avx512_inline.h", "attend_impl.h",
-           "attend_blocked.h", "exp16_inline.h", "exp_consts.h", "draft_kl.h", "bf16_inline.h", "train_attn.h",
+           "attend_blocked.h", "exp16_inline.h", "exp1_inline.h", "exp_consts.h", "draft_kl.h", "bf16_inline.h", "train_attn.h",
            "transpose.h", "train_ops.h", "amx_inline.h")
 BUILD_DIR = os.path.join(HOME, "build", NAME)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")   # no contraction: the kernels' fma are explicit
