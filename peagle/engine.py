@@ -31,7 +31,7 @@ from .drafters.base import Proposer
 from .errors import DecodeError, PeagleError, PrefillError
 from .kpolicy import FixedK, KPolicy
 from .rowstate import RowState
-from .sampling import SamplingParams, greedy, make_generator
+from .sampling import SamplingParams, greedy, make_generator, unseeded_seed
 from .spec_metrics import SpecMetrics
 from .stops import find_stop
 from .tree import TreeSpec
@@ -137,7 +137,7 @@ class Engine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise PeagleError(f"prompt token ids must be in 0..{vocab - 1}")
         r = Request(str(request_id), ids, params, prompt)
-        seed = params.seed if params.seed is not None else self.seed * 1_000_003 + self._n
+        seed = params.seed if params.seed is not None else unseeded_seed(self.seed, self._n)
         self._n += 1
         r.gen = None if params.greedy else make_generator(seed, self.device)   # greedy rows draw nothing
         self.waiting.append(r)

@@ -2,6 +2,7 @@
 when they draw drafts from q: peagle/drafters/base.py)."""
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from .models import quant_ext
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last dimension, for every greedy token the engine emits or drafts (plain steps,
     verification, trees, drafts): the first maximum, a NaN counting as the maximum. On the CPU in float32 the
-    extension's one-pass kernel (csrc/argmax.cpp: the same indices as torch's), else max(-1).indices (the same
+    extension's one-pass kernel (peagle/csrc/argmax.cpp: the same indices as torch's), else max(-1).indices (the same
     index as argmax in ~40 % of its time there). SmolLM2's 49152 logits on a 2-core Intel Xeon (AVX-512), per
     row: 3.8 / 26.5 / 62 us."""
     if logits.device.type != "cpu":
@@ -40,7 +41,7 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    seed: int | None = None
+    seed: int | None = None     # repeats the output exactly under a fixed K (see peagle/verify.py)
     n: int = 1
 
     def __post_init__(self):
@@ -97,7 +98,7 @@ def probs_from_logits(logits: torch.Tensor, temperature, top_k, top_p) -> torch.
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if torch.is_tensor(top_p) or top_p < 1.0:
-        sx, si = torch.sort(x, dim=-1, descending=True)
+        sx, si = torch.sort(x, dim=-1, descending=True, stable=True)   # ties at the cut: one order on any device
         ps = sx.softmax(-1)
         drop = (ps.cumsum(-1) - ps) >= top_p      # keep the smallest prefix reaching top_p
         if torch.is_tensor(top_p):
@@ -109,9 +110,12 @@ def probs_from_logits(logits: torch.Tensor, temperature, top_k, top_p) -> torch.
 
 
 def exponential_noise(n, gen: torch.Generator, device) -> torch.Tensor:
-    """n (a count or a shape) i.i.d. Exp(1) draws from one generator, bounded away from 0 (so p / q is finite)."""
-    q = torch.empty(n, device=device, dtype=torch.float32).exponential_(generator=gen)
-    return q.clamp_min_(torch.finfo(torch.float32).tiny)
+    """n (a count or a shape) i.i.d. Exp(1) draws from one generator, bounded away from 0 (so p / q is finite).
+    float64 off the CPU: CUDA's float32 draws stop at 2^-24, so a token under ~1e-7 of the top one could never win
+    the race (on the CPU float32 draws reach the float range's bottom)."""
+    dt = torch.float32 if torch.device(device).type == "cpu" else torch.float64
+    q = torch.empty(n, device=device, dtype=dt).exponential_(generator=gen)
+    return q.clamp_min_(torch.finfo(dt).tiny)
 
 
 def sample_rows(probs: torch.Tensor, gens: list) -> torch.Tensor:
@@ -125,6 +129,13 @@ def sample_rows(probs: torch.Tensor, gens: list) -> torch.Tensor:
 def sample_from(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     """probs [N,V] -> [N] samples with one generator."""
     return sample_rows(probs, [gen] * probs.shape[0])
+
+
+def unseeded_seed(engine_seed: int, n: int) -> int:
+    """The seed of an engine's n-th request that came without one: a 64-bit hash of (engine seed, n), so it is
+    no small number a user would pick (seed=n drew the same numbers as the n-th unseeded request before)."""
+    h = hashlib.blake2b(f"peagle-unseeded:{int(engine_seed)}:{int(n)}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
 
 
 def make_generator(seed: int, device="cpu") -> torch.Generator:

@@ -16,8 +16,10 @@ sampling is lossless; the sample mode accepts sum_x min(p(x), q(x)) per position
 K = 0 is plain sampling (the bonus token only), and prefill's first token is that case too.
 
 Random numbers: each sampled row draws K uniforms and then V exponentials (for the one token it emits) from
-its own request's generator (after the draws of its drafts in the sample mode), so a seeded request's output
-does not depend on its batch neighbours."""
+its own request's generator (after the draws of its drafts in the sample mode). How many it draws follows the
+step's K, so a seeded request repeats its output exactly where K does not depend on the batch (a fixed K, or
+plain decoding), whatever its neighbours; where the K policy picks K by batch size or measured step time
+(auto K, a tuned schedule), the same seed may give another sample (from the same distribution)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,9 +77,9 @@ def verify_sampled(logits: torch.Tensor, drafts: torch.Tensor, s: SampledRows, q
     u = torch.stack([torch.rand(K, generator=g, dtype=torch.float64, device=logits.device) for g in s.gens])
     p_draft = p[:, :K].gather(-1, drafts[..., None])[..., 0].double()                    # p_i(d_i), [S,K]
     if q is None:
-        ok = u <= p_draft
+        ok = u < p_draft                  # P(u < p) = p for u uniform on [0, 1): a draft with p = 0 never passes
     else:                                                                                 # u < p/q, no division
-        ok = u * q.gather(-1, drafts[..., None])[..., 0].double() <= p_draft
+        ok = u * q.gather(-1, drafts[..., None])[..., 0].double() < p_draft
     accepted = ok.long().cumprod(1).sum(1)                                               # [S]
     # the emitting position: the first rejection (the residual there) or the bonus position K (p)
     rows = torch.arange(S, device=logits.device)

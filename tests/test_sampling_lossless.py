@@ -109,6 +109,17 @@ def test_plain_sampling_matches_exact_distribution(small):
     assert p > 1e-3, (stat, df)
 
 
+def test_unseeded_requests_draw_no_small_seeds_numbers(small):
+    """The engine's n-th unseeded request drew the numbers of seed = n, so a user's seed=n repeated another
+    request's sample. Negative control: one seed twice gives one output."""
+    llm = LLM(small, seed=0)
+    sp, ps = dict(temperature=1.0, max_tokens=16, ignore_eos=True), [{"prompt_token_ids": PROMPT}]
+    unseeded = [o.outputs[0].token_ids for o in llm.generate(ps * 3, SamplingParams(**sp))]
+    seeded = [llm.generate(ps, SamplingParams(seed=n, **sp))[0].outputs[0].token_ids for n in range(3)]
+    assert llm.generate(ps, SamplingParams(seed=1, **sp))[0].outputs[0].token_ids == seeded[1]
+    assert all(u != s for u, s in zip(unseeded, seeded)), (unseeded, seeded)
+
+
 def test_sampling_with_k_changing_mid_request_matches_exact_distribution(small):
     """K switches every step (0 = plain sampling step, 1, 3, 2): the three tokens still follow the target."""
     base = LLM(small, seed=0)

@@ -41,6 +41,15 @@ CASES = [
      {"messages": [{"role": "user", "content": "fox " * 4}]}),
     ("/v1/completions", {"prompt": "hi", "n": 2}, "n", {"prompt": "hi", "n": 1}),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 1}}, "logit_bias", {"prompt": "hi", "logit_bias": {}}),
+    # vLLM's extensions that change the output: served only at the value that changes nothing
+    ("/v1/completions", {"prompt": "hi", "min_p": 0.5}, "min_p", {"prompt": "hi", "min_p": 0}),
+    ("/v1/chat/completions", {"messages": MSG, "repetition_penalty": 1.5}, "repetition_penalty",
+     {"messages": MSG, "repetition_penalty": 1.0}),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 3}, "min_tokens", {"prompt": "hi", "min_tokens": None}),
+    ("/v1/chat/completions", {"messages": MSG, "skip_special_tokens": False}, "skip_special_tokens",
+     {"messages": MSG, "skip_special_tokens": True}),
+    ("/v1/completions", {"prompt": "hi", "use_beam_search": 1}, "use_beam_search",
+     {"prompt": "hi", "use_beam_search": False, "some_unknown_field": 7}),
 ]
 
 

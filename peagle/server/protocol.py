@@ -40,6 +40,7 @@ class StreamOptions(_Strict):
 
 
 class _Common(_Strict):
+    model_config = ConfigDict(strict=True, extra="allow")   # model_extra: vLLM's extensions (VLLM_SERVED_AS)
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -151,7 +152,25 @@ def _finite(name, v):
         raise ApiError(400, f"{name} must be a finite number", param=name)
 
 
+# vLLM's request extensions that change the output, each with the one value peagle serves (what vLLM does when
+# the field is absent); any other value is a 400 naming it (served as if absent, a request with min_p or
+# repetition_penalty got output it did not ask for). null is the same as absent.
+VLLM_SERVED_AS = {"use_beam_search": False, "min_p": 0.0, "repetition_penalty": 1.0, "length_penalty": 1.0,
+                  "min_tokens": 0, "include_stop_str_in_output": False, "skip_special_tokens": True,
+                  "spaces_between_special_tokens": True, "bad_words": [], "allowed_token_ids": None,
+                  "prompt_logprobs": None, "truncate_prompt_tokens": None, "structured_outputs": None,
+                  "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None}
+
+
+def _served_as(v, default) -> bool:
+    """v means the default: equal to it and of its kind (true is not 1, 0 is 0.0)."""
+    return v is None or (v == default and isinstance(v, bool) == isinstance(default, bool))
+
+
 def check_unsupported(req: _Common):
+    for name, v in (req.model_extra or {}).items():
+        if name in VLLM_SERVED_AS and not _served_as(v, VLLM_SERVED_AS[name]):
+            raise ApiError(400, f"{name} is not supported (only {json.dumps(VLLM_SERVED_AS[name])})", param=name)
     if req.n is not None and req.n != 1:
         raise ApiError(400, f"only n=1 is supported, got n={req.n}", param="n")
     for name in ("presence_penalty", "frequency_penalty"):
