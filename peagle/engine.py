@@ -198,9 +198,11 @@ class Engine:
         t0 = time.perf_counter()
         try:
             first = self._to_host(self._prefill_rows(new, b0))
-        except Exception as e:
+        except BaseException as e:          # Ctrl-C too: no row left half admitted (running, not drafting)
             del self.running[b0:]
             self._sampled_stale = True
+            if not isinstance(e, Exception):
+                raise
             raise PrefillError(f"prefill failed: {type(e).__name__}: {e}", [r.request_id for r in new]) from e
         self.metrics.prefill_time_s += time.perf_counter() - t0
         now = time.perf_counter()

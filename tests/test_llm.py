@@ -95,6 +95,28 @@ def test_an_interrupted_generate_leaves_nothing_for_the_next_call(tiny_dirs, mon
     assert got == LLM(tiny_dirs["llama"]).generate([{"prompt_token_ids": [9, 10]}], small)[0].outputs[0].token_ids
 
 
+def test_a_ctrl_c_in_the_drafters_prefill_leaves_the_engine_whole(monkeypatch):
+    """A Ctrl-C while the drafter took in newly admitted rows (after the engine had made them running) left them
+    running without drafter rows: generate's abort then raised IndexError instead of KeyboardInterrupt, and the
+    next call decoded a request twice over. Now they leave, and the next call decodes as a fresh LLM does."""
+    spec = {"method": "eagle3", "model": DEMO_PEAGLE_HEAD, "num_speculative_tokens": 3, "parallel_drafting": True}
+    llm = LLM(DEMO_TARGET, speculative_config=spec, max_num_seqs=4)
+    real, hit = llm.engine.proposer.add_requests, []
+
+    def ctrl_c(*a, **kw):
+        if not hit:
+            hit.append(1)
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(llm.engine.proposer, "add_requests", ctrl_c)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], sp)
+    assert not llm.engine.running and not llm.engine.waiting
+    got = llm.generate([{"prompt_token_ids": [9, 10]}], sp)[0].outputs[0].token_ids
+    assert got == LLM(DEMO_TARGET).generate([{"prompt_token_ids": [9, 10]}], sp)[0].outputs[0].token_ids
+
+
 def test_token_id_prompts_as_tuples_or_numpy_ints(tiny_dirs):
     """A tuple of ids, or numpy ints, were refused ("a prompt must be ... got int64"); both are token ids."""
     import numpy as np

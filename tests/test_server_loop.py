@@ -49,3 +49,35 @@ def test_engine_thread_runs_calls_in_order_on_one_daemon_thread():
     with pytest.raises(ZeroDivisionError):
         failed.result(5)
     assert keyword.result(5) == 5
+
+
+def test_prefill_budget_comes_back_when_the_last_isolated_request_is_aborted(target):
+    """After a failed prefill of two requests the loop admits them one per step (budget 0) and restores the
+    budget once none is left waiting; an abort of the last one while it waited left the budget at 0 for the
+    life of the server. Negative control: while one isolated request still waits, the budget stays 0."""
+    import asyncio
+
+    from peagle import LLM, SamplingParams
+    from peagle.server.loop import EngineLoop, Handle
+    eng = LLM(target, max_num_seqs=4).engine
+    lp, aloop = EngineLoop(eng, max_waiting=8), asyncio.new_event_loop()
+    budget, orig, calls = eng.prefill_token_budget, eng._prefill_rows, []
+
+    def flaky(new, b0):
+        calls.append(len(new))
+        if len(calls) == 1:
+            raise RuntimeError("transient prefill failure")
+        return orig(new, b0)
+    eng._prefill_rows = flaky
+    sp = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    for rid in ("r1", "r2"):
+        assert lp.try_reserve()
+        lp.submit(Handle(rid, [5, 6, 7, 8], sp, None, aloop))
+    lp._drain()
+    lp._step()                                      # the failed prefill: both isolated
+    lp._step()                                      # r1 admitted alone, r2 still waits
+    assert lp._isolate == {"r2"} and eng.prefill_token_budget == 0
+    lp.abort("r2")
+    lp._drain()
+    assert not lp._isolate and eng.prefill_token_budget == budget
+    aloop.close()

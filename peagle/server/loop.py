@@ -277,7 +277,7 @@ class EngineLoop:
                 if h is not None:
                     self.engine.abort(cmd.rid)
                     self._release(h)
-                    self._isolate.discard(cmd.rid)
+                    self._unisolate({cmd.rid})
                     if self.metrics is not None:
                         self.metrics.aborted.inc()
 
@@ -313,10 +313,15 @@ class EngineLoop:
         self._snap()                      # spec counters current before clients see this step's tokens
         self._post(items)
         if self._isolate:
-            waiting = {r.request_id for r in e.waiting}
-            self._isolate &= waiting
+            self._unisolate(self._isolate - {r.request_id for r in e.waiting})
+
+    def _unisolate(self, rids: set):
+        """Requests admitted alone after a failed prefill that are admitted or gone now: once none is left, the
+        prefill budget comes back (an abort of the last one left it at one request per step for good)."""
+        if self._isolate and rids & self._isolate:
+            self._isolate -= rids
             if not self._isolate:
-                e.prefill_token_budget = self._budget
+                self.engine.prefill_token_budget = self._budget
 
     def _recover(self, ex: Exception):
         e = self.engine
