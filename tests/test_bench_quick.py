@@ -82,6 +82,27 @@ def test_runner_matches_llm_api(bench_run):
     assert r["metrics"]["num_accepted_tokens"] == llm.get_metrics()["num_accepted_tokens"]
 
 
+def test_a_compiled_forward_stays_for_every_run(bench_run):
+    """--compile puts the compiled forward on the target instance; each run wrapped it in its timer and then
+    deleted the instance attribute, so every run after the first ran the target uncompiled (its flag still said
+    compiled). The runs now leave the instance's own forward as they found it, and use it."""
+    from peagle import SamplingParams
+    from peagle.bench.runner import Bench
+    _, _, tgt, _, _ = bench_run
+    b = Bench(tgt, {})
+    calls, eager = [], b.target.forward
+
+    def compiled(*a, **kw):                          # stands in for torch.compile's wrapper
+        calls.append(1)
+        return eager(*a, **kw)
+    b.target.forward = compiled
+    sp = SamplingParams(temperature=0, max_tokens=4)
+    for _ in range(2):
+        n = len(calls)
+        b.run("baseline", 0, 1, [[5, 6, 7]], sp, 64)
+        assert len(calls) > n and b.target.forward is compiled
+
+
 def test_rerender_from_json(bench_run, tmp_path):
     from peagle.cli import main
     out, *_ = bench_run

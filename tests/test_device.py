@@ -64,6 +64,9 @@ def test_training_computes_bfloat16_on_a_cpu_only_where_it_has_amx_bf16():
             assert cpu_amx_bf16() == ("amx_bf16" in flags)
     with pytest.raises(PeagleError, match="dtype"):
         train_compute_dtype("float8", cpu)
+    for half in ("float16", "fp16"):           # unscaled float16 gradients underflow: refused, not trained
+        with pytest.raises(PeagleError, match="loss scaling"):
+            train_compute_dtype(half, cpu)
 
 
 def test_llm_places_everything_on_its_device_and_dtype(target, head):

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from ..device import synchronize
 from ..drafters.base import DraftBatch
 from ..kpolicy import KPolicy
 from ..sampling import SamplingParams
@@ -173,8 +174,10 @@ def drafter_row_seconds(proposer, n: int, g: torch.Generator, reps: int = 3) -> 
                     span=n, s0=0)
     times = []
     for _ in range(reps + 1):
+        synchronize(w.device)                              # a GPU's queued work timed where it runs, not queued
         t = time.perf_counter()
         proposer.prefill(db)
+        synchronize(w.device)
         times.append(time.perf_counter() - t)
     return statistics.median(times[1:]) / n
 
