@@ -57,6 +57,9 @@ class RequestOutput:
     metrics: dict = field(default_factory=dict)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
     if path.endswith(".gguf") and os.path.isfile(path):       # a GGUF file's own tokenizer (transformers reads it)
@@ -65,12 +68,12 @@ def load_tokenizer(path: str):
             return AutoTokenizer.from_pretrained(d, gguf_file=name)
         except Exception:  # noqa: BLE001 - a file without tokenizer metadata still runs on token ids
             return None
+    if not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        return None       # transformers would build an empty tokenizer of the family's class (its eos stops output)
     try:
         return AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # noqa: BLE001 - a model dir without tokenizer files still runs on token ids
-        if os.path.exists(os.path.join(path, "tokenizer.json")) or os.path.exists(os.path.join(path, "tokenizer_config.json")):
-            raise PeagleError(f"cannot load the tokenizer in {path}: {e}") from None
-        return None
+    except Exception as e:  # noqa: BLE001 - one line naming the directory
+        raise PeagleError(f"cannot load the tokenizer in {path}: {e}") from None
 
 
 def load_head(spec: SpecConfig, target) -> DrafterHead:

@@ -84,6 +84,33 @@ def test_datagen_checks_its_flags_and_model_before_writing(tmp_path, target, cap
     assert not out.exists() or not os.listdir(out)        # no plan written with the wrong settings
 
 
+def test_datagen_without_a_chat_template_or_tokenizer_stops_before_loading(tmp_path, target, capsys):
+    """A model without a chat template failed with transformers' traceback (--responses original,
+    --hidden-states) or after loading the model and starting a shard; one without tokenizer files crashed on
+    its first prompt. Both are one line before the model loads, naming what is missing."""
+    import glob
+    import shutil
+
+    from peagle.models.tiny import save_tiny_tokenizer
+    m = str(tmp_path / "m")
+    shutil.copytree(target, m)
+    save_tiny_tokenizer(m)
+    for f in glob.glob(os.path.join(m, "chat_template.*")):
+        os.remove(f)
+    with open(os.path.join(m, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    tc.pop("chat_template", None)
+    with open(os.path.join(m, "tokenizer_config.json"), "w") as f:
+        json.dump(tc, f)
+    flags = ["--num-prompts", "4", "--code-fraction", "0.5", "--shard-size", "2"]
+    for extra in ([], ["--responses", "original"], ["--hidden-states"]):
+        assert "has no chat template" in one_line(capsys, ["datagen", "--model", m, "--out", str(tmp_path / "o"),
+                                                           *flags, *extra])
+    for f in glob.glob(os.path.join(m, "tokenizer*")) + glob.glob(os.path.join(m, "vocab.json")):
+        os.remove(f)
+    assert "has no tokenizer" in one_line(capsys, ["datagen", "--model", m, "--out", str(tmp_path / "o2"), *flags])
+
+
 def test_train_and_hidden_states_name_missing_data(tmp_path, target, capsys):
     assert "data directory not found" in one_line(capsys, ["train", "--method", "eagle3", "--target", target,
                                                            "--data", str(tmp_path / "nope"), "--out",

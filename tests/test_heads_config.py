@@ -59,6 +59,10 @@ def test_default_aux_ids_are_valid_for_every_depth():
         v = vllm_aux_layer_ids(L)
         if v == sorted(set(v)):
             assert ids == v, L                        # vLLM's rule wherever it gives valid ids
+    assert default_aux_layer_ids(3) == [0, 1, 2]      # the shallow rule gave [1, 1, 2]: a head validation refused
+    for L in (1, 2):
+        with pytest.raises(PeagleError, match="three distinct"):
+            default_aux_layer_ids(L)
 
 
 def test_built_head_is_valid_and_loads(tmp_path, tiny_dirs):

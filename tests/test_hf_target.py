@@ -109,3 +109,34 @@ def test_model_config_of_any_target_and_a_new_head_for_it(pair, family_dirs):
             ref.config.hidden_size, len(ours.layers), ours.cfg.vocab_size, ours.cfg.num_attention_heads)
         hc = HeadConfig.for_target(c, layers=1, mask_token=4)
         assert hc.validate(raw) == [] and max(hc.eagle_aux_hidden_state_layer_ids) < len(ours.layers)
+
+
+def test_a_window_only_where_the_family_has_one():
+    """transformers keeps unknown config keys as attributes: a Llama config carrying a stray sliding_window got
+    a windowed mask in the transformers backend that transformers' own Llama never applies (other output than
+    transformers from the window on). A family with a window keeps it."""
+    from transformers import LlamaConfig, MistralConfig
+
+    from peagle.models.hf_target import attention_windows
+    assert attention_windows(LlamaConfig(sliding_window=8)) == {"all": None}
+    assert attention_windows(MistralConfig(sliding_window=8)) == {"all": 8}
+
+
+@pytest.mark.parametrize("family", ["cohere", "stablelm", "qwen3"])
+def test_the_final_norms_scale_is_its_weight_layernorms_included(tmp_path, family):
+    """HFTarget.norm (a new head's first norm) fed a vector of ones through the final norm: a LayerNorm
+    subtracts the mean and adds its bias, so Cohere's came out zeros and StableLM's its bias. Now its weight."""
+    import transformers as tf
+
+    from peagle.models.loader import load_target
+    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+    cfg = {"cohere": tf.CohereConfig, "stablelm": tf.StableLmConfig, "qwen3": tf.Qwen3Config}[family](**kw)
+    torch.manual_seed(0)
+    m = tf.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for p in m.model.norm.parameters():
+            p.copy_(torch.rand_like(p) + 0.5)            # a weight (and bias) that is not all ones (zeros)
+    m.save_pretrained(tmp_path / "m")
+    t = load_target(str(tmp_path / "m"), backend="transformers")
+    assert torch.allclose(t.norm.float(), m.model.norm.weight.float(), rtol=1e-4), (t.norm[:4], m.model.norm.weight[:4])

@@ -54,3 +54,51 @@ def test_a_config_that_does_not_describe_the_weights_is_one_line(tiny_dirs, tmp_
         json.dump({**cfg, **patch}, f)
     with pytest.raises(PeagleError, match=match):
         load_target(d, quantization=quantization)
+
+
+@pytest.mark.parametrize("family, over, native", [
+    ("llama", {"hidden_act": "gelu_pytorch_tanh"}, False),   # SiLU was assumed: wrong logits, chosen by auto
+    ("qwen3", {"hidden_act": "gelu"}, False),
+    ("qwen3", {"attention_bias": True}, True),               # o_proj's bias was dropped: now loaded
+    ("llama", {"mlp_bias": True}, False),                    # failed at load: now transformers runs it
+    ("mistral", {"attention_bias": True}, True),             # mistral has no biases: the key means nothing
+])
+def test_auto_runs_natively_only_what_the_native_target_computes(tmp_path, family, over, native):
+    """Config keys the native target ignored gave wrong output under `auto`, and keys it could not load failed
+    where transformers runs the model. Each case now runs natively with transformers' greedy output, or goes
+    to the transformers backend, whose output is transformers' own."""
+    from tiny import hf_greedy
+
+    from peagle import LLM, SamplingParams
+    d = save_tiny(family, str(tmp_path / "m"), **over)
+    assert (resolve_backend(d) == "native") == native
+    prompts = [[5, 17, 200, 33], [9, 8, 7, 6, 5, 4, 3, 250, 100]]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in LLM(d).generate([{"prompt_token_ids": p} for p in prompts], sp)]
+    assert got == hf_greedy(d, prompts, 8)
+
+
+def test_quantized_or_bin_checkpoints_and_phantom_tokenizers(tiny_dirs, tmp_path):
+    """An FP8 checkpoint ran natively with its weight scales ignored, a .bin-only one failed natively where
+    transformers reads it: both go to transformers. A directory without tokenizer files got an empty
+    tokenizer of its family's class from transformers, whose eos id (0) stopped generation: None now."""
+    import torch
+    from safetensors.torch import load_file
+
+    from peagle.llm import load_tokenizer
+    d = str(tmp_path / "q")
+    shutil.copytree(tiny_dirs["llama"], d)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({**cfg, "quantization_config": {"quant_method": "compressed-tensors"}}, f)
+    assert resolve_backend(d) == "transformers"
+    with pytest.raises(PeagleError, match="quantized checkpoint"):
+        load_target(d, backend="native")
+    b = str(tmp_path / "bin")
+    shutil.copytree(tiny_dirs["llama"], b)
+    torch.save(load_file(os.path.join(b, "model.safetensors")), os.path.join(b, "pytorch_model.bin"))
+    os.remove(os.path.join(b, "model.safetensors"))
+    assert resolve_backend(b) == "transformers" and isinstance(load_target(b), HFTarget)
+    bare = save_tiny("qwen2", str(tmp_path / "bare"))
+    assert load_tokenizer(bare) is None

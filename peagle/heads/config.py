@@ -54,10 +54,12 @@ def vllm_aux_layer_ids(num_target_layers: int) -> list[int]:
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
     """The aux layers of a new head: vLLM's rule; for targets too shallow for it to give three distinct
-    ascending ids (L < 7, tiny test models), (1, L//2, L-1)."""
+    ascending ids (L < 7, tiny test models), (1, L//2, L-1), and (0, 1, 2) at L = 3 (that rule repeats 1)."""
     L = int(num_target_layers)
+    if L < 3:
+        raise PeagleError(f"an EAGLE-3 head reads three distinct target layers: this target has {L}")
     ids = vllm_aux_layer_ids(L)
-    return ids if ids == sorted(set(ids)) else [1, L // 2, L - 1]
+    return ids if ids == sorted(set(ids)) else [1, L // 2, L - 1] if L > 3 else [0, 1, 2]
 
 
 def is_parallel_head(config: Mapping, tensors: Mapping | None = None) -> bool:

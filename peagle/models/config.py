@@ -51,8 +51,7 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     qkv_bias: bool = False          # qwen2, or llama attention_bias
-    o_bias: bool = False            # llama attention_bias also biases o_proj
-    mlp_bias: bool = False
+    o_bias: bool = False            # llama / qwen3 attention_bias also biases o_proj
     qk_norm: bool = False           # qwen3
     sliding_window: int | None = None
     eos_token_ids: list = field(default_factory=list)
@@ -80,7 +79,19 @@ class ModelConfig:
                     rs = None
             eos = cfg.get("eos_token_id")
             eos = [] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
-            attn_bias = bool(cfg.get("attention_bias", False))
+            # what transformers' modeling code of these families reads, and nothing the native target ignores:
+            # SiLU only; attention_bias biases q/k/v/o in llama and qwen3 (qwen2: q/k/v always; mistral never);
+            # mlp_bias (llama only) and quantized checkpoints (their scales) are not run natively
+            act = cfg.get("hidden_act", "silu")
+            if act != "silu":
+                raise PeagleError(f"hidden_act={act!r} is not supported natively (SiLU only)")
+            if cfg.get("quantization_config"):
+                kind = cfg["quantization_config"].get("quant_method", "?") if isinstance(
+                    cfg["quantization_config"], dict) else "?"
+                raise PeagleError(f"a quantized checkpoint (quantization_config: {kind}) is not run natively")
+            if mt == "llama" and cfg.get("mlp_bias"):
+                raise PeagleError("mlp_bias=true is not supported natively")
+            attn_bias = bool(cfg.get("attention_bias", False)) and mt in ("llama", "qwen3")
             return cls(
                 model_type=mt, vocab_size=int(cfg["vocab_size"]), hidden_size=H,
                 intermediate_size=int(cfg["intermediate_size"]),
@@ -91,8 +102,7 @@ class ModelConfig:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", mt not in ("llama", "mistral"))
                                          if "tie_word_embeddings" in cfg else False),
-                qkv_bias=(mt == "qwen2") or attn_bias, o_bias=(mt == "llama" and attn_bias),
-                mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=(mt == "qwen3"),
+                qkv_bias=(mt == "qwen2") or attn_bias, o_bias=attn_bias, qk_norm=(mt == "qwen3"),
                 sliding_window=uniform_window(cfg),
                 eos_token_ids=eos, raw=cfg)
         except KeyError as e:
@@ -111,13 +121,14 @@ class ModelConfig:
                 pass                                   # e.g. a window on some layers only: sizes are still fine
         try:
             H, nh = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            inter = cfg.get("intermediate_size") or 4 * H
             rp = cfg.get("rope_parameters") or {}
             if isinstance(rp.get("full_attention"), dict):         # per-attention-type rope (Gemma 3/4)
                 rp = rp["full_attention"]
             eos = cfg.get("eos_token_id")
             return cls(
                 model_type=str(cfg.get("model_type")), vocab_size=int(cfg["vocab_size"]), hidden_size=H,
-                intermediate_size=int(cfg.get("intermediate_size") or 4 * H),
+                intermediate_size=int(max(inter) if isinstance(inter, list) else inter),   # Gemma 3n: per layer
                 num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=nh,
                 num_key_value_heads=int(cfg.get("num_key_value_heads") or nh),
                 head_dim=int(cfg.get("head_dim") or H // nh), rms_norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),

@@ -88,8 +88,8 @@ def attention_windows(tcfg) -> dict:
     if getattr(tcfg, "use_bidirectional_attention", False):
         raise PeagleError(f"{tcfg.model_type}: bidirectional attention is not a causal target")
     types = getattr(tcfg, "layer_types", None)
-    if not types:
-        return {"all": getattr(tcfg, "sliding_window", None)}
+    if not types:       # a window only where the family has one (a stray config key is kept as an attribute)
+        return {"all": getattr(tcfg, "sliding_window", None) if hasattr(type(tcfg), "sliding_window") else None}
     out = {}
     for t in dict.fromkeys(types):
         if t == "full_attention":
@@ -221,6 +221,10 @@ class HFTarget:
         b = getattr(head, "bias", None)
         logits = F.linear(self.final_norm(h.to(self.device, self.dtype)), w, None if b is None else
                           (b if rows is None else b[rows])).float()
+        scale = getattr(self.tcfg, "logits_scaling", None)         # Granite divides by it
+        logits = logits / scale if scale else logits
+        scale = getattr(self.tcfg, "logit_scale", None)            # Cohere multiplies by it
+        logits = logits * scale if scale else logits
         cap = getattr(self.tcfg, "final_logit_softcapping", None)
         return torch.tanh(logits / cap) * cap if cap else logits
 
@@ -235,7 +239,11 @@ class HFTarget:
 
     @property
     def norm(self) -> torch.Tensor:
-        """The final norm's effective per-channel scale (Gemma's 1 + w, others' w)."""
+        """The final norm's effective per-channel scale (Gemma's 1 + w, others' w; the drafter's first norm): from
+        x = +-1 alternating (mean 0, mean square 1 for an even width), (f(x) - f(-x)) / 2x, which leaves out a
+        LayerNorm's mean and bias (a vector of ones gave its bias, or zeros)."""
         with torch.no_grad():
-            one = torch.ones(1, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
-            return (self.final_norm(one)[0] * (1 + self.cfg.rms_norm_eps) ** 0.5).detach()
+            x = torch.ones(1, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+            x[:, 1::2] = -1
+            scale = (self.final_norm(x)[0] - self.final_norm(-x)[0]) / (2 * x[0])
+            return (scale * (1 + self.cfg.rms_norm_eps) ** 0.5).detach()

@@ -84,8 +84,6 @@ class Layer:
         self.ln2 = g("post_attention_layernorm.weight")
         self.gate_up = lin([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
         self.down = lin([p + "mlp.down_proj.weight"])
-        if cfg.mlp_bias:
-            raise PeagleError("mlp_bias=true is not supported")
 
 
 class Transformer:

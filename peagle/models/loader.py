@@ -8,6 +8,7 @@ import os
 
 from ..errors import PeagleError
 from .config import ModelConfig
+from .files import safetensors_files
 from .hf_target import HFTarget
 from .llama import Transformer
 from .quant import QUANTIZATIONS
@@ -16,11 +17,14 @@ BACKENDS = ("auto", "native", "transformers")
 
 
 def native_refusal(path: str) -> str | None:
-    """Why the native target cannot run this directory (None: it can)."""
+    """Why the native target cannot run this directory (None: it can): its config, or no safetensors weights
+    (the transformers backend reads .bin checkpoints too)."""
     try:
         ModelConfig.from_dir(path)
     except PeagleError as e:
         return str(e)
+    if not safetensors_files(path):
+        return f"no *.safetensors weights in {path}"
     return None
 
 

@@ -243,7 +243,8 @@ def run(args) -> int:
         settings["responses"] = args.responses
     if args.exclude:                            # (absent from older plans, which excluded nothing)
         settings["exclude"] = args.exclude
-    if os.path.isfile(plan_fn):
+    new_plan = not os.path.isfile(plan_fn)
+    if not new_plan:
         with open(plan_fn) as f:
             plan = json.load(f)
         if plan["settings"] != settings:
@@ -258,12 +259,15 @@ def run(args) -> int:
             items = [it for it in items if it["id"] not in held]
         if not items:
             raise PeagleError("no prompts found")
+    tok = load_tokenizer(args.model)
+    template = chat_template(tok, args.model, items)         # before the plan is written and the model loads
+    if new_plan:
         tmp = plan_fn + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"settings": settings, "items": items}, f)
         os.replace(tmp, plan_fn)
     if getattr(args, "hidden_states", False):
-        return run_with_states(args, items)
+        return run_with_states(args, items, tok, template)
     S = args.shard_size
     shards = [(i, items[i * S:(i + 1) * S]) for i in range((len(items) + S - 1) // S)]
     pi, pn = parse_part(args.part)
@@ -275,11 +279,6 @@ def run(args) -> int:
     if not todo:
         return 0
     if args.responses == "original":
-        tok = load_tokenizer(args.model)
-
-        def template(msgs):
-            out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            return list(out["input_ids"] if hasattr(out, "keys") else out)
         t0, ntok = time.time(), 0
         for i, its in todo:
             rows, skipped = original_shard(tok, template, its, args.max_prompt_tokens, args.max_new_tokens)
@@ -306,13 +305,28 @@ def run(args) -> int:
     return 0
 
 
+def chat_template(tok, model: str, items: list[dict]):
+    """msgs -> token ids through the tokenizer's chat template (with the generation prompt); refused in one line
+    when the model has no tokenizer (prompts are text), or no template and the items hold chat prompts."""
+    if tok is None:
+        raise PeagleError(f"{model} has no tokenizer: datagen's prompts are text")
+    if any(it["kind"] == "chat" for it in items) and not getattr(tok, "chat_template", None):
+        raise PeagleError(f"{model} has no chat template: its chat prompts cannot be encoded (--code-fraction 1 "
+                          "takes code prompts only)")
+
+    def template(msgs):
+        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+    return template
+
+
 def prompt_ids(tok, template, it: dict) -> list:
     if it["kind"] == "chat":
         return with_bos(tok, template([{"role": "user", "content": it["turns"][0]}]))
     return with_bos(tok, tok(it["text"], add_special_tokens=False)["input_ids"])
 
 
-def run_with_states(args, items: list[dict]) -> int:
+def run_with_states(args, items: list[dict], tok, template) -> int:
     """--hidden-states: the target answers and its hidden states are recorded in the same forwards
     (peagle/train/selfgen.py); --out becomes a speculators-format cache (hs_{i}.safetensors, i = the i-th
     prompt of the plan that fits --max-prompt-tokens). Rerunning resumes at the missing files."""
@@ -325,11 +339,6 @@ def run_with_states(args, items: list[dict]) -> int:
     from .selfgen import generate_with_states
     if args.turns != 1:
         raise PeagleError("--hidden-states regenerates one turn per prompt (--turns 1)")
-    tok = load_tokenizer(args.model)
-
-    def template(msgs):
-        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
     prompts = [p for p in (prompt_ids(tok, template, it) for it in items) if 2 <= len(p) <= args.max_prompt_tokens]
     device, model_dtype = resolve(args.device, args.dtype)
     quantization = getattr(args, "quantization", "none")

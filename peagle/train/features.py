@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..errors import PeagleError
+
 
 @torch.no_grad()
 def layer_states(target, docs: list[torch.Tensor], layer_ids, max_batch_tokens: int = 16384):
@@ -40,6 +42,23 @@ class Teacher:
         self.req = self.aux_ids if self.L in self.aux_ids else self.aux_ids + (self.L,)
         self.T = target.cfg.hidden_size
         self.draft_ids = draft_ids.to(target.device)
+        self.check()
+
+    @torch.no_grad()
+    def check(self):
+        """The teacher's logits (final_logits of the final residual) must be the target's own: a family that
+        scales its logits where final_logits does not would train heads on another distribution."""
+        t = self.target
+        toks = (torch.arange(8, device=t.device) * 7919 % t.cfg.vocab_size)[None]
+        zeros = torch.zeros(1, dtype=torch.long, device=t.device)
+        logits, aux = t.forward(toks, t.new_cache(1, 16), 0, zeros, aux_ids=(self.L,),
+                                logits_at=torch.full((1,), 7, device=t.device), span=8, s0=0)
+        mine = t.final_logits(aux[0, 7:8, -self.T:])[0]
+        ref = logits.reshape(-1, logits.shape[-1])[-1].float()
+        if not torch.allclose(mine, ref, rtol=1e-2, atol=1e-2 * float(ref.abs().max())):
+            raise PeagleError(f"{t.cfg.model_type}: the target's logits are not final_logits of its final state "
+                              f"(max difference {float((mine - ref).abs().max()):.3g}): the teacher would be wrong "
+                              "for this family")
 
     @torch.no_grad()
     def doc_features(self, docs: list[torch.Tensor], max_batch_tokens: int = 16384) -> list[tuple[torch.Tensor, torch.Tensor]]:
