@@ -5,7 +5,8 @@ Layout per layer: k, v = [rows, n_kv, cap, head_dim]. The engine keeps active re
 so attention reads a strided view (no gather). `max_len` is the longest a row may get; `cap` (allocated
 positions) starts small and doubles on demand (`reserve`, called by every forward with its host-side span),
 so memory and set-up follow the lengths in use, not the model's context (a 32-row SmolLM2 cache at its full
-8,192 positions would be 12 GB, zero-filled before the first token).
+8,192 positions would be 12 GB, zero-filled before the first token); an idle engine gives back what its largest
+batch grew (`release`, through Engine.release_memory: the server does after 30 s idle).
 
 Lengths: `lens` [rows] (int64, on the cache's device) is the one record of how many positions of each row are
 valid. The engine reads it as the start of a row's next block and writes it after verification, all on the
@@ -31,6 +32,7 @@ class KVCache:
     def __init__(self, n_layers, n_kv, head_dim, max_len, rows=1, dtype=torch.float32, device="cpu",
                  lens: bool = True, initial_len: int = 256):
         self.n_layers, self.n_kv, self.head_dim, self.max_len = n_layers, n_kv, head_dim, max_len
+        self.initial_len = initial_len
         self.cap = min(max_len, initial_len)
         self.dtype, self.device = dtype, torch.device(device)
         self.rows = max(rows, 1)
@@ -58,6 +60,18 @@ class KVCache:
                     new[:, :, : self.cap] = old
                     store[i] = new
         self.cap = cap
+
+    def release(self):
+        """Back to one row of the initial capacity, zeros (no row in use: an idle engine gives back what its
+        largest batch and longest row grew it to; the next requests grow it again)."""
+        self.cap, self.rows = min(self.max_len, self.initial_len), 1
+        for store in (self.k, self.v):
+            for i, old in enumerate(store):
+                if old is not None:
+                    store[i] = torch.zeros((1, old.shape[1], self.cap, old.shape[3]), dtype=self.dtype,
+                                           device=self.device)
+        if self.lens is not None:
+            self.lens = torch.zeros(1, dtype=torch.long, device=self.device)
 
     def ensure_rows(self, n: int, limit: int | None = None):
         """Grow to at least n rows (existing rows are kept; rowstate.grow_rows)."""

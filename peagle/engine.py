@@ -136,7 +136,10 @@ class Engine:
         vocab = self.target.cfg.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise PeagleError(f"prompt token ids must be in 0..{vocab - 1}")
-        r = Request(str(request_id), ids, params, prompt)
+        rid = str(request_id)
+        if any(q.request_id == rid for q in self.running) or any(q.request_id == rid for q in self.waiting):
+            raise PeagleError(f"request id {rid!r} is already in use")   # abort and the statistics go by id
+        r = Request(rid, ids, params, prompt)
         seed = params.seed if params.seed is not None else unseeded_seed(self.seed, self._n)
         self._n += 1
         r.gen = None if params.greedy else make_generator(seed, self.device)   # greedy rows draw nothing
@@ -174,6 +177,18 @@ class Engine:
             outs += self._decode()
         self._compact()
         return outs
+
+    def release_memory(self) -> bool:
+        """With no request running or waiting: both KV caches back to one row of their initial length and the
+        drafter's backlog dropped (they grow with the largest batch and longest row and never shrank). Returns
+        whether it released."""
+        if self.running or self.waiting:
+            return False
+        self.cache.release()
+        if self.proposer is not None:
+            self.proposer.cache.release()
+            self.proposer.context = None           # made again by the next add_requests
+        return True
 
     def _ensure_rows(self, n: int):
         self.cache.ensure_rows(n, self.max_num_seqs)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from peagle import LLM, SamplingParams
-from peagle.errors import DecodeError, PrefillError
+from peagle.errors import DecodeError, PeagleError, PrefillError
 
 SP = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
@@ -57,3 +57,44 @@ def test_abort_finishes_a_waiting_request_like_a_running_one(target):
     assert eng.abort("b") and eng.abort("a") and not eng.has_unfinished()
     assert [(r.finished, r.finish_reason) for r in (run, wait)] == [(True, "abort")] * 2
     assert wait.finish_time is not None and run.finish_time is not None
+
+
+def test_a_request_id_in_use_is_refused(target):
+    """Two requests under one id: abort removed the first match and auto K's per-request statistics mixed them.
+    A finished request's id may be used again."""
+    e = LLM(target).engine
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    e.add_request("a", [5, 6], sp)
+    with pytest.raises(PeagleError, match="already in use"):
+        e.add_request("a", [7, 8], sp)
+    e.step()                                         # running now
+    with pytest.raises(PeagleError, match="already in use"):
+        e.add_request("a", [7, 8], sp)
+    while e.has_unfinished():
+        e.step()
+    e.add_request("a", [7, 8], sp)
+
+
+def test_an_idle_engine_gives_its_cache_memory_back_and_decodes_the_same():
+    """The KV caches grew with the largest batch and longest row and never shrank (a server held 1.4 GB after
+    one long request at 16 rows in a probe). release_memory() on an idle engine returns both caches to one row
+    of their initial length and drops the drafter's backlog; outputs afterwards equal a fresh engine's.
+    Negative control: it refuses while a request runs."""
+    from peagle.llm import DEMO_PEAGLE_HEAD, DEMO_TARGET
+    spec = {"method": "eagle3", "model": DEMO_PEAGLE_HEAD, "num_speculative_tokens": 3, "parallel_drafting": True}
+    llm = LLM(DEMO_TARGET, speculative_config=spec, max_num_seqs=8)
+    e = llm.engine
+    long = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5 + i, 6, 7]} for i in range(6)], long)
+    assert e.cache.rows >= 6 and e.cache.cap > 256
+    e.add_request("busy", [5, 6], SP)
+    assert not e.release_memory()
+    while e.has_unfinished():
+        e.step()
+    assert e.release_memory()
+    assert (e.cache.rows, e.cache.cap) == (1, 256) and e.cache.k[0].shape[0] == 1 and e.proposer.context is None
+    assert (e.proposer.cache.rows, e.proposer.cache.cap) == (1, 256)
+    ps = [{"prompt_token_ids": [9, 10, 11]}, {"prompt_token_ids": [12, 13]}]
+    got = [o.outputs[0].token_ids for o in llm.generate(ps, long)]
+    fresh = LLM(DEMO_TARGET, speculative_config=spec, max_num_seqs=8)
+    assert got == [o.outputs[0].token_ids for o in fresh.generate(ps, long)]

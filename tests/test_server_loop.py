@@ -81,3 +81,53 @@ def test_prefill_budget_comes_back_when_the_last_isolated_request_is_aborted(tar
     lp._drain()
     assert not lp._isolate and eng.prefill_token_budget == budget
     aloop.close()
+
+
+def test_a_finished_request_counts_as_a_success_where_the_engine_finishes_it(target):
+    """vllm:request_success_total was counted by the HTTP handler on reading the final item: a request the
+    engine finished while its client was leaving was counted neither there nor as aborted (the loop had
+    released it). It counts when the engine finishes it, whether or not anyone reads the item."""
+    import asyncio
+
+    from peagle import LLM, SamplingParams
+    from peagle.server.loop import EngineLoop, Handle
+    from peagle.server.prometheus import ServerMetrics
+    eng = LLM(target, max_num_seqs=2).engine
+    m = ServerMetrics("tiny")
+    lp, aloop = EngineLoop(eng, max_waiting=4, metrics=m), asyncio.new_event_loop()
+    assert lp.try_reserve()
+    lp.submit(Handle("r1", [5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), None, aloop))
+    lp._drain()
+    while eng.has_unfinished():
+        lp._step()
+    lines = [x for x in m.render().decode().splitlines() if x.startswith("vllm:request_success_total{")]
+    assert lines and 'finished_reason="length"' in lines[0] and lines[0].endswith(" 1.0"), lines
+    aloop.close()
+
+
+def test_the_loop_gives_the_caches_back_once_idle(target):
+    """The server's engine loop releases the caches' memory once the engine has been idle release_after_s,
+    once per idle spell; not while a request runs."""
+    import asyncio
+
+    from peagle import LLM, SamplingParams
+    from peagle.server.loop import EngineLoop, Handle
+    eng = LLM(target, max_num_seqs=4).engine
+    lp, aloop = EngineLoop(eng, max_waiting=4, release_after_s=0.0), asyncio.new_event_loop()
+    calls = []
+    real = eng.release_memory
+    eng.release_memory = lambda: calls.append(1) or real()
+    for i in range(3):
+        assert lp.try_reserve()
+        lp.submit(Handle(f"r{i}", [5, 6, 7 + i], SamplingParams(temperature=0, max_tokens=300, ignore_eos=True),
+                         None, aloop))
+    lp._drain()
+    while eng.has_unfinished():
+        lp._step()
+        lp._release_when_idle()
+    assert not calls and eng.cache.rows >= 3
+    lp._release_when_idle()                          # idle from now
+    lp._release_when_idle()                          # idle for release_after_s (0): released
+    lp._release_when_idle()                          # once per idle spell
+    assert calls == [1] and eng.cache.rows == 1
+    aloop.close()

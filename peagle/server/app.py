@@ -233,7 +233,6 @@ class _Gen:
     def _final(self, item: Tokens):
         self.finished, self.finish_reason, self.stop_text_at = True, item.finish_reason, item.stop_text_at
         self.h.done = True
-        self.state.metrics.success(item.finish_reason)
         self.state.metrics.e2e.observe(time.perf_counter() - self.h.arrival)
 
     def _usage(self):

@@ -114,9 +114,13 @@ class EngineThread:
 
 class EngineLoop:
     def __init__(self, engine, max_waiting: int, metrics=None, idle_wait_s: float = 0.5,
-                 thread: EngineThread | None = None):
-        """thread: the EngineThread that built the engine (else a new one: see the module doc)."""
+                 thread: EngineThread | None = None, release_after_s: float = 30.0):
+        """thread: the EngineThread that built the engine (else a new one: see the module doc). release_after_s:
+        idle this long, the engine gives its caches' memory back."""
         self.engine = engine
+        self.release_after_s = release_after_s
+        self._idle_since: float | None = None
+        self._released = True
         self.max_waiting = max_waiting
         self.capacity = engine.max_num_seqs + max_waiting
         self.metrics = metrics
@@ -206,6 +210,7 @@ class EngineLoop:
                 if self.engine.has_unfinished():
                     self._step()
                 self._snap()
+                self._release_when_idle()
             except Exception:
                 log.exception("engine loop error")
                 time.sleep(0.01)
@@ -217,6 +222,17 @@ class EngineLoop:
             if isinstance(cmd, _Add):
                 self.unreserve()
                 self._post([(cmd.handle, Failure(503, "server is shutting down"))])
+
+    def _release_when_idle(self):
+        """Once the engine has been idle for release_after_s: its caches' memory back (Engine.release_memory),
+        once per idle spell."""
+        now = time.monotonic()
+        if self.engine.has_unfinished() or self._cmds:
+            self._idle_since, self._released = None, False
+        elif self._idle_since is None:
+            self._idle_since = now
+        elif not self._released and now - self._idle_since >= self.release_after_s:
+            self._released = self.engine.release_memory()
 
     def _snap(self):
         self._spec = self.engine.metrics.as_dict() if self._spec_on else None
@@ -306,6 +322,8 @@ class EngineLoop:
             if o.finished:
                 self._release(h)
                 stats = {"num_drafts": r.num_drafts, "num_accepted": r.num_accepted}
+                if self.metrics is not None:      # where the engine finishes it, as vLLM counts (its client
+                    self.metrics.success(r.finish_reason)   # may be gone by the time the item is read)
             items.append((h, Tokens(list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, stats)))
         if self.metrics is not None and ntok:
             self.metrics.generation_tokens.inc(ntok)
