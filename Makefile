@@ -31,7 +31,7 @@ EXT_STAMP := build/peagle_quant/.make-stamp
 
 $(EXT_STAMP): $(VENV_STAMP) $(wildcard peagle/csrc/*) peagle/models/quant_ext.py
 	$(PY) -c 'import sys; from peagle.models.quant_ext import main; sys.exit(main())'
-	@if [ -f build/peagle_quant/peagle_quant.so ]; then touch $@; fi
+	@$(PY) -c 'import sys; from peagle.models import quant_ext; sys.exit(quant_ext.get() is None)' && touch $@ || true
 
 setup: $(VENV_STAMP) $(TARGET_STAMP) $(EXT_STAMP)
 

@@ -65,11 +65,9 @@ class KVCache:
         """Back to one row of the initial capacity, zeros (no row in use: an idle engine gives back what its
         largest batch and longest row grew it to; the next requests grow it again)."""
         self.cap, self.rows = min(self.max_len, self.initial_len), 1
-        for store in (self.k, self.v):
-            for i, old in enumerate(store):
-                if old is not None:
-                    store[i] = torch.zeros((1, old.shape[1], self.cap, old.shape[3]), dtype=self.dtype,
-                                           device=self.device)
+        for i, old in enumerate(self.k):
+            if old is not None:
+                self.alloc(i, old.shape[1], old.shape[3])
         if self.lens is not None:
             self.lens = torch.zeros(1, dtype=torch.long, device=self.device)
 

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 
-from .paths import REPO
+from .paths import CHECKOUT, REPO
 from .spec_metrics import SpecMetrics
 
 # the environment variables an API key comes from (peagle/server/auth.py reads them; a launched server gets none)
@@ -43,8 +43,10 @@ def launch(model, spec: str | None, max_num_seqs: int, extra=(), timeout: float 
     model and head paths mean what they mean here). Returns (process, base url) once /health answers; raises
     RuntimeError if it exits or never comes up."""
     env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ENV_KEYS}
-    if cwd is None:       # this peagle first on the server's path, whatever directory it starts in
-        env["PYTHONPATH"] = os.pathsep.join([REPO] + [x for x in [env.get("PYTHONPATH")] if x])
+    env["PYTHONSAFEPATH"] = "1"       # -m must not import a `peagle` (or stdlib name) from the directory
+    root = cwd if cwd is not None else REPO if CHECKOUT else None
+    if root is not None:              # that checkout's peagle first, whatever directory the server starts in
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(root)] + [x for x in [env.get("PYTHONPATH")] if x])
     port = free_port()
     cmd = [sys.executable, "-m", "peagle.cli", "serve"] + ([] if model in (None, "demo") else [model])
     cmd += ["--port", str(port), "--max-num-seqs", str(max_num_seqs), "--log-level", "warning", *extra]

@@ -116,6 +116,7 @@ class Engine:
         self.prefill_token_budget = prefill_token_budget
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self._live: set[str] = set()                # ids of the requests waiting or running
         self._sampled: SampledRows | None = None
         self._sampled_stale = True
         self.metrics = SpecMetrics(max(self.k, 1))
@@ -137,13 +138,14 @@ class Engine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise PeagleError(f"prompt token ids must be in 0..{vocab - 1}")
         rid = str(request_id)
-        if any(q.request_id == rid for q in self.running) or any(q.request_id == rid for q in self.waiting):
-            raise PeagleError(f"request id {rid!r} is already in use")   # abort and the statistics go by id
+        if rid in self._live:                       # abort and auto K's statistics go by id
+            raise PeagleError(f"request id {rid!r} is already in use")
         r = Request(rid, ids, params, prompt)
         seed = params.seed if params.seed is not None else unseeded_seed(self.seed, self._n)
         self._n += 1
         r.gen = None if params.greedy else make_generator(seed, self.device)   # greedy rows draw nothing
         self.waiting.append(r)
+        self._live.add(rid)
         return r
 
     def abort(self, request_id) -> bool:
@@ -151,6 +153,7 @@ class Engine:
             if r.request_id == request_id:
                 r.finished, r.finish_reason, r.finish_time = True, "abort", time.perf_counter()
                 self.waiting.pop(i)
+                self._live.discard(r.request_id)
                 return True
         for i, r in enumerate(self.running):
             if r.request_id == request_id:
@@ -188,6 +191,8 @@ class Engine:
         if self.proposer is not None:
             self.proposer.cache.release()
             self.proposer.context = None           # made again by the next add_requests
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()               # else torch's allocator keeps the freed blocks
         return True
 
     def _ensure_rows(self, n: int):
@@ -215,6 +220,7 @@ class Engine:
             first = self._to_host(self._prefill_rows(new, b0))
         except BaseException as e:          # Ctrl-C too: no row left half admitted (running, not drafting)
             del self.running[b0:]
+            self._live.difference_update(r.request_id for r in new)
             self._sampled_stale = True
             if not isinstance(e, Exception):
                 raise
@@ -382,6 +388,7 @@ class Engine:
                 self._remove(i)
 
     def _remove(self, i: int):
+        self._live.discard(self.running[i].request_id)
         last = len(self.running) - 1
         if i != last:
             self.cache.move_row(last, i)

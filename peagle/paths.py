@@ -9,14 +9,18 @@ import os
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the checkout (site-packages when installed)
 # peagle runs from its checkout (the Makefile beside the package), not from an installed copy
 CHECKOUT = os.path.isfile(os.path.join(REPO, "Makefile")) and os.path.isfile(os.path.join(REPO, "pyproject.toml"))
-# Where peagle keeps what it converts, builds and caches (models/: the default target, the shipped heads;
-# build/: the C++ kernels; bench-out/.cache): $PEAGLE_HOME, else the checkout, else ~/.cache/peagle (an installed
-# package never writes into site-packages).
-HOME = os.path.abspath(os.path.expanduser(
-    os.environ.get("PEAGLE_HOME")
-    or (REPO if CHECKOUT else os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "peagle"))))
+# Where peagle keeps what it converts, builds and caches (models/: the default target beside the shipped heads;
+# build/: the C++ kernels; bench-out/.cache): the checkout when peagle runs from one (its tracked models/ and
+# Makefile stamps are there), else $PEAGLE_HOME, else ~/.cache/peagle (an installed package never writes into
+# site-packages). Made absolute and put back into the environment, so processes started elsewhere agree.
+if CHECKOUT:
+    HOME = REPO
+else:
+    HOME = os.path.abspath(os.path.expanduser(
+        os.environ.get("PEAGLE_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "peagle")))
+    os.environ["PEAGLE_HOME"] = HOME
 # The command that prepares HOME (the default target, the kernels), for messages.
-SETUP_COMMAND = "make setup" if CHECKOUT and HOME == REPO else "peagle setup"
+SETUP_COMMAND = "make setup" if CHECKOUT else "peagle setup"
 
 
 def portable_path(path: str | os.PathLike | None) -> str | None:

@@ -148,3 +148,12 @@ def test_trace_of_a_real_engine_run(tiny_dirs, tmp_path, monkeypatch):
     assert len(steps) == sum(per_k) and [sum(r["k"] == k for r in steps) for k in range(len(per_k))] == per_k
     assert all(r["step_s"] > 0 and r["plain_step_s"] > 0 for r in steps) and steps[0]["forced"] == "plain_refresh"
     assert sum(r["tokens"] for r in steps) >= len(ps) * (sp.max_tokens - 1)
+
+
+def test_the_summary_command_answers_help_and_bad_files_in_one_line(tmp_path, capsys):
+    """`python -m peagle.autok.trace --help` opened a file named --help (a traceback), as did a missing file."""
+    from peagle.autok.trace import main
+    assert main(["--help"]) == 0 and "usage" in capsys.readouterr().out
+    assert main([str(tmp_path / "none.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("peagle: error:") and len(err.strip().splitlines()) == 1

@@ -203,3 +203,21 @@ def test_peagle_cli_entry_point(tmp_path, target, capsys):
     assert main(["import", str(tmp_path / "o"), str(tmp_path / "n")]) == 0
     pb = load_head_dir(tmp_path / "n")[0]["peagle"]
     assert pb["train_depths"] == 4 and pb["num_speculative_tokens"] == 2  # trained depth kept, serving K recorded
+
+
+def test_written_directories_get_the_umasks_modes(tmp_path, target):
+    """Heads and conversions are written through tempfile.mkdtemp (0700) and safetensors (0600): under umask
+    022 an exported head was unreadable to any other user (a vLLM server run as another one). Now 0755 / 0644,
+    and under umask 077 still private."""
+    import stat
+    src, _ = head(tmp_path, method="peagle", mask_token_id=MASK)
+    old = os.umask(0o022)
+    try:
+        export_head(src, tmp_path / "v1", "vllm", target_dir=target)
+        os.umask(0o077)
+        export_head(src, tmp_path / "v2", "vllm", target_dir=target)
+    finally:
+        os.umask(old)
+    for d, dmode, fmode in ((tmp_path / "v1", 0o755, 0o644), (tmp_path / "v2", 0o700, 0o600)):
+        assert stat.S_IMODE(os.stat(d).st_mode) == dmode
+        assert {stat.S_IMODE(os.stat(d / f).st_mode) for f in os.listdir(d)} == {fmode}

@@ -49,7 +49,11 @@ CASES = [
     ("/v1/chat/completions", {"messages": MSG, "skip_special_tokens": False}, "skip_special_tokens",
      {"messages": MSG, "skip_special_tokens": True}),
     ("/v1/completions", {"prompt": "hi", "use_beam_search": 1}, "use_beam_search",
-     {"prompt": "hi", "use_beam_search": False, "some_unknown_field": 7}),
+     {"prompt": "hi", "use_beam_search": False, "some_unknown_field": 7, "guided_json": {"type": "object"}}),
+    ("/v1/chat/completions", {"messages": MSG, "chat_template_kwargs": {"enable_thinking": True}},
+     "chat_template_kwargs", {"messages": MSG, "add_generation_prompt": True, "echo": False}),
+    ("/v1/completions", {"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format",
+     {"prompt": "hi", "response_format": {"type": "text"}}),
 ]
 
 

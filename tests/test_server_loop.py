@@ -107,27 +107,33 @@ def test_a_finished_request_counts_as_a_success_where_the_engine_finishes_it(tar
 
 def test_the_loop_gives_the_caches_back_once_idle(target):
     """The server's engine loop releases the caches' memory once the engine has been idle release_after_s,
-    once per idle spell; not while a request runs."""
+    once per idle spell, not while a request runs; a burst that finishes within one pass of the loop (one token
+    per request) is a busy spell too (it was not: the caches it grew were kept)."""
     import asyncio
 
     from peagle import LLM, SamplingParams
     from peagle.server.loop import EngineLoop, Handle
     eng = LLM(target, max_num_seqs=4).engine
-    lp, aloop = EngineLoop(eng, max_waiting=4, release_after_s=0.0), asyncio.new_event_loop()
-    calls = []
-    real = eng.release_memory
+    lp = EngineLoop(eng, max_waiting=4, release_after_s=0.0, idle_wait_s=0.001)
+    aloop, calls, real = asyncio.new_event_loop(), [], eng.release_memory
     eng.release_memory = lambda: calls.append(1) or real()
-    for i in range(3):
-        assert lp.try_reserve()
-        lp.submit(Handle(f"r{i}", [5, 6, 7 + i], SamplingParams(temperature=0, max_tokens=300, ignore_eos=True),
-                         None, aloop))
-    lp._drain()
-    while eng.has_unfinished():
-        lp._step()
-        lp._release_when_idle()
-    assert not calls and eng.cache.rows >= 3
-    lp._release_when_idle()                          # idle from now
-    lp._release_when_idle()                          # idle for release_after_s (0): released
-    lp._release_when_idle()                          # once per idle spell
+
+    def burst(tag, prompt, max_tokens):
+        for i in range(3):
+            assert lp.try_reserve()
+            lp.submit(Handle(f"{tag}{i}", prompt + [i], SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                      ignore_eos=True), None, aloop))
+    burst("r", [5, 6, 7], 300)
+    while lp._pass() is False and eng.has_unfinished():
+        assert not calls
+    assert eng.cache.rows >= 3
+    for _ in range(3):                               # idle: released once
+        lp._pass()
     assert calls == [1] and eng.cache.rows == 1
+    burst("s", [5] * 300, 1)
+    lp._pass()                                       # admitted, prefilled and finished in this one pass
+    assert not eng.has_unfinished() and eng.cache.rows >= 3
+    for _ in range(3):
+        lp._pass()
+    assert calls == [1, 1] and eng.cache.rows == 1
     aloop.close()

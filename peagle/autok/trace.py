@@ -118,10 +118,18 @@ def summarize(records) -> dict:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m peagle.autok.trace TRACE.jsonl   (summarises an auto-K trace file)"
+    if argv in (["-h"], ["--help"]):
+        print(usage)
+        return 0
     if len(argv) != 1:
-        print("usage: python -m peagle.autok.trace TRACE.jsonl", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
-    print(json.dumps(summarize(argv[0]), indent=1))
+    try:
+        print(json.dumps(summarize(argv[0]), indent=1))
+    except (OSError, ValueError) as e:
+        print(f"peagle: error: {argv[0]}: not a readable trace ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -215,7 +215,8 @@ def report_md(res, pngs, notes: str | None = None) -> str:
              f"Run {meta['started_utc']} → {meta.get('finished_utc')} ({_f(meta.get('duration_s', 0) / 60, 1)} min) on "
              f"{mc['cpu']} ({mc['cores']} cores, {mc['torch_threads']} torch threads, {mc['mem_gib']} GiB; load average at "
              f"start {mc.get('loadavg_at_start')}). Python {v['python']}, torch {v['torch']}, transformers "
-             f"{v['transformers']}, peagle {str(v['peagle_commit'])[:10]}{' (dirty)' if v['peagle_dirty'] else ''}.\n",
+             f"{v['transformers']}, peagle {str(v['peagle_commit'])[:10] if v.get('peagle_commit') else v.get('peagle_version')}"
+             f"{' (dirty)' if v['peagle_dirty'] else ''}.\n",
              f"Target `{os.path.basename(meta['model'])}`; heads: "
              + ", ".join(f"{NAMES[m]} `{os.path.basename(d) if d else '–'}` {meta.get('head_configs', {}).get(m, '')}"
                          for m, d in meta["heads"].items() if d) + ".\n",

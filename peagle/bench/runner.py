@@ -6,6 +6,7 @@ frees, so TTFT excludes queueing, as in ``vllm bench serve --max-concurrency c``
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 import time
 
@@ -203,28 +204,32 @@ class Bench:
 
     # ---------------------------------------------------------------- losslessness
     @torch.no_grad()
-    def top2_gap(self, ids: list) -> float:
-        """Gap between the target's two best logits for the token after ids (fresh prefill, batch 1)."""
+    def top2_gap(self, ids: list) -> tuple[float, float]:
+        """(gap between the target's two best logits for the token after ids (fresh prefill, batch 1), the spacing
+        of the run's dtype at the best logit: one rounding step there)."""
         cache = self.target.new_cache(1, len(ids) + 8)
         dev = self.device
         logits, _ = self.target.forward(torch.tensor([ids], device=dev), cache, 0,
                                         torch.zeros(1, dtype=torch.long, device=dev),
                                         logits_at=torch.tensor([len(ids) - 1], device=dev), span=len(ids), s0=0)
         top = logits[0].topk(2).values
-        return float(top[0] - top[1])
+        step = torch.finfo(self.dtype).eps * 2.0 ** math.floor(math.log2(max(abs(float(top[0])), 1e-30)))
+        return float(top[0] - top[1]), step
 
     def identity(self, prompts_ids, outs, ref_outs, tie_eps: float = 1e-4) -> dict:
         """Compare a run's greedy outputs with the baseline's, token for token. A divergence counts as a
-        floating-point tie when the target's top-2 logits at that step are within tie_eps."""
+        floating-point tie when the target's top-2 logits at that step are within tie_eps, or within two rounding
+        steps of the run's dtype there (bfloat16 logits of 16-32 are 0.125 apart: a verify block's other rounding
+        flips such a pair)."""
         n_same, ties, bad = 0, [], []
         for i, (a, b) in enumerate(zip(outs, ref_outs)):
             if a == b:
                 n_same += 1
                 continue
             j = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), min(len(a), len(b)))
-            gap = self.top2_gap(prompts_ids[i] + b[:j]) if j < min(len(a), len(b)) else None
-            rec = {"request": i, "first_divergence": j, "top2_gap": gap, "len": [len(a), len(b)]}
-            (ties if gap is not None and gap <= tie_eps else bad).append(rec)
+            gap, step = self.top2_gap(prompts_ids[i] + b[:j]) if j < min(len(a), len(b)) else (None, None)
+            rec = {"request": i, "first_divergence": j, "top2_gap": gap, "dtype_step": step, "len": [len(a), len(b)]}
+            (ties if gap is not None and gap <= max(tie_eps, 2 * step) else bad).append(rec)
         return {"n": len(outs), "identical": n_same, "ties": ties, "mismatches": bad, "ok": not bad}
 
 

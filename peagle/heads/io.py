@@ -15,7 +15,7 @@ from typing import Mapping
 
 import torch
 
-from ..models.files import CONFIG_NAME, WEIGHTS_NAME, load_tensors, read_config
+from ..models.files import CONFIG_NAME, WEIGHTS_NAME, load_tensors, open_permissions, read_config
 
 
 def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -100,6 +100,7 @@ def replace_head_dir(out_dir: str | os.PathLike, config: Mapping, tensors: Mappi
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         save_head_dir(tmp, config, tensors)
+        open_permissions(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 
 from ..errors import PeagleError
+from .files import open_permissions
 
 NATIVE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -101,6 +102,7 @@ def convert(path: str, out: str, force: bool = False) -> dict:
                 "parameters": sum(t.numel() for t in tensors.values())}
         with open(os.path.join(tmp, "conversion.json"), "w") as f:
             json.dump({"source": os.path.basename(path), **info}, f, indent=1)
+        open_permissions(tmp)
         if os.path.exists(out):
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -58,14 +58,13 @@ def resolve_quantization(path: str, quantization: str, kind: str, dtype, device)
     if kind != "native" or dtype != torch.float32 or torch.device(device).type != "cpu":
         return "none", "not a float32 native target on the CPU"
     src = path if path.endswith(".gguf") else source_gguf(path)
-    if src is None:
+    family = block_family(src) if src else None
+    if family is None:
         return "none", "float weights (no quantized GGUF blocks behind this model)"
     ext = quant_ext.get()
     if ext is None or not ext.has_avx2():
-        return "none", f"{NO_KERNELS} ({quant_ext.why_not() or 'no AVX2'}); float32 weights, whose output differs from q4a8's"
-    family = block_family(src)
-    if family is None:
-        return "none", "float weights (no quantized GGUF blocks behind this model)"
+        return "none", (f"{NO_KERNELS} ({quant_ext.why_not() or 'no AVX2'}); float32 weights, whose output "
+                        f"differs from {family}a8's")
     return family + "a8", (f"{os.path.basename(src)}'s blocks with 8-bit activations: the fastest plain decoding "
                            "measured on AVX2 and AVX-512 CPUs")
 

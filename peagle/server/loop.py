@@ -197,20 +197,8 @@ class EngineLoop:
     def _run(self):
         while not self._stop:
             try:
-                if not self._cmds and not self.engine.has_unfinished():
-                    self._wake.wait(self.idle_wait_s)
-                self._wake.clear()
-                self._drain()
-                if self._drain_until is not None:
-                    for r in list(self.engine.waiting):
-                        if r.request_id in self._handles:
-                            self._fail(self._handles[r.request_id], 503, "server is shutting down")
-                    if not self.engine.running or time.monotonic() > self._drain_until:
-                        break
-                if self.engine.has_unfinished():
-                    self._step()
-                self._snap()
-                self._release_when_idle()
+                if self._pass():
+                    break
             except Exception:
                 log.exception("engine loop error")
                 time.sleep(0.01)
@@ -222,6 +210,26 @@ class EngineLoop:
             if isinstance(cmd, _Add):
                 self.unreserve()
                 self._post([(cmd.handle, Failure(503, "server is shutting down"))])
+
+    def _pass(self) -> bool:
+        """One pass of the engine loop: wait while idle, take the commands, one step, the idle release. True:
+        shutting down and drained (the loop ends)."""
+        if not self._cmds and not self.engine.has_unfinished():
+            self._wake.wait(self.idle_wait_s)
+        self._wake.clear()
+        self._drain()
+        if self._drain_until is not None:
+            for r in list(self.engine.waiting):
+                if r.request_id in self._handles:
+                    self._fail(self._handles[r.request_id], 503, "server is shutting down")
+            if not self.engine.running or time.monotonic() > self._drain_until:
+                return True
+        if self.engine.has_unfinished():
+            self._step()
+            self._idle_since, self._released = None, False   # busy, even if this one step finished every request
+        self._snap()
+        self._release_when_idle()
+        return False
 
     def _release_when_idle(self):
         """Once the engine has been idle for release_after_s: its caches' memory back (Engine.release_memory),

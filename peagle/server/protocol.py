@@ -154,12 +154,21 @@ def _finite(name, v):
 
 # vLLM's request extensions that change the output, each with the one value peagle serves (what vLLM does when
 # the field is absent); any other value is a 400 naming it (served as if absent, a request with min_p or
-# repetition_penalty got output it did not ask for). null is the same as absent.
-VLLM_SERVED_AS = {"use_beam_search": False, "min_p": 0.0, "repetition_penalty": 1.0, "length_penalty": 1.0,
-                  "min_tokens": 0, "include_stop_str_in_output": False, "skip_special_tokens": True,
-                  "spaces_between_special_tokens": True, "bad_words": [], "allowed_token_ids": None,
-                  "prompt_logprobs": None, "truncate_prompt_tokens": None, "structured_outputs": None,
-                  "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None}
+# repetition_penalty got output it did not ask for). null is the same as absent. Each name is an extension of
+# one endpoint or both: chat's echo / add_special_tokens / template fields are declared fields of completions (or
+# not vLLM's there), completions' response_format is chat's declared field, so model_extra never mixes them.
+VLLM_SERVED_AS = {
+    # sampling (both endpoints)
+    "use_beam_search": False, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
+    "include_stop_str_in_output": False, "skip_special_tokens": True, "bad_words": [], "allowed_token_ids": None,
+    "prompt_logprobs": None, "logprob_token_ids": None, "truncate_prompt_tokens": None, "structured_outputs": None,
+    "watermarking": None, "vllm_xargs": None, "repetition_detection": None, "thinking_token_budget": None,
+    # the chat template (chat)
+    "echo": False, "add_generation_prompt": True, "continue_final_message": False, "add_special_tokens": False,
+    "chat_template": None, "chat_template_kwargs": None, "documents": None, "reasoning_effort": None,
+    # completions
+    "response_format": {"type": "text"},
+}
 
 
 def _served_as(v, default) -> bool:

