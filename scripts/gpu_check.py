@@ -7,7 +7,7 @@
    carried to a GPU machine has no converted SmolLM2), else random ones; divergences reported with the
    target's top-2 logit gap there (ties vs real mismatches).
 3. syncs: device->host synchronisations per decode step (torch.cuda.set_sync_debug_mode), expected 1.
-4. speed: plain / EAGLE-3 / P-EAGLE tokens/s at c=1 and c=32 (bfloat16) on the demo target and on a random
+4. speed: plain / EAGLE-3 / P-EAGLE tokens/s at c=1 and c=32 (bfloat16) on that target and on a random
    Llama of about 1B parameters with random heads (acceptance meaningless there: cost ratios only), with
    per-step drafter / verification times and the host time outside the forwards.
 Prompts: HumanEval and MT-Bench where their packages are installed, else slices of the Python standard
@@ -179,7 +179,7 @@ def main() -> int:
     ap.add_argument("--out", default="build/gpu-check")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--identity-prompts", type=int, default=16)
-    ap.add_argument("--compile", action="store_true", help="also time the demo target with --compile")
+    ap.add_argument("--compile", action="store_true", help="also time the target of part 2 with --compile")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     global CUDA
@@ -195,13 +195,14 @@ def main() -> int:
          lambda: parity(scratch)),
         ("identity", "| dtype | method | identical | ties | mismatches | AL |\n|---|---|---|---|---|---|",
          lambda: identity(demo, heads, a.identity_prompts, 64)),
-        ("speed_demo", SPEED_HDR, lambda: speed("demo", demo, heads, a.max_tokens)),
+        ("speed_demo", SPEED_HDR, lambda: speed(os.path.basename(demo), demo, heads, a.max_tokens)),
     ]
     if on_gpu:
         parts.insert(2, ("syncs_per_step", "| method | host syncs per decode step |\n|---|---|",
                          lambda: syncs_per_step(demo, heads)))
     if a.compile:
-        parts.append(("speed_demo_compiled", SPEED_HDR, lambda: speed("demo", demo, heads, a.max_tokens, True)))
+        parts.append(("speed_demo_compiled", SPEED_HDR,
+                      lambda: speed(os.path.basename(demo), demo, heads, a.max_tokens, True)))
 
     def big():
         t = random_llama_1b(os.path.join(scratch, "llama-1b"))

@@ -48,3 +48,17 @@ def test_speculative_decoding_is_identical_to_plain(smollm2, plain, tmp_path, pa
     assert got == ref
     assert llm.get_metrics()["num_drafts"] > 0
     assert os.path.isfile(os.path.join(head, "config.json"))
+
+
+def test_peagle_setup_finds_a_prepared_home_current(smollm2, capsys):
+    """`peagle setup` (an installed peagle's `make setup`) on a home already set up: it names the home, finds the
+    kernels' build current and the converted target matching its pinned hash, and changes nothing."""
+    from peagle.cli import main
+    from peagle.models import quant_ext
+    from peagle.paths import HOME
+    st = os.stat(os.path.join(smollm2, "model.safetensors"))
+    assert main(["setup"]) == 0
+    out = capsys.readouterr().out
+    assert f"peagle home: {HOME}" in out and f"default target: {smollm2}" in out
+    assert ("built peagle_quant" in out) == (quant_ext.get() is not None)
+    assert os.stat(os.path.join(smollm2, "model.safetensors")).st_mtime == st.st_mtime

