@@ -30,13 +30,14 @@ from .spec_config import SpecConfig, parse_spec_config
 
 # the default target (SmolLM2-135M-Instruct, converted by `make setup` / `peagle setup`: peagle/default_target.py)
 # and its heads, under peagle's home (paths.HOME: the checkout, when peagle runs from one)
-DEFAULT_MODEL = os.path.join(HOME, "models", "smollm2-135m-instruct")
-DEFAULT_PEAGLE_HEAD = os.path.join(HOME, "models", "smollm2-135m-instruct-peagle")
-DEFAULT_EAGLE3_HEAD = os.path.join(HOME, "models", "smollm2-135m-instruct-eagle3")
+MODELS = os.path.join(HOME, "models")
+DEFAULT_MODEL = os.path.join(MODELS, "smollm2-135m-instruct")
+DEFAULT_PEAGLE_HEAD = os.path.join(MODELS, "smollm2-135m-instruct-peagle")
+DEFAULT_EAGLE3_HEAD = os.path.join(MODELS, "smollm2-135m-instruct-eagle3")
 # the small target trained here (models/demo-target/README.md): the tests' real-weights fixture
-DEMO_TARGET = os.path.join(HOME, "models", "demo-target")
-DEMO_PEAGLE_HEAD = os.path.join(HOME, "models", "demo-target-peagle")
-DEMO_EAGLE3_HEAD = os.path.join(HOME, "models", "demo-target-eagle3")
+DEMO_TARGET = os.path.join(MODELS, "demo-target")
+DEMO_PEAGLE_HEAD = os.path.join(MODELS, "demo-target-peagle")
+DEMO_EAGLE3_HEAD = os.path.join(MODELS, "demo-target-eagle3")
 
 
 @dataclass
@@ -74,6 +75,13 @@ def load_tokenizer(path: str):
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - one line naming the directory
         raise PeagleError(f"cannot load the tokenizer in {path}: {e}") from None
+
+
+def chat_ids(tok, messages) -> list[int]:
+    """A conversation's token ids through the tokenizer's chat template, with the generation prompt (what
+    LLM.apply_chat_template, the server's chat endpoint and datagen send the model)."""
+    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
 def load_head(spec: SpecConfig, target) -> DrafterHead:
@@ -229,8 +237,7 @@ class LLM:
     def apply_chat_template(self, messages) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise PeagleError(f"{self.model} has no chat template")
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
+        return chat_ids(self.tokenizer, messages)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = False):
         """messages: one conversation (a list of {"role", "content"} dicts) or a list of them."""

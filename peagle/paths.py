@@ -13,11 +13,12 @@ CHECKOUT = os.path.isfile(os.path.join(REPO, "Makefile")) and os.path.isfile(os.
 # build/: the C++ kernels; bench-out/.cache): the checkout when peagle runs from one (its tracked models/ and
 # Makefile stamps are there), else $PEAGLE_HOME, else ~/.cache/peagle (an installed package never writes into
 # site-packages). Made absolute and put back into the environment, so processes started elsewhere agree.
+USER_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                          "peagle")           # $XDG_CACHE_HOME/peagle, else ~/.cache/peagle
 if CHECKOUT:
     HOME = REPO
 else:
-    HOME = os.path.abspath(os.path.expanduser(
-        os.environ.get("PEAGLE_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "peagle")))
+    HOME = os.path.abspath(os.path.expanduser(os.environ.get("PEAGLE_HOME") or USER_CACHE))
     os.environ["PEAGLE_HOME"] = HOME
 # The command that prepares HOME (the default target, the kernels), for messages.
 SETUP_COMMAND = "make setup" if CHECKOUT else "peagle setup"

@@ -29,7 +29,8 @@ class RowState:
 
 def grow_rows(rows: int, n: int, limit: int | None = None) -> int:
     """The row count a buffer of `rows` rows grows to when it needs n > rows: doubling (few reallocations as
-    requests arrive), but not past limit (the engine's max_num_seqs: a 65th row of 64 would allocate 128)."""
+    requests arrive), but not past limit (the engine's max_num_seqs: a 65th row of 64 would allocate 128). The
+    drafter's backlog grows its width the same way (limit: the longest a row gets)."""
     return max(n, min(2 * rows, limit or 2 * rows))
 
 

@@ -23,16 +23,14 @@ import numpy as np
 import torch
 
 from ..device import cpuinfo
+from ..paths import USER_CACHE
 
 FORMAT = 2      # 2: meta carries the measured drafter_row_s
 
 
 def cache_dir() -> str:
-    """$PEAGLE_CACHE_DIR, else $XDG_CACHE_HOME/peagle, else ~/.cache/peagle."""
-    d = os.environ.get("PEAGLE_CACHE_DIR")
-    if d:
-        return d
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "peagle")
+    """$PEAGLE_CACHE_DIR, else $XDG_CACHE_HOME/peagle, else ~/.cache/peagle (paths.USER_CACHE)."""
+    return os.environ.get("PEAGLE_CACHE_DIR") or USER_CACHE
 
 
 def shown_path(path: str | None) -> str | None:

@@ -100,8 +100,7 @@ class Proposer:
         that never drafts costs no drafter work."""
         (B, T), dev = ids.shape, ids.device
         if self.context is None:
-            self.context = DraftContext(dev)
-            self.context.max_rows, self.context.max_width = self.max_rows, getattr(self.cache, "max_len", None)
+            self.context = DraftContext(dev, self.max_rows, getattr(self.cache, "max_len", None))
         ctx, rows = self.context, slice(b0, b0 + B)
         ctx.ensure(b0 + B, self.k + 1)
         del ctx.behind[b0:]

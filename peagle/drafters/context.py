@@ -19,11 +19,12 @@ from ..rowstate import grow_rows, grown
 
 
 class DraftContext:
-    def __init__(self, device):
+    def __init__(self, device, max_rows: int | None = None, max_width: int | None = None):
+        """max_rows: rows never double past this (the engine's max_num_seqs); max_width: nor entries past this
+        (the drafter cache's max_len: no row is longer)."""
         self.device = torch.device(device)
         self.rows = self.width = 0
-        self.max_rows: int | None = None       # rows never double past this (the engine's max_num_seqs)
-        self.max_width: int | None = None      # nor entries past this (the drafter cache's max_len: no row is longer)
+        self.max_rows, self.max_width = max_rows, max_width
         self.n = torch.zeros(0, dtype=torch.long, device=self.device)
         self.ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.aux: torch.Tensor | None = None
@@ -36,10 +37,8 @@ class DraftContext:
         if rows <= self.rows and width <= self.width and not new_aux:
             return
         rows = grow_rows(self.rows, rows, self.max_rows) if rows > self.rows else self.rows
-        if width > self.width:                 # K = 0 steps grow it by 1: doubled, up to the longest a row gets
-            width = max(width, min(2 * self.width, self.max_width or 2 * self.width))
-        else:
-            width = self.width
+        # K = 0 steps grow the width by 1: doubled like the rows, up to the longest a row gets
+        width = grow_rows(self.width, width, self.max_width) if width > self.width else self.width
         self.n = grown(self.n, (rows,), self.device)
         self.ids = grown(self.ids, (rows, width), self.device)
         if new_aux:

@@ -40,15 +40,13 @@ def resolve_backend(path: str, backend: str = "auto") -> str:
     return "native" if native_refusal(path) is None else "transformers"
 
 
-NO_KERNELS = "the C++ kernels do not run here"
-
-
 def resolve_quantization(path: str, quantization: str, kind: str, dtype, device) -> tuple[str, str]:
     """(quantization, why) for "auto": where the model IS a GGUF file's quantized blocks (a .gguf path, or a
     directory converted from one peagle can find, like the default target: its float32 weights are only their
     dequantization) and the C++ kernels run here with AVX2 on a float32 CPU target, those blocks with 8-bit
     activations (q4a8 / q8a8: the fastest plain decoding measured, docs/benchmarks/cpu-step.md); else "none"
-    (float weights). Anything else is returned as given."""
+    (float weights). Anything else is returned as given. why: what auto's choice means for this model, said at
+    start-up ("" where there is nothing to say: explicit choices, and plain float weights running as they are)."""
     import torch
 
     from . import quant_ext
@@ -56,15 +54,15 @@ def resolve_quantization(path: str, quantization: str, kind: str, dtype, device)
     if quantization != "auto":
         return quantization, ""
     if kind != "native" or dtype != torch.float32 or torch.device(device).type != "cpu":
-        return "none", "not a float32 native target on the CPU"
+        return "none", ""                              # not a float32 native target on the CPU
     src = path if path.endswith(".gguf") else source_gguf(path)
     family = block_family(src) if src else None
     if family is None:
-        return "none", "float weights (no quantized GGUF blocks behind this model)"
+        return "none", ""                              # float weights: no quantized GGUF blocks behind it
     ext = quant_ext.get()
     if ext is None or not ext.has_avx2():
-        return "none", (f"{NO_KERNELS} ({quant_ext.why_not() or 'no AVX2'}); float32 weights, whose output "
-                        f"differs from {family}a8's")
+        return "none", (f"the C++ kernels do not run here ({quant_ext.why_not() or 'no AVX2'}); float32 weights, "
+                        f"whose output differs from {family}a8's")
     return family + "a8", (f"{os.path.basename(src)}'s blocks with 8-bit activations: the fastest plain decoding "
                            "measured on AVX2 and AVX-512 CPUs")
 
@@ -82,7 +80,7 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
     kind = resolve_backend(path, backend)
     if quantization == "auto":
         quantization, why = resolve_quantization(path, quantization, kind, dtype, device)
-        if quantization != "none" or why.startswith(NO_KERNELS):   # plain float weights stay unannounced
+        if why:
             print(f"peagle: quantization auto -> {quantization} ({why})", file=sys.stderr, flush=True)
     quantization = check_quantization(quantization)
     if kind == "native":

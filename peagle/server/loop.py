@@ -224,18 +224,18 @@ class EngineLoop:
                     self._fail(self._handles[r.request_id], 503, "server is shutting down")
             if not self.engine.running or time.monotonic() > self._drain_until:
                 return True
-        if self.engine.has_unfinished():
+        busy = self.engine.has_unfinished()
+        if busy:
             self._step()
-            self._idle_since, self._released = None, False   # busy, even if this one step finished every request
         self._snap()
-        self._release_when_idle()
+        self._release_when_idle(busy)       # busy even if this one step finished every request
         return False
 
-    def _release_when_idle(self):
+    def _release_when_idle(self, stepped: bool):
         """Once the engine has been idle for release_after_s: its caches' memory back (Engine.release_memory),
-        once per idle spell."""
+        once per idle spell. stepped: this pass ran a step."""
         now = time.monotonic()
-        if self.engine.has_unfinished() or self._cmds:
+        if stepped or self.engine.has_unfinished() or self._cmds:
             self._idle_since, self._released = None, False
         elif self._idle_since is None:
             self._idle_since = now

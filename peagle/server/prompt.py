@@ -4,6 +4,7 @@ Invariants: a prompt is never empty, its ids are in the vocabulary, and it is at
 (at most the context minus one generated token); text far longer than that limit is refused before tokenizing."""
 from __future__ import annotations
 
+from ..llm import chat_ids
 from .protocol import ApiError, ChatRequest
 
 
@@ -70,9 +71,8 @@ def chat_prompt(state, req: ChatRequest):
             c = "".join(p.text for p in c)
         msgs.append({"role": mm.role, "content": c or ""})
     _check_chars(state, sum(len(x["content"]) for x in msgs), "messages")
-    try:     # the same call as LLM.apply_chat_template
-        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    try:
+        ids = chat_ids(tok, msgs)
     except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the client's
         raise ApiError(400, f"cannot apply the chat template: {e}", param="messages") from None
-    ids = list(out["input_ids"] if hasattr(out, "keys") else out)
     return check_prompt_len(state, ids, "messages")

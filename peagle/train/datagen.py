@@ -24,7 +24,7 @@ import time
 
 from ..data import sources as C
 from ..errors import PeagleError
-from ..llm import DEFAULT_MODEL, LLM, load_tokenizer
+from ..llm import DEFAULT_MODEL, LLM, chat_ids, load_tokenizer
 from ..models.loader import resolve_backend
 from ..sampling import SamplingParams
 from .data import shard_path, write_shard
@@ -313,11 +313,7 @@ def chat_template(tok, model: str, items: list[dict]):
     if any(it["kind"] == "chat" for it in items) and not getattr(tok, "chat_template", None):
         raise PeagleError(f"{model} has no chat template: its chat prompts cannot be encoded (--code-fraction 1 "
                           "takes code prompts only)")
-
-    def template(msgs):
-        out = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
-    return template
+    return lambda msgs: chat_ids(tok, msgs)
 
 
 def prompt_ids(tok, template, it: dict) -> list:
