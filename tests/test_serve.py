@@ -26,6 +26,7 @@ from serving import (  # noqa: F401 (fixtures)
     head_dir,
     model_dir,
     plain,
+    post,
     ref_complete,
     ref_llm,
     server,
@@ -37,6 +38,7 @@ from serving import (  # noqa: F401 (fixtures)
 )
 
 from peagle import SamplingParams
+from peagle import client as client_http
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -227,3 +229,34 @@ def test_cli_serve_subprocess(model_dir, head_dir, ref_llm):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(10)
+
+
+def test_a_prompt_being_tokenized_does_not_stall_other_clients(plain):
+    """Prompts were rendered and tokenized on the event loop: one huge chat request (500,000 empty messages took
+    15-20 s) held /health and every stream until it was done. A tokenizer held at a gate here: /health answers
+    while it waits, and the request completes once it goes on."""
+    gate, entered = threading.Event(), threading.Event()
+    real = plain.state.tokenizer
+
+    class Held:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, *a, **k):
+            entered.set()
+            gate.wait(30)
+            return real(*a, **k)
+
+    plain.state.tokenizer = Held()
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=post(plain, "/v1/completions",
+                                                           json.dumps({"prompt": "Hello there", "max_tokens": 2}).encode())))
+    try:
+        t.start()
+        assert entered.wait(10)
+        assert client_http.get_json(plain.url + "/health", 5)["status"] == "ok"    # before the gate's 30 s
+    finally:
+        gate.set()
+        t.join(30)
+        plain.state.tokenizer = real
+    assert got["r"][0] == 200, got

@@ -11,6 +11,7 @@ import pytest
 from serving import client, get_json, model_dir, post, ref_complete, ref_llm, start  # noqa: F401 (fixtures)
 
 from peagle import cli
+from peagle.errors import PeagleError
 from peagle.server import auth
 from peagle.server.auth import ApiKeyAuth, exposed_without_key, resolve_api_keys
 
@@ -104,8 +105,16 @@ def test_resolve_api_keys():
     assert resolve_api_keys(["a,b", " c "], env) == ("a", "b", "c")          # the flag wins, comma-separated
     assert resolve_api_keys(None, env) == ("p1", "p2")
     assert resolve_api_keys([], {"VLLM_API_KEY": "v"}) == ("v",)
-    assert resolve_api_keys([" , "], {}) == ()
     assert resolve_api_keys(None, {}) == ()
+
+
+def test_an_empty_api_key_flag_is_refused_not_served_unguarded():
+    """`--api-key "$KEY"` with KEY unset gave --api-key "": no key, so the server ran without auth (or with the
+    environment's keys) and said nothing."""
+    for flags in ([""], [" , "], ["", " "]):
+        with pytest.raises(PeagleError, match="--api-key is empty"):
+            resolve_api_keys(flags, {"PEAGLE_API_KEY": "p"})
+    assert resolve_api_keys(["", "k"], {}) == ("k",)          # one flag empty, another with a key: the key
 
 
 def test_exposed_without_key_warning(model_dir, monkeypatch, capsys):

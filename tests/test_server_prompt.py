@@ -42,3 +42,27 @@ def test_text_prompts_get_the_tokenizers_special_tokens_as_in_vllm(tiny_dirs, tm
     assert completion_prompt(state, [5, 6], True)[0] == [5, 6]                     # token ids are taken as given
     out = LLM(d).generate("Hello there")[0]
     assert out.prompt_token_ids == [bos] + bare
+
+
+def test_many_empty_messages_are_refused_before_the_template(tiny_dirs, tmp_path):
+    """The cheap bound counted the messages' content only: 500,000 empty messages (8 MB, under the body limit)
+    passed it and were rendered and tokenized (15-20 s on the event loop, ~2 GB) before the length check."""
+    from peagle.server.prompt import chat_prompt
+    from peagle.server.protocol import ApiError, ChatRequest
+    d = str(tmp_path / "m")
+    shutil.copytree(tiny_dirs["llama"], d)
+    make_tiny_tokenizer(d)
+    tok = AutoTokenizer.from_pretrained(d)
+    calls = []
+    real = tok.apply_chat_template
+    tok.apply_chat_template = lambda *a, **k: calls.append(1) or real(*a, **k)
+    state = types.SimpleNamespace(tokenizer=tok, vocab_size=512, max_model_len=100, model_name="m",
+                                  limits=types.SimpleNamespace(prompt_tokens=lambda ctx: ctx - 1))
+    many = ChatRequest(messages=[{"role": "user"}] * 5000)       # 64 x 99 + 4096 = 10,432 chars allowed
+    try:
+        chat_prompt(state, many)
+        raise AssertionError("not refused")
+    except ApiError as e:
+        assert e.status == 400 and e.param == "messages" and "far longer" in e.message, e.message
+    assert not calls                                            # refused before rendering
+    assert chat_prompt(state, ChatRequest(messages=[{"role": "user"}] * 3)) and calls   # a few: rendered

@@ -5,7 +5,7 @@ a 400 too; odd but valid values are served. End to end on a real server for the 
 import json
 
 import pytest
-from serving import client, model_dir, post, ref_complete, ref_llm, start, wait_idle  # noqa: F401 (fixtures)
+from serving import client, get_json, model_dir, post, ref_complete, ref_llm, start, wait_idle  # noqa: F401 (fixtures)
 
 from peagle.server.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 
@@ -98,10 +98,41 @@ def test_issue_18_surrogates_get_400_and_the_server_stays_exact(srv, ref_llm):
         assert code == 400 and js["error"]["param"] == param and js["error"]["code"] == "invalid_unicode", (raw, js)
     # odd but valid values are served (top_p below float32's smallest number used to be a 500)
     for extra in ({"top_p": 1e-320}, {"temperature": 1e-320}, {"temperature": 1e308, "top_k": 10 ** 30},
-                  {"seed": -5}, {"seed": 10 ** 30}, {"stop": ["\u0000"]}):
+                  {"seed": -5}, {"seed": 2 ** 63 - 1}, {"seed": -2 ** 63}, {"stop": ["\u0000"]}):
         code, js = post(srv, "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 4, **extra}).encode())
         assert code == 200, (extra, js)
     wait_idle(srv)
     ref = ref_complete(ref_llm, ["Hello there"], 12)[0]
     assert client(srv).completions.create(model="tiny", prompt="Hello there", max_tokens=12,
                                           temperature=0).choices[0].text == ref.text
+
+
+def test_numbers_past_the_limits_are_400_not_500(srv):
+    """A max_tokens of 4,300 digits (JSON reads it) was a 500: the context error summed it with the prompt's length
+    into an integer Python refuses to write. Seeds beyond int64 wrapped onto others (2^64 + 5 drew seed 5's
+    numbers); vLLM refuses them with a 400."""
+    big = b"9" * 4300
+    chat = b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": ' + big + b"}"
+    for path, raw, param in (("/v1/completions", b'{"prompt": "hi", "max_tokens": ' + big + b"}", "max_tokens"),
+                             ("/v1/chat/completions", chat, "max_completion_tokens"),
+                             ("/v1/completions", json.dumps({"prompt": "hi", "seed": 2 ** 63}).encode(), "seed"),
+                             ("/v1/completions", json.dumps({"prompt": "hi", "seed": 2 ** 64 + 5}).encode(), "seed"),
+                             ("/v1/completions", json.dumps({"prompt": "hi", "seed": -2 ** 63 - 1}).encode(), "seed")):
+        code, js = post(srv, path, raw)
+        assert code == 400 and js["error"]["param"] == param, (raw[:60], js)
+
+
+def test_models_names_the_model_as_given_and_no_other_path(model_dir, monkeypatch):
+    """/v1/models' root was the model's absolute path (a model given as a relative path showed the server's
+    directories) and requests naming that absolute path were served; vLLM's root is the model as given."""
+    import os
+    monkeypatch.chdir(os.path.dirname(model_dir))
+    rel = os.path.basename(model_dir)
+    s = start(rel, max_num_seqs=1)
+    try:
+        assert get_json(s, "/v1/models")["data"][0]["root"] == rel
+        for name, want in (("tiny", 200), (rel, 200), (os.path.abspath(rel), 404)):
+            code, js = post(s, "/v1/completions", json.dumps({"model": name, "prompt": "hi", "max_tokens": 1}).encode())
+            assert code == want, (name, js)
+    finally:
+        s.stop()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -31,11 +31,12 @@ class ServerState:
     """Everything the app needs: the engine (owned by the loop thread), a tokenizer for the HTTP side, names."""
 
     def __init__(self, engine, tokenizer, model_name: str, model_dir: str, spec=None, max_waiting: int = 512,
-                 limits: Limits | None = None, api_keys=(), aliases=(), thread=None):
+                 limits: Limits | None = None, api_keys=(), aliases=(), thread=None, root: str | None = None):
         """thread: the loop.EngineThread that built the engine, to run the engine loop on."""
         self.engine, self.tokenizer = engine, tokenizer
         self.model_name, self.model_dir, self.spec = model_name, model_dir, spec
-        self.names = {model_name, model_dir, os.path.abspath(model_dir), *aliases}
+        self.root = root or model_dir      # the model as given (vLLM's `root`): no path it was not given
+        self.names = {model_name, self.root, *aliases}
         self.max_model_len = engine.max_model_len
         self.limits = limits or Limits()
         self.api_keys = tuple(api_keys)
@@ -44,6 +45,12 @@ class ServerState:
         self.metrics.loop = self.loop
         self.created = int(time.time())
         self.vocab_size = engine.target.cfg.vocab_size
+        # prompts are rendered and tokenized on one thread of their own, off the event loop (a long one would
+        # stall every stream); one: a tokenizer's settings are not safe to change from two threads (vLLM: one too)
+        self.prompt_thread = ThreadPoolExecutor(1, thread_name_prefix="peagle-prompt")
+
+    async def off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.prompt_thread, fn, *args)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -52,6 +59,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.loop.start()
         yield
         state.loop.stop()
+        state.prompt_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="peagle", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.peagle = state
@@ -82,7 +90,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                            "owned_by": "peagle", "root": os.path.abspath(state.model_dir),
+                                            "owned_by": "peagle", "root": state.root,
                                             "parent": None, "max_model_len": state.max_model_len}]}
 
     @app.get("/metrics")
@@ -106,7 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def completions(request: Request):
         t0 = time.perf_counter()
         req = await _read_request(state, request, CompletionRequest)
-        ids, text = completion_prompt(state, req.prompt, req.add_special_tokens)
+        ids, text = await state.off_loop(completion_prompt, state, req.prompt, req.add_special_tokens)
         given = "max_tokens" in req.model_fields_set     # absent: OpenAI's 16 (or the server's default)
         return await _generate(state, request, req, ids, text, chat=False, max_tokens=req.max_tokens, t0=t0,
                                fallback=None if given else COMPLETIONS_MAX_TOKENS)
@@ -115,7 +123,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat(request: Request):
         t0 = time.perf_counter()
         req = await _read_request(state, request, ChatRequest)
-        ids = chat_prompt(state, req)
+        ids = await state.off_loop(chat_prompt, state, req)
         newer = req.max_completion_tokens is not None          # it wins over max_tokens, as in OpenAI's API
         return await _generate(state, request, req, ids, None, chat=True, t0=t0,
                                max_tokens=req.max_completion_tokens if newer else req.max_tokens,

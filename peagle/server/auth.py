@@ -14,13 +14,17 @@ import ipaddress
 from fastapi.responses import JSONResponse
 
 from ..client import ENV_KEYS
+from ..errors import PeagleError
 from .protocol import error_body
 
 OPEN = ("/health", "/metrics")
 
 
 def resolve_api_keys(flags, env) -> tuple[str, ...]:
-    """--api-key values (repeatable, each comma-separated) win; else $PEAGLE_API_KEY, else $VLLM_API_KEY."""
+    """--api-key values (repeatable, each comma-separated) win; else $PEAGLE_API_KEY, else $VLLM_API_KEY.
+    PeagleError for an --api-key that holds no key (`--api-key "$KEY"` with KEY unset would serve unguarded)."""
+    if flags and not any(k.strip() for v in flags for k in v.split(",")):
+        raise PeagleError("--api-key is empty: give a key, or leave the flag out to serve without keys")
     for raw in (flags or [], *([env.get(k)] for k in ENV_KEYS)):
         keys = tuple(k.strip() for v in raw if v for k in v.split(",") if k.strip())
         if keys:

@@ -58,14 +58,19 @@ class Limits:
         if requested < 1:
             raise ApiError(400, f"{param} must be at least 1, got {requested}", param=param)
         if self.max_tokens_limit is not None and requested > self.max_tokens_limit:
-            raise ApiError(400, f"{param} is {requested}; this server allows at most {self.max_tokens_limit}",
+            raise ApiError(400, f"{param} is {_num(requested)}; this server allows at most {self.max_tokens_limit}",
                            param=param, code="max_tokens_exceeded")
         if prompt_len + requested > max_model_len:
             raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-                                f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
-                                f"{requested} in the completion). Please reduce the length of the prompt or "
+                                f"requested {_num(prompt_len + requested)} tokens ({prompt_len} in the prompt, "
+                                f"{_num(requested)} in the completion). Please reduce the length of the prompt or "
                                 f"completion.", param=param, code="context_length_exceeded")
         return requested
+
+
+def _num(n: int) -> str:
+    """n for a message: Python refuses to write integers of over 4,300 digits (JSON reads them)."""
+    return str(n) if n.bit_length() <= 64 else f"more than {2 ** 64}"
 
 
 async def read_body(request, limit: int) -> bytes:

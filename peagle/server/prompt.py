@@ -70,7 +70,8 @@ def chat_prompt(state, req: ChatRequest):
                 raise ApiError(400, f"messages[{i}].content: only text parts are supported", param="messages")
             c = "".join(p.text for p in c)
         msgs.append({"role": mm.role, "content": c or ""})
-    _check_chars(state, sum(len(x["content"]) for x in msgs), "messages")
+    # each message costs its template text too: count its role and one character more
+    _check_chars(state, sum(len(x["content"]) + len(x["role"]) + 1 for x in msgs), "messages")
     try:
         ids = chat_ids(tok, msgs)
     except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the client's

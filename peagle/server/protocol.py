@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import PeagleError
 from ..sampling import SamplingParams
@@ -46,7 +46,7 @@ class _Common(_Strict):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)   # vLLM's int64 range (sampling keeps 64 bits)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None       # vLLM extension
     ignore_eos: bool = False                       # vLLM extension

@@ -51,7 +51,8 @@ def resolve_config(model, spec_flag, env=None):
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
                 max_model_len=None, limits=None, device="auto", api_keys=(), compile=False, target_backend="auto",
-                quantization="none"):
+                quantization="none", root=None):
+    """root: the model as the user named it (the default target: its name), for /v1/models."""
     from .app import ServerState  # here, not above: fastapi loads only when a server is built, not for every command
     if max_num_seqs < 1:
         raise PeagleError("--max-num-seqs must be >= 1")
@@ -69,7 +70,7 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
     tok = load_tokenizer(model_dir)        # the HTTP side's own copy: the engine thread uses the engine's
     mw = 4 * max_num_seqs if max_waiting is None else max_waiting
     return ServerState(engine, tok, name, model_dir, spec, max_waiting=mw, limits=limits, api_keys=api_keys,
-                       thread=thread)
+                       thread=thread, root=root)
 
 
 def check_listen(host: str, port: int) -> None:
@@ -107,7 +108,8 @@ def run(args) -> int:
         state = build_state(model_dir, args.served_model_name or name, spec, args.dtype, args.seed,
                             args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits,
                             device=args.device, api_keys=keys, compile=args.compile,
-                            target_backend=args.target_backend, quantization=getattr(args, "quantization", "none"))
+                            target_backend=args.target_backend, quantization=getattr(args, "quantization", "none"),
+                            root=model or name)
     except KeyboardInterrupt:
         # Ctrl-C while the engine thread is still building (e.g. auto K's first measurement, ~30 s): end now,
         # without waiting for it or unwinding it out of the C++ kernels at interpreter exit (std::terminate)
