@@ -69,7 +69,8 @@ class Request:
     output_ids: list = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
-    stop_text_at: int | None = None           # char index where a stop string begins
+    stop_text_at: int | None = None           # char index where the text ends: a stop string's start, a stop token's
+    stop_reason: int | str | None = None      # vLLM's: the stop token id (not EOS) or stop string that ended it
     gen: torch.Generator | None = None
     seq_len: int = 0                           # tokens of the sequence on the device (prompt + generated)
     arrival: float = field(default_factory=time.perf_counter)
@@ -367,6 +368,9 @@ class Engine:
             added.append(t)
             if (t in self.eos and not p.ignore_eos) or t in p.stop_token_ids:
                 r.finished, r.finish_reason = True, "stop"
+                r.stop_reason = None if t in self.eos and not p.ignore_eos else t
+                if self.tok is not None:       # the stop token's own text is left out, as vLLM leaves it out
+                    r.stop_text_at = len(self.tok.decode(r.output_ids[:-1], skip_special_tokens=True))
             elif p.stop and self._hit_stop_string(r):
                 r.finished, r.finish_reason = True, "stop"
             elif len(r.output_ids) >= limit:
@@ -377,10 +381,10 @@ class Engine:
         return StepOutput(r, added, r.finished)
 
     def _hit_stop_string(self, r: Request) -> bool:
-        at = find_stop(self.tok, r.output_ids, r.params.stop)
-        if at is not None:
-            r.stop_text_at = at
-        return at is not None
+        hit = find_stop(self.tok, r.output_ids, r.params.stop)
+        if hit is not None:
+            r.stop_text_at, r.stop_reason = hit
+        return hit is not None
 
     def _compact(self):
         for i in range(len(self.running) - 1, -1, -1):

@@ -46,6 +46,7 @@ class CompletionOutput:
     text: str
     token_ids: list
     finish_reason: str | None
+    stop_reason: int | str | None = None     # the stop token id (not EOS) or stop string that ended it (vLLM's)
 
 
 @dataclass
@@ -232,7 +233,7 @@ class LLM:
         m = {"num_drafts": r.num_drafts, "num_accepted_tokens": r.num_accepted,
              "mean_acceptance_length": 1 + r.num_accepted / r.num_drafts if r.num_drafts else 1.0}
         return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids,
-                             [CompletionOutput(0, text, list(r.output_ids), r.finish_reason)], True, m)
+                             [CompletionOutput(0, text, list(r.output_ids), r.finish_reason, r.stop_reason)], True, m)
 
     def apply_chat_template(self, messages) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):

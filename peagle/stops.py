@@ -2,12 +2,14 @@
 
 Invariant: find_stop(tok, ids, stops) after each new token gives the same stop step and the same cut as
 searching `tok.decode(ids)` after each token (the text callers cut at the returned index), while decoding only
-the last tokens on the steps where no stop string is found."""
+the last tokens on the steps where no stop string is found. Where one token completes several stop strings, the
+one that ends first wins (list order among equals), as in vLLM's check_stop_strings."""
 from __future__ import annotations
 
 
-def find_stop(tok, ids: list, stops) -> int | None:
-    """Where the first stop string begins in the decode of ids, if one ends in the last token (called after each
+def find_stop(tok, ids: list, stops) -> tuple[int, str] | None:
+    """(where it begins in the decode of ids, the stop string) for the stop string that ends first, if one ends in
+    the last token (called after each
     token, so an earlier one would have stopped the request before): looked for first in the decode of the last
     tokens only, a window whose text before the last token is at least 8 characters longer than the longest stop
     string (its first characters may differ from the whole decode's: a partial UTF-8 character, a stripped
@@ -28,5 +30,8 @@ def find_stop(tok, ids: list, stops) -> int | None:
             break
         w *= 2
     text = tok.decode(ids, skip_special_tokens=True)
-    hits = [text.find(s) for s in stops if s and s in text]
-    return min(hits) if hits else None
+    hits = [(text.find(s) + len(s), text.find(s), s) for s in stops if s and s in text]
+    if not hits:
+        return None
+    _, at, s = min(hits, key=lambda h: h[0])          # the first to end; list order among equal ends
+    return at, s

@@ -126,3 +126,24 @@ def test_token_id_prompts_as_tuples_or_numpy_ints(tiny_dirs):
     assert llm.generate((5, 6, 7), sp)[0].outputs[0].token_ids == want
     assert llm.generate(list(np.array([5, 6, 7])), sp)[0].outputs[0].token_ids == want
     assert llm.generate([{"prompt_token_ids": np.array([5, 6, 7]).tolist()}], sp)[0].outputs[0].token_ids == want
+
+
+def test_what_ended_an_output_is_left_out_of_its_text_and_named_as_in_vllm():
+    """A stop token that is not special (a stop_token_ids entry) kept its text in the output: vLLM's detokenizer
+    leaves the token that stopped the request out and names it in stop_reason (a stop string: the string; EOS:
+    None). Also through P-EAGLE, where the stop token can arrive mid-step."""
+    base = LLM(DEMO_TARGET)
+    tok = base.get_tokenizer()
+    prompt = "def fibonacci(n):\n"
+    free = base.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
+    t = next(i for i in free.token_ids[3:] if i not in tok.all_special_ids and tok.decode([i]).strip())
+    cut = free.token_ids.index(t) + 1
+    for llm in (base, LLM(DEMO_TARGET, speculative_config=CFG)):
+        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                                  stop_token_ids=[t]))[0].outputs[0]
+        assert out.token_ids == free.token_ids[:cut] and out.finish_reason == "stop" and out.stop_reason == t
+        assert out.text == tok.decode(free.token_ids[:cut - 1], skip_special_tokens=True)
+        s = tok.decode(free.token_ids, skip_special_tokens=True)[5:9]
+        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[s]))[0]
+        assert out.outputs[0].stop_reason == s and out.outputs[0].finish_reason == "stop"
+    assert free.stop_reason is None

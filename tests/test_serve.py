@@ -260,3 +260,25 @@ def test_a_prompt_being_tokenized_does_not_stall_other_clients(plain):
         t.join(30)
         plain.state.tokenizer = real
     assert got["r"][0] == 200, got
+
+
+@pytest.mark.parametrize("server", ["plain", "spec"], indirect=True)
+def test_a_stop_token_is_left_out_of_the_text_and_named_in_stop_reason(server, ref_llm):
+    """vLLM leaves the token that stopped a request out of its text and names it in each choice's stop_reason
+    (a stop string: the string); the server kept a stop_token_ids token's text and sent no stop_reason."""
+    tok = ref_llm.get_tokenizer()
+    free = ref_complete(ref_llm, ["Once upon a time, in a land"], 24, ignore_eos=True)[0]
+    t = next(i for i in free.token_ids[2:] if i not in tok.all_special_ids and tok.decode([i]).strip())
+    cut = free.token_ids.index(t) + 1
+    want = tok.decode(free.token_ids[:cut - 1], skip_special_tokens=True)
+    body = {"prompt": "Once upon a time, in a land", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            "stop_token_ids": [t]}
+    code, js = post(server, "/v1/completions", json.dumps(body).encode())
+    assert code == 200 and js["choices"][0]["text"] == want and js["choices"][0]["stop_reason"] == t, js
+    assert js["usage"]["completion_tokens"] == cut
+    text, ids, fin, _ = stream_completion(client(server), body["prompt"], 24,
+                                          extra_body={"ignore_eos": True, "stop_token_ids": [t]})
+    assert (text, ids, fin) == (want, free.token_ids[:cut], "stop")
+    s = tok.decode(free.token_ids, skip_special_tokens=True)[3:7]
+    code, js = post(server, "/v1/completions", json.dumps({**body, "stop_token_ids": [], "stop": [s]}).encode())
+    assert code == 200 and js["choices"][0]["stop_reason"] == s, js

@@ -27,8 +27,8 @@ def test_stop_strings_are_found_where_a_whole_decode_finds_them():
         want = got = None
         for i in range(1, n + 1):
             text = tok.decode(ids[:i], skip_special_tokens=True)
-            hits = [text.find(s) for s in stops if s and s in text]
-            w = (i, min(hits)) if hits else None
+            hits = [(text.find(s) + len(s), text.find(s), s) for s in stops if s and s in text]
+            w = (i, min(hits, key=lambda h: h[0])[1:]) if hits else None
             at = find_stop(tok, ids[:i], stops)
             g = (i, at) if at is not None else None
             want, got = want or w, got or g
@@ -40,4 +40,20 @@ def test_stop_strings_are_found_where_a_whole_decode_finds_them():
     # special tokens (no text) between a stop string's start and a long last token: the window must reach back
     # past them (a review's case: the tail held only the last token's text)
     ids = tok("x a")["input_ids"] + [special[0]] * 20 + tok.convert_tokens_to_ids(["================================"])
-    assert find_stop(tok, ids, ["a="]) == 2
+    assert find_stop(tok, ids, ["a="]) == (2, "a=")
+
+
+def test_the_stop_string_that_ends_first_wins_as_in_vllm():
+    """One token completing two stop strings (the demo tokenizer's "ok, hello": ... " hel", "lo"): vLLM's
+    check_stop_strings takes the one that ends first (list order among equal ends) and cuts at its start;
+    find_stop took the one that starts first ("hello" before "ell")."""
+    from transformers import AutoTokenizer
+
+    from peagle.llm import DEMO_TARGET
+    from peagle.stops import find_stop
+    tok = AutoTokenizer.from_pretrained(DEMO_TARGET)
+    ids = tok("ok, hello", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids[-1:]) == "lo"                       # the last token completes each pair below
+    assert find_stop(tok, ids, ["hello", "ell"]) == (5, "ell")
+    assert find_stop(tok, ids, ["lo", "ello"]) == (7, "lo")    # equal ends: list order
+    assert find_stop(tok, ids, ["ello", "lo"]) == (5, "ello")

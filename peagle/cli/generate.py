@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..compile import add_argument
+from ..detok import IncrementalDetokenizer
 from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import LLM
@@ -54,22 +55,15 @@ def run(args) -> int:
     # what runs, once the input is accepted (a rejected input stays one error line)
     print(f"[target: {getattr(llm.engine.target, 'precision', str(llm.dtype).replace('torch.', ''))}]", file=sys.stderr)
     t0 = time.perf_counter()
-    shown = ""
+    detok = IncrementalDetokenizer(tok, sp.stop)      # shows no partial character, nothing a stop string may cut
     while eng.has_unfinished():
         for o in eng.step():
-            text = tok.decode(req.output_ids, skip_special_tokens=True)
-            if req.stop_text_at is not None:
-                text = text[: req.stop_text_at]
-            if not text.endswith("\ufffd"):          # wait for a complete UTF-8 character
-                sys.stdout.write(text[len(shown):])
-                sys.stdout.flush()
-                shown = text
+            sys.stdout.write(detok.finish(req.stop_text_at, o.new_token_ids) if o.finished else
+                             detok.add(o.new_token_ids))
+            sys.stdout.flush()
     dt = time.perf_counter() - t0
-    text = tok.decode(req.output_ids, skip_special_tokens=True)
-    if req.stop_text_at is not None:
-        text = text[: req.stop_text_at]
     n = len(req.output_ids)
-    sys.stdout.write(text[len(shown):] + "\n")
+    sys.stdout.write("\n")
     print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s, finish_reason={req.finish_reason}]", file=sys.stderr)
     if llm.spec is not None:
         m = llm.get_metrics()

@@ -6,7 +6,6 @@
 - prompt.py:   request -> prompt token ids (completions, chat template)
 - limits.py:   per-request limits (body size, prompt tokens, max_tokens and its default, stop strings and ids)
 - auth.py:     API keys (--api-key, $PEAGLE_API_KEY, $VLLM_API_KEY): Bearer tokens compared in constant time
-- detok.py:    incremental detokenization for streaming (holds back partial UTF-8 and stop-string prefixes)
 - loop.py:     the engine loop thread (the only thread touching the engine): continuous batching, admission, aborts
 - prometheus.py: Prometheus metrics (own registry; vLLM's names for spec-decode counters)
 - app.py:      the FastAPI app

@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..detok import IncrementalDetokenizer
 from .auth import ApiKeyAuth
-from .detok import IncrementalDetokenizer
 from .limits import Limits, read_body
 from .loop import EngineLoop, Failure, Gone, Handle, Tokens
 from .prometheus import ServerMetrics
@@ -215,7 +215,7 @@ class _Gen:
         self.detok = IncrementalDetokenizer(state.tokenizer, h.params.stop)
         self.finished = False
         self.finish_reason = None
-        self.stop_text_at = None
+        self.stop_text_at = self.stop_reason = None
         self.n_out = 0
         self.t_last = None
         self.created = int(time.time())
@@ -240,6 +240,7 @@ class _Gen:
 
     def _final(self, item: Tokens):
         self.finished, self.finish_reason, self.stop_text_at = True, item.finish_reason, item.stop_text_at
+        self.stop_reason = item.stop_reason
         self.h.done = True
         self.state.metrics.e2e.observe(time.perf_counter() - self.h.arrival)
 
@@ -276,7 +277,7 @@ class _Gen:
             watcher.cancel()
             self.close()
         text = self.detok.final_text(self.stop_text_at)
-        choice = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason}
+        choice = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -294,7 +295,8 @@ class _Gen:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         body = {"id": self.h.rid, "object": obj, "created": self.created, "model": self.state.model_name}
         if choices:
-            c = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+            c = {"index": 0, "logprobs": None, "finish_reason": finish_reason,
+                 "stop_reason": self.stop_reason if finish_reason else None}
             if self.chat:
                 d = {}
                 if role:

@@ -58,6 +58,7 @@ class Tokens:
     finished: bool
     finish_reason: str | None = None
     stop_text_at: int | None = None
+    stop_reason: int | str | None = None
     stats: dict | None = None
 
 
@@ -332,7 +333,8 @@ class EngineLoop:
                 stats = {"num_drafts": r.num_drafts, "num_accepted": r.num_accepted}
                 if self.metrics is not None:      # where the engine finishes it, as vLLM counts (its client
                     self.metrics.success(r.finish_reason)   # may be gone by the time the item is read)
-            items.append((h, Tokens(list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, stats)))
+            items.append((h, Tokens(list(o.new_token_ids), o.finished, r.finish_reason, r.stop_text_at, r.stop_reason,
+                                          stats)))
         if self.metrics is not None and ntok:
             self.metrics.generation_tokens.inc(ntok)
             self.metrics.prompt_tokens.inc(ptok)

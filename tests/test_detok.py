@@ -1,4 +1,4 @@
-"""Incremental detokenization (peagle/server/detok.py): what a stream sends concatenates to exactly the final
+"""Incremental detokenization (peagle/detok.py): what a stream sends concatenates to exactly the final
 text, whatever the chunking and stop strings."""
 import random
 
@@ -6,7 +6,7 @@ from serving import (  # noqa: F401 (fixtures)
     model_dir,
 )
 
-from peagle.server.detok import IncrementalDetokenizer
+from peagle.detok import IncrementalDetokenizer
 
 
 def test_detokenizer_stream_equals_final_text(model_dir):
