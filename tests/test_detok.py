@@ -33,15 +33,33 @@ def test_detokenizer_stream_equals_final_text(model_dir):
                 break
         want = tok.decode(out, skip_special_tokens=True)
         want = want if stop_at is None else want[:stop_at]
-        d = IncrementalDetokenizer(tok, stops)
-        sent, i = "", 0
-        while True:
-            n = rng.randrange(1, 5)
-            if i + n >= len(out):
-                sent += d.finish(stop_at, out[i:])
-                break
-            sent += d.add(out[i:i + n])
-            assert want.startswith(sent), (trial, sent, want)
-            i += n
-        assert sent == want, (trial, stops)
+        for split in (True, False):             # decoding from the last whole character on; the whole output
+            d = IncrementalDetokenizer(tok, stops)
+            assert d.split                        # the tiny tokenizer is byte-level, as SmolLM2's
+            d.split = split
+            sent, i = "", 0
+            while True:
+                n = rng.randrange(1, 5)
+                if i + n >= len(out):
+                    sent += d.finish(stop_at, out[i:])
+                    break
+                sent += d.add(out[i:i + n])
+                assert want.startswith(sent), (trial, sent, want)
+                i += n
+            assert sent == want, (trial, stops, split)
+
+
+def test_a_byte_level_stream_decodes_each_token_about_once(model_dir):
+    """Each step decoded the whole output: 400 tokens one at a time decoded 80,200 ids. From the last whole
+    character on: about one decode per token, and the same text."""
+    from peagle.llm import load_tokenizer
+    tok = load_tokenizer(model_dir)
+    ids = (tok("The quick brown fox jumps over the lazy dog. café naïve 東京 😀 " * 40)["input_ids"])[:400]
+    decoded = []
+    real = tok.decode
+    tok.decode = lambda x, **k: decoded.append(len(x)) or real(x, **k)
+    d = IncrementalDetokenizer(tok, ["zzq"])
+    sent = "".join(d.add([t]) for t in ids[:-1]) + d.finish(None, ids[-1:])
+    assert sent == real(ids, skip_special_tokens=True)
+    assert sum(decoded[:-1]) < 2 * len(ids), sum(decoded)     # the last: finish's one decode of the whole output
 
