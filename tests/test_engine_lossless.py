@@ -68,6 +68,13 @@ class DrafterFeed:
                 self._check(r, batch, i, int(batch.n_real[i]), newest=True)
             return propose(batch, k)
         p.prefill, p.propose = rec_prefill, rec_propose
+        propose_tree = getattr(p, "propose_tree", None)
+        if propose_tree is not None:
+            def rec_tree(batch, k, topk, nodes):          # tree steps: the same context as a chain step's
+                for i, r in enumerate(batch.requests):
+                    self._check(r, batch, i, int(batch.n_real[i]), newest=True)
+                return propose_tree(batch, k, topk, nodes)
+            p.propose_tree = rec_tree
 
     def _check(self, r, batch, i, n, newest=False):
         start, all_ids = int(batch.start[i]), r.all_ids

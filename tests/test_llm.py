@@ -147,3 +147,16 @@ def test_what_ended_an_output_is_left_out_of_its_text_and_named_as_in_vllm():
         out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[s]))[0]
         assert out.outputs[0].stop_reason == s and out.outputs[0].finish_reason == "stop"
     assert free.stop_reason is None
+
+
+def test_an_output_stops_at_the_context():
+    """max_tokens None: the output runs to the context and finishes with "length" there (no test covered the
+    engine's cap: removing it went unnoticed; a mutation review)."""
+    for cfg in (None, CFG):
+        e = LLM(DEMO_TARGET, max_model_len=32, speculative_config=cfg).engine
+        r = e.add_request("r", [5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
+        for _ in range(40):                                # steps, bounded: without the cap it never ends
+            if not e.has_unfinished():
+                break
+            e.step()
+        assert r.finished and len(r.output_ids) == 32 - 5 and r.finish_reason == "length", len(r.output_ids)

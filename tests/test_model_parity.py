@@ -74,4 +74,8 @@ def test_bfloat16_runs_and_is_close(tiny_dirs):
     z = torch.zeros(1, dtype=torch.long)
     a, _ = m32.forward(toks, m32.new_cache(1, 32), 0, z)
     b, _ = m16.forward(toks, m16.new_cache(1, 32), 0, z)
-    assert (a.softmax(-1) - b.softmax(-1)).abs().max() < 0.05
+    # relative to the logits' spread (the tiny model's probabilities are all ~1/512: a softmax bound held even
+    # against the vocabulary reversed); bfloat16 keeps 8 bits of mantissa
+    err = lambda x: ((x.float() - a).abs().max() / a.std()).item()
+    print(f"bfloat16 error {err(b):.4f} of the logits' spread; reversed vocabulary {err(b.flip(-1)):.4f}")
+    assert err(b) < 0.1 and err(b.flip(-1)) > 1.0

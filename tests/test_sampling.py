@@ -79,3 +79,56 @@ def test_sampling_params_keep_what_vllm_accepts():
     from peagle.sampling import SamplingParams
     p = SamplingParams(temperature=0, top_k=-1, stop="x", stop_token_ids=(3,), seed=7, max_tokens=None)
     assert (p.top_k, p.stop, p.stop_token_ids, p.greedy) == (0, ["x"], [3], True)
+
+
+def _reference_probs(logits, temperature, top_k, top_p):
+    """The OpenAI / vLLM sampling rules written out per row in plain Python (float64): temperature, then the
+    top_k largest logits (ties at the k-th kept), then the smallest set of most probable tokens whose mass
+    reaches top_p (the token crossing top_p kept; ties taken in index order), renormalised."""
+    import math
+    out = []
+    for row in logits.tolist():
+        x = [v / temperature for v in row]
+        if 0 < top_k < len(x):
+            kth = sorted(x, reverse=True)[top_k - 1]
+            x = [v if v >= kth else -math.inf for v in x]
+        m = max(x)
+        e = [math.exp(v - m) for v in x]
+        p = [v / sum(e) for v in e]
+        if top_p < 1.0:
+            keep, mass = set(), 0.0
+            for i in sorted(range(len(p)), key=lambda i: -p[i]):      # stable: index order among ties
+                if mass >= top_p:
+                    break
+                keep.add(i)
+                mass += p[i]
+            p = [v if i in keep else 0.0 for i, v in enumerate(p)]
+        out.append([v / sum(p) for v in p])
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0),
+                                                     (0.9, 0, 0.8), (0.6, 7, 0.5), (2.0, 0, 0.3)])
+def test_probs_from_logits_against_the_rules_written_out(temperature, top_k, top_p):
+    """The chi-square tests of sampling take their expected distribution from probs_from_logits itself, so a
+    wrong temperature (logits * T) or a top-p cut that drops the crossing token passed them all (a mutation
+    review): here an independent reference, per row and batched with per-row tensors, and hand-checked sets."""
+    from peagle.sampling import probs_from_logits
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 40, generator=g) * 3
+    want = _reference_probs(logits, temperature, top_k, top_p)
+    got = probs_from_logits(logits, temperature, top_k, top_p).double()
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+    n = logits.shape[0]
+    per_row = probs_from_logits(logits, torch.full((n, 1), temperature), torch.full((n, 1), top_k),
+                                torch.full((n, 1), top_p)).double()
+    assert torch.allclose(per_row, want, atol=1e-6)
+
+
+def test_top_p_keeps_the_token_that_crosses_it():
+    from peagle.sampling import probs_from_logits
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    assert (probs_from_logits(logits, 1.0, 0, 0.7) > 0).tolist() == [[True, True, False, False]]   # 0.5 + 0.3
+    assert (probs_from_logits(logits, 1.0, 0, 0.5) > 0).tolist() == [[True, False, False, False]]  # 0.5 reaches it
+    assert (probs_from_logits(logits, 1.0, 0, 0.81) > 0).tolist() == [[True, True, True, False]]
+    assert (probs_from_logits(logits, 1.0, 2, 1.0) > 0).tolist() == [[True, True, False, False]]   # top_k

@@ -41,6 +41,11 @@ def test_stop_strings_are_found_where_a_whole_decode_finds_them():
     # past them (a review's case: the tail held only the last token's text)
     ids = tok("x a")["input_ids"] + [special[0]] * 20 + tok.convert_tokens_to_ids(["================================"])
     assert find_stop(tok, ids, ["a="]) == (2, "a=")
+    # a partial UTF-8 character at the window's start, then special tokens: the window must reach past the
+    # character's first byte (a mutation review: a window 9 characters shorter missed it)
+    ids = tok("x", add_special_tokens=False)["input_ids"] + tok.convert_tokens_to_ids(["Ã", "©"]) + \
+        [special[0]] * 15 + tok("=", add_special_tokens=False)["input_ids"]
+    assert find_stop(tok, ids, ["é="]) == (1, "é=")
 
 
 def test_the_stop_string_that_ends_first_wins_as_in_vllm():

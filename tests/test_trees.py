@@ -354,3 +354,25 @@ def test_compact_kv_extension_matches_the_torch_copies():
     assert not all(torch.equal(x, y) for x, y in zip(a.k + a.v, orig.k + orig.v))
     compact_kv(c, 1, start, torch.tensor([[0, 1, 5, 6], [0, 1, 1, 1], [0, 3, 3, 3]]))
     assert not all(torch.equal(x, y) for x, y in zip(a.k + a.v, c.k + c.v))
+
+
+def test_accept_greedy_takes_only_paths_accepted_from_the_root():
+    """Hand-built trees (a mutation review: acceptance looked one parent up only, and padding nodes could be
+    accepted): a rejected node's matching descendants are not accepted, a padding node (token 0 under the root)
+    is not accepted when the root's argmax is 0, and an accepted path emits the target's argmax along it."""
+    V = 16
+
+    def logits_for(argmax):                                     # [1, T, V] with these argmaxes
+        lg = torch.zeros(1, len(argmax), V)
+        lg[0, torch.arange(len(argmax)), torch.tensor(argmax)] = 1.0
+        return lg
+
+    # node: 0 root, 1 "5" (wrong: the root's argmax is 7), 2 "6" under 1, 3 "8" under 2, 4 padding
+    tree = Tree(tokens=torch.tensor([[3, 5, 6, 8, 0]]), parents=torch.tensor([[0, 0, 1, 2, 0]]),
+                depth=torch.tensor([[0, 1, 2, 3, 1]]), valid=torch.tensor([[True, True, True, True, False]]))
+    acc, path, toks = accept_greedy(tree, logits_for([7, 6, 8, 9, 1]), 3)    # 6 and 8 follow 5's and 6's argmax
+    assert acc.tolist() == [0] and toks[0, 0].item() == 7
+    acc, _, _ = accept_greedy(tree, logits_for([0, 1, 1, 1, 1]), 3)         # the padding's token is the argmax
+    assert acc.tolist() == [0]
+    acc, path, toks = accept_greedy(tree, logits_for([5, 6, 8, 9, 1]), 3)    # the whole path follows
+    assert acc.tolist() == [3] and path[0].tolist() == [0, 1, 2, 3] and toks[0].tolist() == [5, 6, 8, 9]
