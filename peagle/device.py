@@ -107,12 +107,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def add_arguments(p):
-    """--device and --dtype, the same for every command that runs a model."""
+def add_arguments(p, dtype_help: str = "auto: bfloat16 on CUDA, float32 on CPU (default auto)"):
+    """--device and --dtype, the same for every command that runs a model (dtype_help: what auto means there)."""
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                    help="auto: CUDA when available, else CPU (default auto)")
     p.add_argument("--dtype", default="auto", type=str.lower, choices=DTYPE_CHOICES + ("fp32", "bf16", "fp16"),
-                   help="auto: bfloat16 on CUDA, float32 on CPU (default auto)")
+                   help=dtype_help)
 
 
 def synchronize(device: torch.device):

@@ -61,6 +61,11 @@ def test_bench_checks_names_and_files_first(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--datasets", "humaneval,mt-bench"])
     assert "unknown 'mt-bench'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):                      # an unknown peer ran no peer, and said nothing
+        main(["bench", "--peers", "hff"])
+    assert "unknown 'hff'" in capsys.readouterr().err
+    from peagle.cli.bench import _peers
+    assert _peers("") == [] and _peers("hf-pld, hf") == ["hf-pld", "hf"]
     out = tmp_path / "out"
     out.mkdir()
     (out / "report.md").write_text("kept")

@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -110,7 +111,7 @@ def main(argv=None):
     g.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
     g.add_argument("--launch", metavar="MODEL", help="start `peagle serve MODEL` (or 'demo') in a subprocess")
     g.add_argument("--tiny", action="store_true", help="build and serve a tiny random model with a random head")
-    ap.add_argument("--tiny-dir", default="/tmp/peagle-load-tiny")
+    ap.add_argument("--tiny-dir", default=os.path.join(tempfile.gettempdir(), "peagle-load-tiny"))
     ap.add_argument("--speculative-config", default=None, help="with --launch")
     ap.add_argument("--max-num-seqs", type=int, default=128, help="with --launch/--tiny")
     ap.add_argument("--model-dir", default=None, help="model directory for the reference (default: /v1/models root)")

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -226,7 +227,8 @@ def main():
     trainers, res = {}, {}
     for method, head, extra in (("eagle3", a.eagle3_head, {"layers": 1, "ttt_steps": 7}),
                                 ("peagle", a.peagle_head, {"layers": 2, "depths": 8, "cod_r": 0.5, "cod_rmin": 0.1})):
-        cfg = TrainConfig(method=method, target=a.target, data=a.data, out=f"/tmp/train_cost_{method}",
+        cfg = TrainConfig(method=method, target=a.target, data=a.data,
+                          out=os.path.join(tempfile.gettempdir(), f"train_cost_{method}"),
                           init=head, share_embedding=True, max_tokens=a.max_tokens, quiet=True, dtype="float32",
                           **extra)
         tr = trainers[method] = Trainer(cfg)

@@ -25,6 +25,9 @@ def _ks(s):
     return [x.strip() if x.strip() == "auto" else int(x) for x in str(s).split(",") if x.strip()]
 
 
+PEERS = ("hf", "hf-pld")
+
+
 def _strs(s):
     return [x.strip() for x in str(s).split(",") if x.strip()]
 
@@ -39,6 +42,11 @@ def _among(known):
                                              f"(known: {', '.join(known)})")
         return names
     return parse
+
+
+def _peers(s):
+    """HF peers: names from PEERS, or '' for none (a typo is an error: an unknown name ran no peer)."""
+    return _among(PEERS)(s) if _strs(s) else []
 
 
 def _trees(s):
@@ -97,15 +105,15 @@ def add_parser(sub):
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--draft-sampling", choices=list(DRAFT_SAMPLING), default=DEFAULT_DRAFT_SAMPLING,
                    help="the speculative config's draft_sampling: argmax drafts (vLLM's) or drafts sampled from the "
-                   "drafter's distribution at temperature > 0 (see docs/sampling.md)")
+                   "drafter's distribution at temperature > 0 (see docs/sampling.md; default %(default)s)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
     p.add_argument("--fill-concurrency", action=argparse.BooleanOptionalAction, default=True,
                    help="at concurrency c > prompts, repeat prompts so c requests are in flight (default on)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every run (median reported)")
     p.add_argument("--humaneval-format", choices=["raw", "chat"], default="raw")
     p.add_argument("--mtbench-turns", type=int, choices=[1, 2], default=1)
-    p.add_argument("--max-prompt-len", type=int, default=1024, help="skip longer prompts (tokens)")
-    p.add_argument("--peers", type=_strs, default=["hf", "hf-pld"],
+    p.add_argument("--max-prompt-len", type=int, default=1024, help="skip longer prompts (tokens; default 1024)")
+    p.add_argument("--peers", type=_peers, default=list(PEERS),
                    help="HF transformers peers at c=1: hf (generate), hf-pld (prompt lookup); '' for none")
     p.add_argument("--peer-prompts", type=int, default=None, help="prompts per dataset for the HF peers (16)")
     p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-pld")

@@ -29,9 +29,9 @@ def add_parser(sub):
                    help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
                         f'"parallel_drafting": true}}\'; also from ${ENV_SPEC} (the flag wins); "none" turns '
                         "speculation off")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8000)
-    p.add_argument("--max-num-seqs", type=int, default=128, help="rows in the running batch")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=8000, help="(default 8000)")
+    p.add_argument("--max-num-seqs", type=int, default=128, help="rows in the running batch (default 128)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="requests that may wait for a row beyond --max-num-seqs (default 4x max-num-seqs); "
                         "more get HTTP 429")
@@ -53,8 +53,8 @@ def add_parser(sub):
     g.add_argument("--default-max-tokens", type=int, default=None,
                    help="max_tokens for requests that give none (default: OpenAI's 16 for completions; for chat "
                         "--max-tokens-limit, else the rest of the context; never above --max-tokens-limit)")
-    g.add_argument("--max-stop", type=int, default=16, help="stop strings, and stop_token_ids, per request")
-    g.add_argument("--max-stop-chars", type=int, default=512, help="characters per stop string")
+    g.add_argument("--max-stop", type=int, default=16, help="stop strings, and stop_token_ids, per request (default 16)")
+    g.add_argument("--max-stop-chars", type=int, default=512, help="characters per stop string (default 512)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true")
     p.set_defaults(func=run)

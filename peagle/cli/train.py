@@ -60,9 +60,9 @@ def add_arguments(p):
     p.add_argument("--warmup", type=float, default=0.03, help="fraction of steps (< 1) or steps (>= 1)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip", type=float, default=1.0)
-    add_device_arguments(p)  # --device / --dtype: where the target and head run; a dtype other than float32 is
-    # the head's autocast compute dtype (auto: CUDA + bfloat16 when available, else CPU + float32 for the target
-    # and bfloat16 for the head where the CPU has AMX-BF16: device.train_compute_dtype)
+    add_device_arguments(p, "the head's compute dtype (autocast; weights stay float32). auto: bfloat16 on CUDA; on a "
+                            "CPU bfloat16 where it has AMX-BF16, else float32; the target runs float32 on a CPU "
+                            "(default auto)")   # device.train_compute_dtype
     p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the saved head weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
