@@ -62,3 +62,12 @@ def test_requests_are_estimated_apart_and_forgotten_when_they_leave():
     assert np.allclose(acc.alphas(["good"])[0], acc.global_alpha())
     acc.observe(["bad", "n2"], 1, torch.ones(2, dtype=torch.long))      # its slot is reused
     assert sorted(acc.slots.values()) == sorted(set(acc.slots.values()))
+    i = acc.slots["n2"]                      # n2 holds its own one step, nothing of "good" (a mutation review)
+    assert acc.rt[i].tolist() == [1.0, 0.0, 0.0] and acc.rs[i].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_an_unused_position_is_never_estimated_above_the_one_before():
+    """A prior rising with depth (a head's training accuracy can) must not lift an undrafted position above the
+    position before it: that flatters large K."""
+    a = Acceptance(3, prior=[0.4, 0.8, 0.9]).global_alpha()
+    assert a[1] <= a[0] and a[2] <= a[1]

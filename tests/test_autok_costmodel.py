@@ -47,6 +47,19 @@ def test_machine_wide_slowdown_moves_every_k_and_monotone_grid():
     assert np.allclose(cm.predict(8), want, rtol=0.03)
     noisy = CostModel([1, 8], [[5e-3, 3e-3, 6e-3, 6e-3], [4e-3, 7e-3, 8e-3, 9e-3]]).monotone()
     assert np.allclose(noisy.t, [[4e-3, 4e-3, 6e-3, 6e-3], [4e-3, 7e-3, 8e-3, 9e-3]])
+    # nondecreasing in B too: a larger batch measured cheaper (noise) takes the smaller batch's cost
+    dip = CostModel([1, 8], [[5e-3, 6e-3, 7e-3, 8e-3], [4e-3, 5e-3, 9e-3, 9e-3]]).monotone()
+    assert np.allclose(dip.t, [[5e-3, 6e-3, 7e-3, 8e-3], [5e-3, 6e-3, 9e-3, 9e-3]])
+
+
+def test_a_step_past_the_grid_refines_only_the_last_batch_size():
+    """Past the largest measured batch size the prediction extrapolates (weights below 0 and above 1); refining
+    with those weights made a slow B=40 step cheapen B=4 (a mutation review). Only the last row moves, up."""
+    cm = model()
+    before = cm.t.copy()
+    cm.update(40, 1, float(cm.predict(40)[1]) * 1.5)
+    assert np.array_equal(cm.t[:2], before[:2]) and cm.t[2, 1] > before[2, 1]
+    assert np.array_equal(np.delete(cm.t[2], 1), np.delete(before[2], 1))
 
 
 def test_save_load_round_trip(tmp_path):

@@ -5,6 +5,7 @@ stated number of steps and stays within 3 % of plain, a fooled model is caught (
 the negative control), a perfect drafter keeps the best K. Last, through the real engine: greedy identical
 while the guard switches K to 0 and back."""
 import itertools
+import math
 import re
 
 import pytest
@@ -342,3 +343,21 @@ def test_greedy_identical_while_the_guard_switches_k_to_zero_and_back(tiny_dirs,
     assert g["fallbacks"] >= 3 and g["fallback_steps"] >= 3 and steps[0] >= g["fallback_steps"]
     assert sum(steps[1:]) > 0 and g["steps"] == sum(steps)
     assert sum(steps[1:]) == g["spec_steps"] + g["catch_up_steps"]
+
+
+def test_the_early_stop_is_the_sum_of_excesses_against_its_standard_deviation():
+    """A window fails early once its summed excess passes budget + z * sd(sum) = budget + z * sqrt(n * s^2) (s^2:
+    the excesses' sample variance): computed here from that formula, step by step, and the guard must fail at
+    exactly that step (a mutation review: sqrt(s^2) in place of sqrt(n * s^2) failed sooner and went unseen)."""
+    import statistics
+    xs = [0.2, 1.5, 0.1, 1.2, 0.4, 1.0, 0.3, 1.4, 0.2, 1.1, 0.5, 1.3] * 2
+    g = Guard(lambda B: 1.0, z=1.0)
+    want = next(n for n in range(g.min_steps, len(xs) + 1)
+                if sum(xs[:n]) > g.budget + g.z * math.sqrt(n * statistics.variance(xs[:n])))
+    assert want < g.window
+    g.observe(1, 0, 1.0, 1.0)
+    for n, x in enumerate(xs, 1):
+        out = g.observe(1, 3, 1.0, 1.0 + x)             # one token a step: the excess is x plain steps
+        if out:
+            break
+    assert n == want and out["verdict"].startswith("fail"), (n, want, out)

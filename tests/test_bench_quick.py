@@ -46,6 +46,9 @@ def test_figures_consistent(bench_run):
         m = r["metrics"]
         assert r["output_tokens"] == sum(q["output_len"] for q in r["requests"])
         assert r["output_tok_s"] == pytest.approx(r["output_tokens"] / r["wall_s"])
+        for q in r["requests"]:                # TPOT: time after the first token, per token after the first
+            if q["output_len"] > 1:
+                assert q["tpot_s"] == pytest.approx((q["e2e_s"] - q["ttft_s"]) / (q["output_len"] - 1))
         assert r["identity"]["ok"] is True and r["identity"]["identical"] == r["n_requests"]
         if r["method"] == "baseline":
             assert m["num_drafts"] == 0
@@ -182,3 +185,39 @@ def test_peer_rows_take_the_mean_tpot_like_the_peers():
     reqs = [{"output_len": 5, "e2e_s": 1.0, "ttft_s": 0.1, "tpot_s": t} for t in (0.010, 0.010, 0.040)]
     row = _subset({"method": "baseline", "k": 0, "requests": reqs, "identity": {}}, 3)
     assert row["tpot_ms"]["mean"] == pytest.approx(20.0)
+
+
+def _run(ds, method, k, tok_s, per_pos=(0.5, 0.2)):
+    return {"dataset": ds, "method": method, "k": k, "concurrency": 1, "output_tok_s": tok_s,
+            "ttft_ms": {"mean": 1.0}, "tpot_ms": {"mean": 1.0}, "wall_s": 1.0, "timing": {}, "mean_k": None,
+            "identity": {"n": 1, "identical": 1},
+            "metrics": {"mean_acceptance_length": 1.4, "acceptance_rate_per_pos": list(per_pos)}}
+
+
+def test_summary_ratios_against_hand_computed_ones():
+    """summarize() on hand-built runs: auto is measured against the faster of its best static K and plain
+    decoding, per-position acceptance is the run's (in order), the ratios are what division gives (a mutation
+    review: auto against the static K alone, and a reversed per-position list, passed the bench tests)."""
+    from peagle.bench.summary import AUTO, aggregate, summarize
+    runs = [_run("humaneval", "baseline", 0, 100.0), _run("humaneval", "eagle3", 1, 80.0),
+            _run("humaneval", "eagle3", 3, 70.0), _run("humaneval", "eagle3", AUTO, 90.0),
+            _run("humaneval", "peagle", 1, 120.0, (0.6, 0.3, 0.1)), _run("humaneval", "peagle", AUTO, 108.0)]
+    sp = summarize({"datasets": ["humaneval"], "runs": runs})["speed"][("humaneval", 1)]
+    assert sp["eagle3_auto_vs_best"] == pytest.approx(90 / 100) and sp["peagle_auto_vs_best"] == pytest.approx(108 / 120)
+    assert sp["peagle_vs_eagle3"] == pytest.approx(120 / 80) and sp["eagle3_vs_baseline"] == pytest.approx(0.8)
+    assert aggregate(runs)[("humaneval", "peagle", 1, 1)]["per_pos"] == [0.6, 0.3, 0.1]
+
+
+def test_identity_counts_an_early_stop_as_a_mismatch_and_a_tie_only_at_a_tie():
+    """Bench.identity: an output that stops early (a strict prefix of plain decoding's) is a mismatch, not a
+    floating-point tie; a divergence is a tie only where the target's top-2 logits are that close."""
+    import types
+
+    from peagle.bench.runner import Bench
+    me = types.SimpleNamespace(top2_gap=lambda ids: (0.0, 1e-3))          # the target: a tie at any divergence
+    r = Bench.identity(me, [[1]], [[5, 6]], [[5, 6, 7]])
+    assert not r["ok"] and len(r["mismatches"]) == 1 and not r["ties"]
+    r = Bench.identity(me, [[1]], [[5, 9, 7]], [[5, 6, 7]])
+    assert r["ok"] and len(r["ties"]) == 1
+    me.top2_gap = lambda ids: (3.0, 1e-3)
+    assert not Bench.identity(me, [[1]], [[5, 9, 7]], [[5, 6, 7]])["ok"]

@@ -13,6 +13,8 @@ def test_license_comment_header_is_stripped_and_code_kept():
 def test_ordinary_comments_and_docstrings_are_kept():
     src = '# A helper module for parsing.\n"""Parse things."""\nimport os\n'
     assert strip_license_header(src) == src
+    once = '"""Parse license files."""\nimport os\n'          # one mention is a topic, not a license notice
+    assert strip_license_header(once) == once
     doc = '"""Utilities.\n\nCopyright (c) 2001 PSF. Licensed under the PSF license.\n"""\nimport os\n'
     assert strip_license_header(doc) == "import os\n"
 

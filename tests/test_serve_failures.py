@@ -225,6 +225,7 @@ def test_internal_error_fails_only_that_request(plain, ref_llm):
     poison = ref_llm.tokenizer("Numbers: 1 2 3", add_special_tokens=False)["input_ids"]
     mode = {"decode_fail": False, "gate": True}
     errors0 = state.loop.step_errors
+    failed0 = state.metrics.failed._value.get()
 
     def faulty(toks, *a, **kw):
         if mode["gate"] and "logits_at" in kw:
@@ -265,6 +266,7 @@ def test_internal_error_fails_only_that_request(plain, ref_llm):
         assert isinstance(res[3], openai.APIError) and "poisoned prefill" in str(res[3])
         # the poisoned batch failed once, then the poisoned request alone: its neighbours were retried
         assert state.loop.step_errors - errors0 == 2
+        assert state.metrics.failed._value.get() - failed0 == 1         # peagle:requests_failed counts the 500
         # a failure while decoding fails the running batch (state unknown), not the server
         mode["decode_fail"] = True
         with pytest.raises(openai.InternalServerError):

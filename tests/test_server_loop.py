@@ -137,3 +137,19 @@ def test_the_loop_gives_the_caches_back_once_idle(target):
         lp._pass()
     assert calls == [1, 1] and eng.cache.rows == 1
     aloop.close()
+
+
+def test_capacity_admits_exactly_max_num_seqs_plus_max_waiting():
+    """try_reserve: exactly max_num_seqs + max_waiting requests in flight, the next one refused (a 429) until one
+    is released (the overload test only checks that some 429s come: one too many admitted passed it)."""
+    import types
+
+    from peagle.server.loop import EngineLoop
+    eng = types.SimpleNamespace(max_num_seqs=3, prefill_token_budget=8192, k=0)
+    loop = EngineLoop(eng, max_waiting=2)
+    try:
+        assert [loop.try_reserve() for _ in range(6)] == [True] * 5 + [False]
+        loop.unreserve()
+        assert loop.try_reserve() and not loop.try_reserve()
+    finally:
+        loop._thread.shutdown()

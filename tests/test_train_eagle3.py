@@ -193,3 +193,29 @@ def test_kl_kernel_refuses_rows_outside_the_teacher():
     with pytest.raises(RuntimeError, match="rows out of range"):
         head_forward.draft_loss(z, t, torch.tensor([0, 1, 2]), None, hard=False)
     assert head_forward.draft_loss(z, t, torch.tensor([0, 1, 1]), None, hard=False)[0].shape == (3,)
+
+
+def test_each_ttt_step_weighs_in_as_decay_k_times_its_mean_loss(tiny_dirs, monkeypatch):
+    """The unroll's loss is sum_k decay^k * (step k's summed loss / its batch-wide count): built here from the
+    per-step losses row_step computes, its gradients must equal row_step's own (a mutation review: every step
+    divided by step 0's count, which down-weights deep steps while the logged per-step loss looks right)."""
+    import peagle.train.eagle3_loss as e3
+    from peagle.train.eagle3_loss import row_step, step_counts
+    torch.manual_seed(0)
+    head = DrafterHead(head_config(tiny_dirs["llama"], layers=1, parallel=False, draft_vocab=256))
+    row, ttt = _row(), 4
+    counts = step_counts(row, ttt)
+    assert len(set(counts.tolist())) > 1                       # the steps' counts differ
+    got = []
+    real = e3.draft_loss
+    monkeypatch.setattr(e3, "draft_loss", lambda *a: got.append(real(*a)) or got[-1])
+    row_step(head, row, MaskTable(8), ttt, counts, backward=False)
+    assert len(got) == ttt
+    ref = sum(0.8 ** k * ce.sum() / float(counts[k]) for k, (ce, _) in enumerate(got))
+    ref.backward()
+    want = {k: p.grad.clone() for k, p in head.named_parameters() if p.grad is not None}
+    head.zero_grad(set_to_none=True)
+    monkeypatch.setattr(e3, "draft_loss", real)
+    row_step(head, row, MaskTable(8), ttt, counts, decay=0.8)
+    for k, g in want.items():
+        assert torch.allclose(dict(head.named_parameters())[k].grad, g, atol=1e-6, rtol=1e-4), k

@@ -257,3 +257,34 @@ def test_ctrl_c_saves_the_step_and_resume_continues_without_duplicate_logs(tiny_
     with open(os.path.join(out, "train_log.jsonl")) as f:
         steps = [json.loads(x)["step"] for x in f]
     assert steps == list(range(1, 9))
+
+
+def test_the_learning_rate_warms_up_then_anneals_from_one_to_its_floor():
+    """Trainer.lr_factor: 1.0 when warm-up ends, min_lr_ratio at the end, the cosine's midpoint halfway (a
+    mutation review: the cosine run over the whole run, so lr jumped down after warm-up, passed every test)."""
+    import math
+    import types
+
+    from peagle.train.loop import Trainer
+    me = types.SimpleNamespace(warm=10, total=110, cfg=types.SimpleNamespace(min_lr_ratio=0.1))
+    w = 10 / 110
+    assert Trainer.lr_factor(me, 10, w) == pytest.approx(1.0)
+    assert Trainer.lr_factor(me, 110, 1.0) == pytest.approx(0.1)
+    assert Trainer.lr_factor(me, 60, w + (1 - w) / 2) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 2)) / 2)
+    assert Trainer.lr_factor(me, 5, 5 / 110) < 1.0                          # still warming up
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "segment_len", "batch_rows", "lr", "warmup", "seed", "epochs",
+                                 "method", "layers", "draft_vocab", "depths", "cod_r", "loss"])
+def test_a_resume_with_other_data_order_or_schedule_is_refused(key):
+    """A resumed run must be the run it continues: settings that change the head, the packing and order of the
+    data or the schedule are refused, naming the flag (a mutation review: max_tokens left out of the checked
+    keys let a resume with other packing through)."""
+    from peagle.errors import PeagleError
+    from peagle.train.resume import check_resume
+    cfg = {k: 1 for k in ("method", "layers", "draft_vocab", "depths", "cod_r", "loss", "max_tokens",
+                          "segment_len", "batch_rows", "epochs", "lr", "warmup", "seed")}
+    ck = {"config": dict(cfg), "data": {"fingerprint": "f"}}
+    check_resume(ck, dict(cfg), "f", "ckpt")                                   # the same run: fine
+    with pytest.raises(PeagleError, match="--" + key.replace("_", "-")):
+        check_resume(ck, dict(cfg, **{key: 2}), "f", "ckpt")

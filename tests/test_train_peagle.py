@@ -213,3 +213,44 @@ def test_bf16_autocast_on_the_heads_device(head):
     f32 = row_step(head, row, el, t, K, denom, 0, backward=False)["kl"]
     b16 = row_step(head, row, el, t, K, denom, 0, backward=False, autocast_dtype=torch.bfloat16)["kl"]
     assert b16 != f32 and abs(b16 - f32) <= 0.05 * abs(f32), (f32, b16)
+
+
+def test_cod_elements_against_the_rules_written_out():
+    """full=True keeps, per depth, exactly the anchors whose whole rollout up to that depth is supervised: the
+    target token x[q+d+2] inside the row, in the anchor's document and under the loss mask (a mutation review:
+    the mask read at the anchor instead of the target passed test_cod_invariants, which checks through
+    supervised() itself). And the sampled counts follow floor(max(0, seeds - d) * max(r^d, r_min))."""
+    from peagle.train.cod import cod_sizes
+    doc = torch.tensor([0] * 9 + [1] * 7)
+    lmask = torch.tensor([0, 0, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1])
+    n, K = len(doc), 4
+
+    def ok(q, d):
+        t = q + d + 2
+        return t < n and doc[t] == doc[q] and bool(lmask[t])
+    a, d = sample_cod(doc, lmask, K, full=True)
+    got = {k: sorted(a[d == k].tolist()) for k in range(K)}
+    want = {0: list(range(n - 1))}
+    for k in range(1, K):
+        want[k] = [q for q in range(n - 1) if all(ok(q, j) for j in range(1, k + 1))]
+    assert {k: v for k, v in got.items() if v} == {k: v for k, v in want.items() if v}
+    assert cod_sizes(100, 5, 0.5, 0.2) == [49, 24, 19, 19]          # r^3 = 0.125 < r_min = 0.2 from depth 3
+    assert cod_sizes(3, 4, 0.9, 0.1) == [1, 0, 0]
+
+
+def test_the_teacher_of_an_element_is_the_targets_distribution_before_its_token():
+    """Element (q, d) predicts x[q+d+2]: its teacher is the target's distribution at position q+d+1. With the
+    draft logits equal to those rows the KL is 0; a teacher one row off (a mutation review: the loss still fell
+    and training accuracy rose) is not."""
+    import types
+    g = torch.Generator().manual_seed(0)
+    n, V = 10, 6
+    tlogp = torch.log_softmax(torch.randn(n, V, generator=g), -1)
+    row = {"label": torch.randint(0, V, (n,), generator=g), "tlogp": tlogp}
+    a, d = torch.tensor([0, 1, 2, 0, 3]), torch.tensor([0, 0, 0, 1, 2])
+    head = types.SimpleNamespace(draft_logits=lambda x: x)
+    acc = [torch.zeros(3), torch.zeros(3)]
+    _, total = peagle_loss._kl_stats(head, tlogp[a + d + 1].clone(), row, a, d, 1.0, 3, acc)
+    assert abs(total) < 1e-5
+    _, off = peagle_loss._kl_stats(head, tlogp[a + d].clone(), row, a, d, 1.0, 3, acc)
+    assert off > 1e-2
