@@ -390,3 +390,32 @@ def test_launch_takes_a_model_path_relative_to_the_callers_directory(model_dir, 
         assert client_http.get_json(url + "/health", 5)["status"] == "ok"
     finally:
         client_http.stop(p)
+
+
+def test_a_full_server_answers_429_before_tokenizing(plain):
+    """With every slot taken, a request got its prompt rendered and tokenized before the 429 (a review of what a
+    hostile client can make a busy server do): now the 429 comes first."""
+    loop = plain.state.loop
+    calls, real = [], plain.state.tokenizer
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, *a, **k):
+            calls.append(1)
+            return real(*a, **k)
+
+    held = 0
+    plain.state.tokenizer = Counting()
+    try:
+        while loop.try_reserve():
+            held += 1
+        code, js = post(plain, "/v1/completions", json.dumps({"prompt": "Hello there", "max_tokens": 2}).encode())
+        assert code == 429 and js["error"]["code"] == "rate_limit_exceeded" and not calls
+    finally:
+        for _ in range(held):
+            loop.unreserve()
+        plain.state.tokenizer = real
+    code, _ = post(plain, "/v1/completions", json.dumps({"prompt": "Hello there", "max_tokens": 2}).encode())
+    assert code == 200 and calls == []                    # the real tokenizer again

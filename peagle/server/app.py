@@ -163,7 +163,16 @@ async def _read_request(state: ServerState, request: Request, model_cls):
         raise ApiError(404, f"The model `{req.model[:200]}` does not exist. This server serves "
                        f"`{state.model_name}`.", "not_found_error", "model", "model_not_found")
     check_unsupported(req)
+    if state.loop.in_flight >= state.loop.capacity:      # full: a 429 before the prompt is tokenized
+        _busy(state)
     return req
+
+
+def _busy(state: ServerState):
+    state.metrics.rejected.inc()
+    raise ApiError(429, f"server busy: {state.loop.capacity} requests in flight (max_num_seqs="
+                        f"{state.engine.max_num_seqs} + max_waiting={state.loop.max_waiting}); retry later",
+                   "rate_limit_error", None, "rate_limit_exceeded", headers={"Retry-After": "1"})
 
 
 async def _generate(state: ServerState, request: Request, req, ids, text, chat: bool, max_tokens, t0=None,
@@ -182,10 +191,7 @@ async def _generate(state: ServerState, request: Request, req, ids, text, chat: 
     h.arrival = t0 or h.arrival          # TTFT and e2e latency count from HTTP arrival
     gen = _Gen(state, h, req, chat)
     if not state.loop.try_reserve():
-        state.metrics.rejected.inc()
-        raise ApiError(429, f"server busy: {state.loop.capacity} requests in flight (max_num_seqs="
-                            f"{state.engine.max_num_seqs} + max_waiting={state.loop.max_waiting}); retry later",
-                       "rate_limit_error", None, "rate_limit_exceeded", headers={"Retry-After": "1"})
+        _busy(state)
     state.loop.submit(h)                 # from here on the engine loop releases the reservation
     if req.stream:
         return _Stream(gen.sse(), gen.close)
