@@ -19,8 +19,11 @@ def test_each_request_accepts_what_it_accepts_alone_as_rows_leave(head, parallel
                "A list of fruits:"]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (8, 40, 16, 30, 5, 24)]
     alone = [llm.generate([p], [sp])[0] for p, sp in zip(prompts, params)]
+    llm.reset_metrics()
     together = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in alone]
     got = [(o.metrics["num_drafts"], o.metrics["num_accepted_tokens"]) for o in together]
     assert got == [(o.metrics["num_drafts"], o.metrics["num_accepted_tokens"]) for o in alone]
     assert sum(a for _, a in got) > 0
+    m = llm.get_metrics()                                   # per request adds up to the engine's counters
+    assert sum(a for _, a in got) == m["num_accepted_tokens"] and sum(n for n, _ in got) == m["num_drafts"]

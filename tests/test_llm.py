@@ -160,3 +160,20 @@ def test_an_output_stops_at_the_context():
                 break
             e.step()
         assert r.finished and len(r.output_ids) == 32 - 5 and r.finish_reason == "length", len(r.output_ids)
+
+
+def test_prefill_admits_by_its_token_budget_and_an_aborted_waiting_id_is_free_again():
+    """A mutation review: a budget that counted prompts instead of tokens, and an abort of a waiting request that
+    kept its id in use, passed every test."""
+    e = LLM(DEMO_TARGET, max_num_seqs=8).engine
+    e.prefill_token_budget = 10
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for i in range(3):
+        e.add_request(f"r{i}", list(range(5, 13)), sp)          # 8 tokens each: one per step fits 10
+    e.step()
+    assert len(e.running) == 1 and len(e.waiting) == 2
+    assert e.abort("r2") and not e.abort("r2")
+    e.add_request("r2", [5, 6], sp)                              # the aborted id can be used again
+    while e.has_unfinished():
+        e.step()
+    assert not e._live
