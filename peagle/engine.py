@@ -369,7 +369,9 @@ class Engine:
             if (t in self.eos and not p.ignore_eos) or t in p.stop_token_ids:
                 r.finished, r.finish_reason = True, "stop"
                 r.stop_reason = None if t in self.eos and not p.ignore_eos else t
-                if self.tok is not None:       # the stop token's own text is left out, as vLLM leaves it out
+                # the stop token's own text is left out, as vLLM leaves it out (EOS and other special tokens
+                # have none: no decode of the whole output on the engine thread for them)
+                if self.tok is not None and self.tok.decode([t], skip_special_tokens=True):
                     r.stop_text_at = len(self.tok.decode(r.output_ids[:-1], skip_special_tokens=True))
             elif p.stop and self._hit_stop_string(r):
                 r.finished, r.finish_reason = True, "stop"
