@@ -19,7 +19,9 @@ def find_stop(tok, ids: list, stops) -> tuple[int, str] | None:
     longest = max((len(s) for s in stops if s), default=0)
     if not longest:
         return None
-    w = 4 * longest + 9
+    # most tokens carry a character or more (SmolLM2's ~3.7 per token on code): start at one token per
+    # character and double where the text is shorter (bytes of a character, special tokens)
+    w = longest + 9
     while w < len(ids):
         # the text before the last token must reach past the window's first characters: a stop string ending in
         # the last token starts at most longest - 1 characters before it (special tokens decode to nothing)

@@ -19,7 +19,8 @@ def test_stop_strings_are_found_where_a_whole_decode_finds_them():
     found = 0
     for trial in range(300):
         n = rng.randint(30, 90)
-        ids = [rng.choice(special + byte_ids) if rng.random() < 0.25 else rng.randrange(len(tok) - 20)
+        few = 0.8 if trial % 3 == 0 else 0.25        # mostly bytes and special tokens: the window must double
+        ids = [rng.choice(special + byte_ids) if rng.random() < few else rng.randrange(len(tok) - 20)
                for _ in range(n)]
         full = tok.decode(ids, skip_special_tokens=True)
         a = rng.randrange(max(1, len(full) - 2))
@@ -62,3 +63,28 @@ def test_the_stop_string_that_ends_first_wins_as_in_vllm():
     assert find_stop(tok, ids, ["hello", "ell"]) == (5, "ell")
     assert find_stop(tok, ids, ["lo", "ello"]) == (7, "lo")    # equal ends: list order
     assert find_stop(tok, ids, ["ello", "lo"]) == (5, "ello")
+
+
+def test_a_step_without_a_stop_decodes_a_short_window():
+    """Where no stop string ends, a step decodes about one token per character of the longest stop string on
+    ordinary text (not the whole output, nor the 4 tokens per character a byte-heavy text may need)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    import peagle.stops
+    from peagle.llm import DEMO_TARGET
+    from peagle.stops import find_stop
+    tok = AutoTokenizer.from_pretrained(DEMO_TARGET)
+    ids = tok(Path(peagle.stops.__file__).read_text() * 3, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 1500
+
+    class Counting:
+        decoded = 0
+
+        def decode(self, x, **kw):
+            Counting.decoded += len(x)
+            return tok.decode(x, **kw)
+    stop = ["never in the text " * 11]                       # 198 characters
+    assert find_stop(Counting(), ids, stop) is None
+    assert 2 * len(stop[0]) < Counting.decoded <= 2 * (len(stop[0]) + 9), Counting.decoded
