@@ -94,6 +94,19 @@ def synthetic_rows(n, temp, top_k, top_p, seed=0):
                        [make_generator(seed * 1_000_003 + i) for i in range(n)])
 
 
+def check_positions(acc, toks, p, exact: bool):
+    """The token at each position j among the rows reaching it (acc >= j) against p_j [K+1,V] by chi-square:
+    every position passes (exact) or one fails clearly (a wrong verifier); never a token outside p's support."""
+    K, Vs = p.shape[0] - 1, p.shape[1]
+    assert (acc == K).sum() > 100, acc.float().mean()                           # deep positions are reached
+    pvals = []
+    for j in range(K + 1):
+        counts = torch.bincount(toks[acc >= j, j], minlength=Vs).double()
+        assert torch.all(counts[p[j] == 0] == 0), (j, counts)
+        pvals.append(chi2_pvalue(counts, p[j])[0])
+    assert (min(pvals) > 1e-4) if exact else (min(pvals) < 1e-6), pvals
+
+
 @pytest.mark.parametrize("verifier,exact", [(verify_sampled, True), (no_residual, False), (wrong_q, False)])
 def test_every_draft_position_emits_p(verifier, exact):
     """The verifier alone at K = 7, every position: fixed target logits and draft distributions (q puts mass
@@ -109,16 +122,59 @@ def test_every_draft_position_emits_p(verifier, exact):
     q = (q / q.sum(-1, keepdim=True)).expand(n, -1, -1)                         # [n,K,V]
     drafts = sample_rows(q, s.gens)                                             # [n,K], drawn with each row's gen
     acc, toks = verifier(logits, drafts, s, q)
-    assert (acc == K).sum() > 100, acc.float().mean()                           # deep positions are reached
-    pvals = []
-    for j in range(K + 1):
-        reach = acc >= j
-        counts = torch.bincount(toks[reach, j], minlength=Vs).double()
-        pvals.append(chi2_pvalue(counts, p[j])[0])
-    if exact:
-        assert min(pvals) > 1e-4, pvals
-    else:
-        assert min(pvals) < 1e-6, pvals
+    check_positions(acc, toks, p, exact)
+
+
+def under_accept(logits, drafts, s, q=None):
+    """WRONG on purpose: argmax mode accepting d with probability 0.9 p(d) (the rejection's p without d is
+    right): 10 % too few acceptances bias every position against its draft."""
+    S, K1, V = logits.shape
+    p = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)                      # [S,K+1,V]
+    u = torch.stack([torch.rand(K1 - 1, generator=g, dtype=torch.float64) for g in s.gens])
+    pd = p[:, :-1].gather(-1, drafts[..., None])[..., 0].double()                       # [S,K]
+    acc = (u < 0.9 * pd).long().cumprod(1).sum(1)                                       # [S]
+    rows = torch.arange(S)
+    dist = p[rows, acc]
+    d_at = drafts[rows, acc.clamp(max=K1 - 2)]
+    dist = torch.where((acc < K1 - 1)[:, None] & (torch.arange(V) == d_at[:, None]), 0.0, dist)
+    emitted = sample_rows(dist, s.gens)
+    toks = torch.cat([drafts, emitted[:, None]], 1)
+    toks[rows, acc] = emitted
+    return acc, toks
+
+
+@pytest.mark.parametrize("verifier,exact", [(verify_sampled, True), (under_accept, False)])
+def test_argmax_mode_every_draft_position_emits_p(verifier, exact):
+    """The argmax mode (q = None) alone at K = 5: drafts that are each row's own fixed tokens (as a drafter's
+    argmax is, whatever p says), accepted with p(d), rejections resampled from p without d. Among rows that
+    reach position j the token there follows p_j; accepting 10 % too rarely breaks that."""
+    n, K, Vs = 12000, 5, 6
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(1, K + 1, Vs, generator=g).expand(n, -1, -1)           # [n,K+1,V]
+    s = synthetic_rows(n, 0.8, 5, 0.95, seed=1)
+    p = probs_from_logits(logits[:1], 0.8, 5, 0.95)[0].double()                 # [K+1,V] what must come out
+    drafts = p[:K].argmax(-1).expand(n, -1).clone()                             # [n,K] the likeliest: accepted often
+    drafts[::3] = torch.randint(0, Vs, (len(range(0, n, 3)), K), generator=g)   # and a third anywhere (p may be 0)
+    acc, toks = verifier(logits, drafts, s, None)
+    check_positions(acc, toks, p, exact)
+
+
+def test_zero_residual_falls_back_to_p():
+    """A rejection whose residual (p - q)+ is zero everywhere (q >= p at every token: p == q up to rounding in
+    a real run; here q = 1.5 p so that it happens often) emits from p, never a token p rules out (a zero
+    residual sampled as it is emits token 0, which top-k leaves out of p here)."""
+    n, Vs = 4000, 6
+    logits = torch.tensor([[[-9.0, 0.5, 1.0, 0.0, 2.0, -1.0]] * 2]).expand(n, -1, -1)   # [n,2,V]
+    s = synthetic_rows(n, 1.0, 4, 1.0, seed=2)
+    p = probs_from_logits(logits[:1], 1.0, 4, 1.0)[0].double()                  # [2,V], p(0) = p(5) = 0
+    q = (1.5 * p[:1].float()).expand(n, -1, -1)                                 # [n,1,V]
+    drafts = sample_rows(p[:1].float().expand(n, -1, -1), s.gens)              # [n,1]
+    acc, toks = verify_sampled(logits, drafts, s, q)
+    rejected = acc == 0
+    assert 0.2 < rejected.float().mean() < 0.45                                 # P(reject) = 1 - 1/1.5
+    counts = torch.bincount(toks[rejected, 0], minlength=Vs).double()
+    assert torch.all(counts[p[0] == 0] == 0), counts
+    assert chi2_pvalue(counts, p[0])[0] > 1e-4, counts
 
 
 def test_argmax_mode_leaves_no_q_and_sample_mode_q_is_over_the_target_vocabulary(small, small_heads):
