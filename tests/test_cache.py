@@ -101,3 +101,29 @@ def test_rows_never_grow_past_max_num_seqs(tiny_dirs, tmp_path, parallel):
                      SamplingParams(temperature=0, max_tokens=3))
     rows = (eng.cache.rows, eng.proposer.cache.rows, eng.proposer.context.rows, eng.state.rows)
     assert rows == (5, 5, 5, 5), rows
+
+
+def test_grown_positions_are_finite_for_a_short_row_beside_a_long_one(tiny_dirs, tmp_path):
+    """Growth past the initial 256 positions fills zeros: the short row's drafter attention reads the grown
+    positions under its mask (SDPA: 0 x NaN would leak), so its drafts must equal those it gets alone."""
+    target = tiny_dirs["llama"]
+    head = save_random_head(target, str(tmp_path / "h"), layers=1)
+    llm = LLM(target, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3,
+                                          "parallel_drafting": True})
+    g = torch.Generator().manual_seed(3)
+    long, short = (torch.randint(5, 500, (n,), generator=g).tolist() for n in (300, 10))
+    seen, draft = {}, llm.engine.proposer.draft
+
+    def recording(requests, k, *a, **kw):
+        d, q = draft(requests, k, *a, **kw)
+        for r, row in zip(requests, d.tolist()):
+            seen.setdefault(r.request_id, []).append(row)
+        return d, q
+    llm.engine.proposer.draft = recording
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    both = llm.generate([{"prompt_token_ids": long}, {"prompt_token_ids": short}], sp)
+    assert llm.engine.cache.cap > 256 and llm.engine.proposer.cache.cap > 256
+    in_batch, seen = seen["1"], {}
+    alone = llm.generate([{"prompt_token_ids": short}], sp)
+    assert both[1].outputs[0].token_ids == alone[0].outputs[0].token_ids
+    assert in_batch == next(iter(seen.values()))

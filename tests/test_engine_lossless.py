@@ -207,3 +207,28 @@ def test_a_prompt_prefills_to_the_same_bits_whatever_prompts_come_with_it(target
     z = torch.zeros(2, dtype=torch.long)
     padded, _ = eng.target.forward(toks, eng.cache, 0, z, (), logits_at=torch.tensor([99, 29]), span=100, s0=0)
     assert not torch.equal(padded[1], alone[0])
+
+
+def test_admission_prefills_the_drafter_only_when_the_coming_batch_drafts(target, heads):
+    """Admission feeds the drafter a prompt only if the batch it joins (running + admitted + waiting, at most
+    max_num_seqs) drafts under the schedule; otherwise the prompt waits for the catch-up (no wasted prefill)."""
+    ps = prompts(6, seed=5, lo=2, hi=30)
+    sps = [SamplingParams(temperature=0, max_tokens=4 + 4 * i, ignore_eos=True) for i in range(6)]
+    ref = ids(LLM(target).generate(ps, sps))
+    sched = [[1, 2, 5], [3, 4, 0], [5, 8, 3]]          # a batch of 3-4 rows plain; 6 (unclamped) would draft
+    llm = LLM(target, max_num_seqs=4, speculative_config=spec(heads["peagle"], 5, True)
+              | {"num_speculative_tokens_per_batch_size": sched})
+    e, p = llm.engine, llm.engine.proposer
+    e.prefill_token_budget = 1                         # one prompt admitted per step: the waiting ones count
+    add, prefill, seen = p.add_requests, p.prefill, []
+
+    def rec_add(*a, **kw):
+        drafts = e.k_policy.k_for(min(len(e.running) + len(e.waiting), e.max_num_seqs)) > 0
+        seen.append([drafts, False])
+        return add(*a, **kw)
+    p.add_requests = rec_add
+    p.prefill = lambda batch: seen[-1].__setitem__(1, True) or prefill(batch)
+    assert ids(llm.generate(ps, sps)) == ref
+    assert ids(llm.generate(ps[:2], sps[:2])) == ref[:2]    # a batch of 2: drafts, prompts prefilled
+    assert all(drafts == fed for drafts, fed in seen), seen
+    assert {d for d, _ in seen} == {True, False}

@@ -149,3 +149,25 @@ def test_nan_scores_and_mask_bytes_read_the_same_on_every_path(hd):
     ref = Q.attend_exact(q, k, v, m01, 1)
     for i in ATT_IMPLS:
         assert torch.equal(Q.attend_exact(q, k, v, twos, i), ref), i
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+@pytest.mark.parametrize("quantization", ["q8", "q4"])
+def test_weight_only_target_65_position_block_same_bits_as_one_at_a_time(qtarget, quantization):
+    """A tree's largest verify block (64 nodes + root = 65 positions, llama.EXACT_MAX_T) on a weight-only target
+    still attends exactly: each position's logits equal, bit for bit, those of plain one-token steps."""
+    from peagle.models.llama import Transformer
+    t = Transformer.from_pretrained(qtarget, quantization=quantization)
+    assert t.exact_attention
+    g = torch.Generator().manual_seed(9)
+    prompt, nxt = torch.randint(5, 500, (1, 10), generator=g), torch.randint(5, 500, (1, 65), generator=g)
+
+    def prefilled():
+        c = t.new_cache(1, 96)
+        t.forward(prompt, c, 0, torch.zeros(1, dtype=torch.long), span=10, s0=0)
+        return c
+    c = prefilled()
+    one = torch.cat([t.forward(nxt[:, j:j + 1], c, 0, torch.tensor([10 + j]), span=11 + j, s0=10 + j)[0][0]
+                     for j in range(65)])
+    block = t.forward(nxt, prefilled(), 0, torch.tensor([10]), span=75)[0][0]
+    assert torch.equal(block, one), (block - one).abs().max()

@@ -144,6 +144,24 @@ def test_rope_in_rope_parameters_is_the_heads_rope(tiny_dirs):
     assert any("rope type 'yarn'" in p for p in HeadConfig.from_dict(d).validate())
 
 
+@pytest.mark.parametrize("scaling", [{"rope_type": "linear", "factor": 4.0},
+                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}])
+def test_rope_scaling_key_gives_transformers_rotary_values(tiny_dirs, scaling):
+    """A head config's rope_scaling (transformers 4's key) is the head's rope: cos/sin equal transformers'."""
+    import transformers as tf
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    d = head_config(tiny_dirs["llama"], parallel=False).to_dict()
+    d["rope_theta"], d["rope_scaling"] = 10000.0, scaling
+    hc = HeadConfig.from_dict(d)
+    rope = DrafterHead(hc)._rope(torch.device("cpu"), torch.float32)
+    pos = torch.tensor([0, 1, 7, 50, 200])
+    ref = LlamaRotaryEmbedding(tf.LlamaConfig(head_dim=hc.head_dim, max_position_embeddings=256,
+                                              rope_parameters={**scaling, "rope_theta": 10000.0}))
+    cos, sin = ref(torch.zeros(1, 5, hc.head_dim), pos[None])
+    assert torch.allclose(rope.cos[pos, 0], cos[0], atol=1e-5) and torch.allclose(rope.sin[pos, 0], sin[0], atol=1e-5)
+
+
 @pytest.mark.parametrize("key", ["norm_before_fc", "fc_norm", "norm_output"])
 def test_norms_vllm_applies_and_peagle_does_not_are_refused(tiny_dirs, key):
     """A head with one of speculators' norm flags would draft from other states in peagle than in vLLM."""

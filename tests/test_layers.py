@@ -54,3 +54,23 @@ def test_negative_control_a_column_major_query_takes_the_unfused_kernel():
     with profile() as p:
         torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     assert "aten::_scaled_dot_product_attention_math" in {e.key for e in p.key_averages()}
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_sliding_window_at_exactly_window_plus_one_keys_matches_transformers(tmp_path, decode):
+    """Span = window + 1 is the first span with a key outside a query's window (key 0 for the query at position
+    window): a 9-token prefill, or a one-token step after 8, on a window-8 Mistral equals transformers' logits."""
+    import transformers as tf
+    from tiny import save_tiny
+    path = save_tiny("mistral", str(tmp_path / "mistral-sw"), sliding_window=8)
+    m = Transformer.from_pretrained(path)
+    ids = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(8))
+    cache = m.new_cache(1, 16)
+    if decode:
+        m.forward(ids[:, :8], cache, 0, torch.zeros(1, dtype=torch.long), span=8, s0=0)
+        got, _ = m.forward(ids[:, 8:], cache, 0, torch.tensor([8]), span=9, s0=8)
+    else:
+        got, _ = m.forward(ids, cache, 0, torch.zeros(1, dtype=torch.long), span=9, s0=0)
+    with torch.no_grad():
+        want = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()(ids).logits
+    assert torch.allclose(got[0, -1], want[0, -1], atol=1e-4), (got[0, -1] - want[0, -1]).abs().max()

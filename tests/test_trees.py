@@ -376,3 +376,42 @@ def test_accept_greedy_takes_only_paths_accepted_from_the_root():
     assert acc.tolist() == [0]
     acc, path, toks = accept_greedy(tree, logits_for([5, 6, 8, 9, 1]), 3)    # the whole path follows
     assert acc.tolist() == [3] and path[0].tolist() == [0, 1, 2, 3] and toks[0].tolist() == [5, 6, 8, 9]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_tree_width_covers_the_slots_a_tree_step_writes(target, tmp_path, parallel):
+    """TreeSpec.width(K) bounds the slots a step writes past a row's length: the target's nodes + 1 and the
+    drafter's (EAGLE-3: a level of topk nodes per depth, more than nodes + 1 here; P-EAGLE: K - 1 mask rows)."""
+    from peagle.drafters.base import DraftBatch
+    from peagle.drafters.eagle3 import Eagle3Proposer
+    from peagle.drafters.peagle import PEagleProposer
+    from peagle.heads.model import DrafterHead
+    t = load_target(target, torch.float32, "native")
+    d = save_random_head(target, str(tmp_path / "h"), layers=1, parallel=parallel)
+    head = DrafterHead.from_pretrained(d, t.cfg, parallel=parallel, target_embed=t.embed)
+    K, topk, nodes = 4, 4, 4
+    prop = (PEagleProposer if parallel else Eagle3Proposer)(head, K, 128)
+    g = torch.Generator().manual_seed(6)
+    A = 3 * t.cfg.hidden_size
+    prop.prefill(DraftBatch(torch.randint(5, 500, (1, 6), generator=g), torch.randn(1, 6, A, generator=g),
+                            torch.zeros(1, dtype=torch.long), torch.tensor([6])))
+    written, write, write_at = [], prop.cache.write, prop.cache.write_at
+
+    def rec_write(layer, b0, pos, k, v):
+        written.append(int(pos.max()))
+        return write(layer, b0, pos, k, v)
+
+    def rec_write_at(layer, b0, s0, k, v):
+        written.append(s0 + k.shape[1] - 1)
+        return write_at(layer, b0, s0, k, v)
+    prop.cache.write, prop.cache.write_at = rec_write, rec_write_at
+    batch = DraftBatch(torch.randint(5, 500, (1, 2), generator=g), torch.randn(1, 2, A, generator=g),
+                       torch.tensor([6]), torch.tensor([2]), span=8, s0=6)
+    tree = prop.propose_tree(batch, K, topk, nodes)
+    length = 6 + 2                                      # the row's length: the target verifies from here
+    width = TreeSpec(topk, nodes).width(K)
+    assert tree.size == nodes + 1 <= width
+    drafter = max(written) + 1 - length
+    assert drafter <= width, (drafter, width)
+    assert parallel or drafter > nodes + 1              # EAGLE-3's levels: more than the target's block
+    assert width >= K * topk                            # the documented rule: a level of topk nodes per depth
