@@ -162,13 +162,21 @@ class Proposer:
             ctx.n[:B] = accepted + 1
             ctx.behind[:B] = [a + 1 for a in accepted_host]
             return
-        ctx.ensure(B, max(ctx.behind[:B]) + 1)
-        rows, n = torch.arange(B, device=tokens.device), ctx.n[:B]
-        ctx.ids[rows, n] = tokens[:, 0]
-        if aux is not None:
-            ctx.aux[rows, n] = aux[:, 0]
-        n += 1
-        ctx.behind[:B] = [b + 1 for b in ctx.behind[:B]]
+        behind = ctx.behind[:B]
+        ctx.ensure(B, max(behind) + 1)
+        if min(behind) == max(behind):           # rows level (always at B = 1): column `behind` by plain slicing
+            b = behind[0]
+            ctx.ids[:B, b] = tokens[:, 0]
+            if aux is not None:
+                ctx.aux[:B, b] = aux[:, 0]
+            ctx.n[:B] += 1
+        else:                                    # each row at its own n (= behind, on the device)
+            rows, n = torch.arange(B, device=tokens.device), ctx.n[:B]
+            ctx.ids[rows, n] = tokens[:, 0]
+            if aux is not None:
+                ctx.aux[rows, n] = aux[:, 0]
+            n += 1
+        ctx.behind[:B] = [b + 1 for b in behind]
 
     def catch_up_rows(self, batch_size: int, steady: int) -> int:
         """The cost of catching the drafter up, in drafter rows: the padded rows the next step that drafts feeds
