@@ -40,6 +40,18 @@ def test_generate_with_speculative_config_prints_metrics(textmodel, tmp_path):
     assert "mean acceptance length" in r.stderr
 
 
+def test_generate_with_auto_k_measures_batch_size_one_only(textmodel, tmp_path, monkeypatch):
+    """One request runs at batch size 1: K "auto" measures its step costs there only (the first start of a
+    server measures up to its max_num_seqs); the output is plain decoding's."""
+    head = save_random_head(textmodel, str(tmp_path / "h"), layers=2)
+    spec = json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": "auto", "parallel_drafting": True})
+    monkeypatch.setenv("PEAGLE_CACHE_DIR", str(tmp_path / "costs"))
+    r = peagle("generate", "--model", textmodel, "--prompt", "hello", "--max-tokens", "12", "--speculative-config", spec)
+    assert r.returncode == 0, r.stderr
+    assert "batch sizes [1] " in r.stderr, r.stderr
+    assert r.stdout == peagle("generate", "--model", textmodel, "--prompt", "hello", "--max-tokens", "12").stdout
+
+
 @pytest.mark.parametrize("case", ["missing_dir", "bad_arch", "too_long", "bad_spec_key", "bad_spec_k", "bad_head"])
 def test_bad_input_is_one_clear_line(textmodel, tmp_path, case, capsys):
     args = ["generate", "--model", textmodel, "--prompt", "hi"]

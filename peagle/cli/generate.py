@@ -40,8 +40,10 @@ def run(args) -> int:
     parse_spec_config(args.speculative_config)   # fail fast on a bad config or sampling flag, before loading weights
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens, seed=args.seed)
+    # one request: batches of one (K "auto" then measures its step costs at batch size 1 only, ~2 s, not up
+    # to 128, ~1 min; a cost cache measured for more batch sizes covers it)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0,
-              speculative_config=args.speculative_config,
+              speculative_config=args.speculative_config, max_num_seqs=1,
               max_model_len=args.max_model_len, target_backend=args.target_backend,
               quantization=args.quantization)
     if args.chat:
