@@ -11,16 +11,17 @@ def _permute(w, n_head, n_kv=None):   # llama.cpp's convert_hf_to_gguf permutati
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(src_dir: str, path: str, types: dict) -> None:
+def write_tiny_gguf(src_dir: str, path: str, types: dict, arch: str = "llama") -> None:
     """The tiny llama of src_dir as a llama.cpp-style GGUF: q/k rows permuted, projections quantized per
-    `types` (HF suffix -> GGML type), norms F32."""
+    `types` (HF suffix -> GGML type), norms F32. arch "qwen2": a Qwen2 (biases kept; llama.cpp permutes q/k
+    rows for the llama architecture only)."""
     import gguf
     from safetensors.torch import load_file
 
     from peagle.models.config import ModelConfig
     cfg = ModelConfig.from_dir(src_dir)
     sd = load_file(os.path.join(src_dir, "model.safetensors"))
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, arch)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -37,9 +38,12 @@ def write_tiny_gguf(src_dir: str, path: str, types: dict) -> None:
     for i in range(cfg.num_hidden_layers):
         for g, h in _LAYER.items():
             names[f"model.layers.{i}.{h}.weight"] = f"blk.{i}.{g}.weight"
+            names[f"model.layers.{i}.{h}.bias"] = f"blk.{i}.{g}.bias"
     for hf, t in sd.items():
         a = t.float().numpy()
-        if ".q_proj." in hf:
+        if arch != "llama":
+            pass
+        elif ".q_proj." in hf:
             a = _permute(a, cfg.num_attention_heads)
         elif ".k_proj." in hf:
             a = _permute(a, cfg.num_attention_heads, cfg.num_key_value_heads)

@@ -1,5 +1,7 @@
 """The single cached P-EAGLE pass (and EAGLE-3's K passes) equal a reference computed without any cache:
 the whole sequence plus the draft rows through the drafter at once under a plain causal mask."""
+import os
+
 import pytest
 import torch
 from heads import save_random_head
@@ -172,3 +174,53 @@ def test_layer_runner_gives_the_python_loops_bits(tiny_dirs, tmp_path):
         bad = run_scaled(head.layers[1].post_attention_layernorm.weight, 1.01, lambda: run(False))
         assert not torch.equal(got[2], bad[2])
         head._stack = stack
+
+
+def test_drafts_are_target_ids_through_the_stored_d2t(tiny_dirs, tmp_path):
+    """A head with a 256-token draft vocabulary (every 2nd target id) proposes target ids: draft index i becomes
+    i + d2t[i] with d2t as stored in the head's file (vLLM's draft_id_to_target_id), for both kinds of head."""
+    from heads import propose_capturing_logits
+    from safetensors.torch import load_file
+    for parallel, cls in ((True, PEagleProposer), (False, Eagle3Proposer)):
+        t, head, x, aux = setup(tiny_dirs, tmp_path / str(parallel), parallel)
+        d2t = load_file(str(tmp_path / str(parallel) / "h" / "model.safetensors"))["d2t"]
+        assert bool((d2t != 0).any())
+        drafts, seen = propose_capturing_logits(cls(head, 3, 64), head, aux, x, 12)
+        idx = torch.cat([lg.reshape(-1, lg.shape[-1]) for lg in seen]).argmax(-1)
+        assert drafts.flatten().tolist() == (idx + d2t[idx]).tolist(), (parallel, drafts, idx)
+        assert all(d % 2 == 0 for d in drafts.flatten().tolist())
+
+
+def test_fused_ops_path_follows_norm_before_residual(tiny_dirs, tmp_path):
+    """A head with norm_before_residual (speculators' eagle3 default: layer 0's residual is hidden_norm(h)) under
+    a quantized target: the fused ops' pass gives the torch ops' pass, which differs from the same head's with
+    the flag off (the control)."""
+    import json
+
+    from peagle.cache import KVCache
+    from peagle.models import quant_ext
+    if quant_ext.get() is None:
+        pytest.skip("needs the built extension")
+    t = Transformer.from_pretrained(tiny_dirs["llama"])
+    outs = {}
+    for nbr in (False, True):
+        hd = save_random_head(tiny_dirs["llama"], str(tmp_path / f"h{nbr}"), layers=2, draft_vocab=256)
+        with open(os.path.join(hd, "config.json")) as f:
+            cfg = json.load(f)
+        with open(os.path.join(hd, "config.json"), "w") as f:
+            json.dump({**cfg, "norm_before_residual": nbr}, f)
+        head = DrafterHead.from_pretrained(hd, t.cfg)
+        x = torch.randint(5, 500, (1, 20), generator=torch.Generator().manual_seed(5))
+        _, aux = t.forward(x, t.new_cache(1, 32), 0, torch.zeros(1, dtype=torch.long), head.aux_ids)
+        head.prepare_inference(quantization="q8")
+        hid = head.combine(aux)
+
+        def run(fused):
+            head._fused_ops = fused
+            c = KVCache(2, head.config.num_key_value_heads, head.config.head_dim, 64, 1, lens=False)
+            with torch.no_grad():
+                return torch.cat(head._forward_cached(x, hid, c, 0, torch.tensor([0])), -1)
+        ref, got = run(False), run(True)
+        assert torch.allclose(ref, got, rtol=1e-3, atol=1e-3 * float(ref.abs().max())), (nbr, (ref - got).abs().max())
+        outs[nbr] = ref
+    assert not torch.allclose(outs[False], outs[True], rtol=1e-3, atol=1e-3 * float(outs[False].abs().max()))

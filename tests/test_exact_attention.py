@@ -151,6 +151,21 @@ def test_nan_scores_and_mask_bytes_read_the_same_on_every_path(hd):
         assert torch.equal(Q.attend_exact(q, k, v, twos, i), ref), i
 
 
+def block_and_steps(t, n: int, seed: int):
+    """Logits of an n-token block after a 10-token prompt, and of the same tokens as n one-token steps."""
+    g = torch.Generator().manual_seed(seed)
+    prompt, nxt = torch.randint(5, 500, (1, 10), generator=g), torch.randint(5, 500, (1, n), generator=g)
+
+    def prefilled():
+        c = t.new_cache(1, 10 + n + 16)
+        t.forward(prompt, c, 0, torch.zeros(1, dtype=torch.long), span=10, s0=0)
+        return c
+    c = prefilled()
+    one = torch.cat([t.forward(nxt[:, j:j + 1], c, 0, torch.tensor([10 + j]), span=11 + j, s0=10 + j)[0][0]
+                     for j in range(n)])
+    return t.forward(nxt, prefilled(), 0, torch.tensor([10]), span=10 + n)[0][0], one
+
+
 @pytest.mark.skipif(EXT is None, reason="needs the built extension")
 @pytest.mark.parametrize("quantization", ["q8", "q4"])
 def test_weight_only_target_65_position_block_same_bits_as_one_at_a_time(qtarget, quantization):
@@ -159,15 +174,16 @@ def test_weight_only_target_65_position_block_same_bits_as_one_at_a_time(qtarget
     from peagle.models.llama import Transformer
     t = Transformer.from_pretrained(qtarget, quantization=quantization)
     assert t.exact_attention
-    g = torch.Generator().manual_seed(9)
-    prompt, nxt = torch.randint(5, 500, (1, 10), generator=g), torch.randint(5, 500, (1, 65), generator=g)
+    block, one = block_and_steps(t, 65, 9)
+    assert torch.equal(block, one), (block - one).abs().max()
 
-    def prefilled():
-        c = t.new_cache(1, 96)
-        t.forward(prompt, c, 0, torch.zeros(1, dtype=torch.long), span=10, s0=0)
-        return c
-    c = prefilled()
-    one = torch.cat([t.forward(nxt[:, j:j + 1], c, 0, torch.tensor([10 + j]), span=11 + j, s0=10 + j)[0][0]
-                     for j in range(65)])
-    block = t.forward(nxt, prefilled(), 0, torch.tensor([10]), span=75)[0][0]
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+def test_a8_target_attends_exactly_past_the_weight_only_limit(qtarget):
+    """8-bit activations turn attention's last bits into other tokens, so an a8 target attends in one fixed order
+    in every block, also past llama.EXACT_MAX_T (where weight-only targets take SDPA): an 80-token block after a
+    prompt gives each position the bits of plain one-token steps."""
+    from peagle.models.llama import EXACT_MAX_T, Transformer
+    t = Transformer.from_pretrained(qtarget, quantization="q4a8")
+    block, one = block_and_steps(t, EXACT_MAX_T + 15, 10)
     assert torch.equal(block, one), (block - one).abs().max()

@@ -221,3 +221,21 @@ def test_written_directories_get_the_umasks_modes(tmp_path, target):
     for d, dmode, fmode in ((tmp_path / "v1", 0o755, 0o644), (tmp_path / "v2", 0o700, 0o600)):
         assert stat.S_IMODE(os.stat(d).st_mode) == dmode
         assert {stat.S_IMODE(os.stat(d / f).st_mode) for f in os.listdir(d)} == {fmode}
+
+
+def test_export_refuses_zero_speculative_tokens(tmp_path, target):
+    src, _ = head(tmp_path)
+    for k in (0, -1):
+        with pytest.raises(HeadValidationError, match="num_speculative_tokens"):
+            export_head(src, tmp_path / "o", target_dir=target, num_speculative_tokens=k)
+        assert not (tmp_path / "o").exists()
+
+
+def test_reexport_keeps_the_served_k_not_the_trained_depth(tmp_path, target):
+    """A head served with K = 2 (speculators export), imported back, keeps both its trained depth (4) and its
+    served K; exported again without -k it is served with K = 2, as before, not with its depth."""
+    src, _ = head(tmp_path)
+    export_head(src, tmp_path / "s", "speculators", target_dir=target, num_speculative_tokens=2)
+    import_head(tmp_path / "s", tmp_path / "n")
+    out = export_head(tmp_path / "n", tmp_path / "s2", "speculators", target_dir=target)
+    assert out["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2

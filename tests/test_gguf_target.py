@@ -127,3 +127,21 @@ def test_a_converted_directory_runs_its_source_blocks_only_while_its_weights_are
     shutil.copy(os.path.join(other, "model.safetensors"), st)                    # replaced in place
     assert "blocks of" not in load_target(d, quantization="q4").precision
     assert load_target(d, quantization="auto").quantization == "none"
+
+
+def test_a_qwen2_gguf_keeps_its_qk_rows_in_order(tiny_dirs, tmp_path):
+    """llama.cpp permutes the q/k rows of the llama architecture only (transformers' GGUF loader undoes it for
+    llama only): a Qwen2 file's rows are in HF order, so its logits are the checkpoint's it was written from."""
+    from ggufs import write_tiny_gguf
+
+    from peagle.models.llama import Transformer
+    path = str(tmp_path / "qwen2.gguf")
+    write_tiny_gguf(tiny_dirs["qwen2"], path, {}, arch="qwen2")
+    ids = torch.randint(5, 500, (1, 11), generator=torch.Generator().manual_seed(0))
+    z = torch.zeros(1, dtype=torch.long)
+    ref = Transformer.from_pretrained(tiny_dirs["qwen2"])
+    want, _ = ref.forward(ids, ref.new_cache(1, 16), 0, z)
+    t = Transformer.from_gguf(path)
+    assert t.cfg.model_type == "qwen2" and t.cfg.qkv_bias
+    got, _ = t.forward(ids, t.new_cache(1, 16), 0, z)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()

@@ -182,3 +182,47 @@ def test_what_vllm_applies_and_peagle_does_not_is_refused(tiny_dirs, over):
     d = head_config(tiny_dirs["llama"], parallel=False).to_dict()
     assert validate_config(d) == []
     assert any("peagle's drafter does not" in p for p in validate_config({**d, **over})), over
+
+
+def test_a_mask_token_of_exactly_vocab_size_is_outside_the_vocabulary(tiny_dirs):
+    """Token ids run 0..vocab_size-1: a mask id equal to vocab_size indexes past vLLM's embedding (the boundary;
+    vocab_size - 1 is fine)."""
+    t = read_config(tiny_dirs["llama"])
+    V = t["vocab_size"]
+    assert HeadConfig.for_target(ModelConfig.describe(t), mask_token=V - 1).validate(t) == []
+    assert any("ptd_token_id" in p for p in HeadConfig.for_target(ModelConfig.describe(t), mask_token=V).validate(t))
+
+
+def test_an_activation_other_than_silu_is_refused(tiny_dirs):
+    """vLLM applies the config's hidden_act; peagle's drafter always runs SiLU: a GELU head would draft other
+    tokens in peagle than in vLLM."""
+    d = head_config(tiny_dirs["llama"], parallel=False).to_dict()
+    assert validate_config(d) == []
+    assert any("hidden_act" in p for p in validate_config({**d, "hidden_act": "gelu"}))
+
+
+def test_the_mask_token_is_the_highest_free_reserved_special_token(tmp_path):
+    """Without <|mask|>: the highest-id added special token that is not BOS/EOS/PAD/UNK and not in the chat
+    template (SmolLM2: <empty_output> = 16, what its shipped P-EAGLE head was trained with)."""
+    from transformers import AutoTokenizer
+
+    from peagle.heads.config import mask_token_from_tokenizer
+    from peagle.llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
+    d = save_tiny("llama", str(tmp_path / "m"))
+    tok = make_tiny_tokenizer(d)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<r_a>", "<r_b>"]})
+    tok.save_pretrained(d)
+    tok = AutoTokenizer.from_pretrained(d)
+    assert resolve_mask_token(d) == tok.convert_tokens_to_ids("<r_b>") > tok.convert_tokens_to_ids("<r_a>")
+    if os.path.isfile(os.path.join(DEFAULT_MODEL, "tokenizer.json")) and os.path.isdir(DEFAULT_PEAGLE_HEAD):
+        assert mask_token_from_tokenizer(DEFAULT_MODEL) == read_config(DEFAULT_PEAGLE_HEAD)["ptd_token_id"] == 16
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_training(tiny_dirs):
+    """`peagle train` validates the new head's config alone (no tensors yet): a draft vocabulary past the target's
+    would train for minutes and only then fail to load (its d2t cannot map every draft id to a target id)."""
+    t = read_config(tiny_dirs["llama"])
+    V = t["vocab_size"]
+    assert HeadConfig.for_target(ModelConfig.describe(t), draft_vocab=V).validate(t) == []
+    assert any("draft_vocab_size" in p for p in HeadConfig.for_target(ModelConfig.describe(t),
+                                                                      draft_vocab=V + 1).validate(t))

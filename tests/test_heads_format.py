@@ -136,3 +136,32 @@ def test_config_basics():
     p = problems(cfg, make_tensors(cfg))
     for s in ("architectures", "tie_word_embeddings", "norm_before_residual", "rope_theta"):
         assert s in p
+
+
+def test_d2t_onto_exactly_vocab_size_is_outside_the_vocabulary():
+    """A draft id mapped to target id V (one past the last) is out of range too, not only ids beyond it."""
+    cfg = make_config(draft_vocab=48)
+    ts = make_tensors(cfg)
+    ts["d2t"] = ts["d2t"].clone()
+    ts["d2t"][-1] = V - (48 - 1)            # draft 47 -> target V
+    assert "outside the target vocabulary" in problems(cfg, ts)
+
+
+def test_a_mask_hidden_of_the_wrong_size_is_refused():
+    """mask_hidden may come in any shape holding 3 * target_hidden_size values (it is reshaped to [1, 1, 3T]);
+    another count is refused by name (it failed later, in a reshape or load_state_dict)."""
+    cfg = make_config()
+    ts = make_tensors(cfg)
+    ts["mask_hidden"] = torch.zeros(3 * H)
+    assert problems(cfg, ts) == ""
+    ts["mask_hidden"] = torch.zeros(1, 1, 2 * H)
+    assert "tensor mask_hidden has shape" in problems(cfg, ts)
+
+
+def test_an_integer_weight_is_refused():
+    """Weights must be floating point (an int8 tensor is a quantized checkpoint's codes: loading it into float
+    parameters casts the codes, silently giving another head)."""
+    cfg = make_config()
+    ts = make_tensors(cfg)
+    ts["norm.weight"] = torch.ones(H, dtype=torch.int8)
+    assert "tensor norm.weight must be floating point" in problems(cfg, ts)

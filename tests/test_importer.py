@@ -248,3 +248,22 @@ def test_export_into_a_symlinked_directory(tmp_path):
     (tmp_path / "link").symlink_to(real)
     export_head(src, str(tmp_path / "link"))
     assert (tmp_path / "link").is_symlink() and (real / "config.json").is_file()
+
+
+def test_a_flat_head_without_norm_before_residual_gets_vllms_flat_default(tmp_path):
+    """vLLM's flat layout reads an absent norm_before_residual as false (only speculators' eagle3 updater says
+    true): an imported flat head that leaves it out must draft with the embedding-side residual, as vLLM does."""
+    cfg = make_config("eagle3")
+    del cfg["norm_before_residual"]
+    icfg, _ = import_head(write_head(tmp_path / "h", cfg, make_tensors(cfg)))
+    assert icfg["norm_before_residual"] is False
+
+
+def test_a_ptd_pard_conflict_takes_the_token_vllm_reads(tmp_path):
+    """vLLM 0.16-0.19 and >= 0.22 read pard_token before ptd_token_id: a head with both, differing, drafts with
+    pard_token in vLLM, so the imported head keeps that one (for both keys) and says so."""
+    cfg = make_config(pard_token=MASK + 1)
+    notes = []
+    icfg, _ = import_head(write_head(tmp_path / "h", cfg, make_tensors(make_config())), notes=notes)
+    assert icfg["ptd_token_id"] == icfg["pard_token"] == MASK + 1
+    assert any("!= pard_token" in n for n in notes)

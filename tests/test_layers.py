@@ -74,3 +74,22 @@ def test_sliding_window_at_exactly_window_plus_one_keys_matches_transformers(tmp
     with torch.no_grad():
         want = tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()(ids).logits
     assert torch.allclose(got[0, -1], want[0, -1], atol=1e-4), (got[0, -1] - want[0, -1]).abs().max()
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_a_loose_span_hides_stale_keys_past_a_one_token_step(tiny_dirs, kernel, monkeypatch):
+    """span is only an upper bound of max(start) + T (BlockCtx): a one-token step at s0 with a span past s0 + 1
+    reads the slots of a rejected block that still hold its keys, and must mask them (only span == s0 + 1 may
+    run without a mask): the same logits as with the exact span."""
+    monkeypatch.setattr(llama, "F32_KERNEL", kernel)
+    m = Transformer.from_pretrained(tiny_dirs["llama"])
+    g = torch.Generator().manual_seed(3)
+    ctx, junk, tok = (torch.randint(3, 512, (1, n), generator=g) for n in (20, 6, 1))
+    c = m.new_cache(1, 64)
+    m.forward(ctx, c, 0, torch.tensor([0]), span=20, s0=0)
+
+    def step(span):
+        m.forward(junk, c, 0, torch.tensor([20]), span=26, s0=20)       # a rejected block: stale keys 20..25
+        return m.forward(tok, c, 0, torch.tensor([20]), span=span, s0=20)[0]
+    exact, loose = step(21), step(26)
+    assert torch.allclose(loose, exact, atol=1e-5), (loose - exact).abs().max()

@@ -177,3 +177,45 @@ def test_prefill_admits_by_its_token_budget_and_an_aborted_waiting_id_is_free_ag
     while e.has_unfinished():
         e.step()
     assert not e._live
+
+
+def test_a_requests_mean_acceptance_length_counts_the_bonus_token():
+    """A request's metrics use vLLM's definition, 1 + accepted / drafts (the target's own token each step): for a
+    lone request it equals the engine's mean_acceptance_length."""
+    llm = LLM(DEMO_TARGET, speculative_config=CFG)
+    out = llm.generate("def fibonacci(n):\n", SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0]
+    m, g = out.metrics, llm.get_metrics()
+    assert m["num_drafts"] == g["num_drafts"] > 0 and m["num_accepted_tokens"] == g["num_accepted_tokens"] > 0
+    assert abs(m["mean_acceptance_length"] - g["mean_acceptance_length"]) < 1e-9
+    assert m["mean_acceptance_length"] > 1
+
+
+def test_a_sampling_params_list_of_another_length_and_unknown_arguments_are_refused(tiny_dirs):
+    """zip() would drop the prompts past the list's end (fewer outputs than prompts, silently); an unknown LLM
+    argument (vLLM's tensor_parallel_size, a misspelt max_num_seqs) would be ignored."""
+    llm = LLM(tiny_dirs["llama"])
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    with pytest.raises(PeagleError, match="as long as prompts"):
+        llm.generate([[5, 6], [7, 8], [9, 10]], [sp, sp])
+    assert not llm.engine.has_unfinished()
+    assert len(llm.generate([[5, 6], [7, 8]], [sp, sp])) == 2
+    with pytest.raises(PeagleError, match="unsupported LLM argument.*max_num_seq"):
+        LLM(tiny_dirs["llama"], max_num_seq=4)
+
+
+def test_a_text_prompt_gets_the_tokenizers_special_tokens(tiny_dirs, tmp_path):
+    """As vLLM encodes a text prompt: tokenizer(prompt) with its special tokens (a Llama tokenizer's BOS)."""
+    import shutil
+
+    from tiny import make_tiny_tokenizer
+    from tokenizers import processors
+    d = str(tmp_path / "m")
+    shutil.copytree(tiny_dirs["llama"], d)
+    tok = make_tiny_tokenizer(d)
+    tok._tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save_pretrained(d)
+    llm = LLM(d)
+    want = llm.get_tokenizer()("def add(a, b):")["input_ids"]
+    assert want[0] == 1
+    out = llm.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=2))[0]
+    assert out.prompt_token_ids == want

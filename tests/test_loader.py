@@ -40,6 +40,8 @@ def test_native_refusals_name_the_reason(tmp_path, family_dirs):
 @pytest.mark.parametrize("patch, match", [
     ({"num_hidden_layers": 2}, "hold 4 layers"), ({"num_attention_heads": 8}, "q_proj.weight has shape"),
     ({"num_key_value_heads": 4}, "k_proj.weight has shape"), ({"intermediate_size": 64}, "gate_proj.weight has shape"),
+    ({"num_hidden_layers": 3}, "hold 4 layers"),              # one layer more than the config: the boundary
+    ({"vocab_size": 600}, "embed_tokens shape"),              # logits over 512 ids for a 600-token vocabulary
 ])
 @pytest.mark.parametrize("quantization", ["none", "q4"])
 def test_a_config_that_does_not_describe_the_weights_is_one_line(tiny_dirs, tmp_path, patch, match, quantization):

@@ -79,3 +79,19 @@ def test_bfloat16_runs_and_is_close(tiny_dirs):
     err = lambda x: ((x.float() - a).abs().max() / a.std()).item()
     print(f"bfloat16 error {err(b):.4f} of the logits' spread; reversed vocabulary {err(b.flip(-1)):.4f}")
     assert err(b) < 0.1 and err(b.flip(-1)) > 1.0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_final_logits_of_the_last_residual_are_transformers_logits(tiny_dirs, family):
+    """final_logits (the training teacher's logits, from aux id L: the residual before the final norm) equal
+    transformers' logits, over the whole vocabulary and over a subset of rows (qwen2: a tied LM head)."""
+    path = tiny_dirs[family]
+    ours = Transformer.from_pretrained(path)
+    L = ours.cfg.num_hidden_layers
+    toks = torch.randint(3, 512, (1, 9), generator=torch.Generator().manual_seed(4))
+    _, aux = ours.forward(toks, ours.new_cache(1, 16), 0, torch.zeros(1, dtype=torch.long), aux_ids=(L,))
+    with torch.no_grad():
+        want = hf(path)(toks).logits[0]
+    assert (ours.final_logits(aux[0]) - want).abs().max() < 1e-4
+    rows = torch.tensor([3, 100, 511])
+    assert (ours.final_logits(aux[0], rows) - want[:, rows]).abs().max() < 1e-4

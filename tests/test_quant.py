@@ -342,3 +342,20 @@ def test_bad_arguments_to_the_extension_raise_instead_of_writing_outside_buffers
         stack([32], nh=8, nkv=8, hd=4)
     with pytest.raises(RuntimeError, match="head_dim"):
         stack([32], nh=2, nkv=0)
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+def test_a_stale_build_is_not_loaded(tmp_path, monkeypatch):
+    """A build whose recorded source hash is not the sources' (peagle/csrc/ changed since) must not run: it would
+    compute with the old kernels. The same build with the current hash loads (the control)."""
+    import json
+    so = os.path.join(quant_ext.BUILD_DIR, quant_ext.NAME + ".so")
+    os.symlink(so, tmp_path / (quant_ext.NAME + ".so"))
+    monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
+    stamp = tmp_path / quant_ext.STAMP
+    stamp.write_text(json.dumps({"sources_sha256": quant_ext.source_hash()}))
+    mod, why = quant_ext._load()
+    assert mod is not None and why is None, why
+    stamp.write_text(json.dumps({"sources_sha256": "0" * 64}))
+    mod, why = quant_ext._load()
+    assert mod is None and "stale" in why
