@@ -83,3 +83,18 @@ def test_bad_input_subprocess_has_no_traceback(tmp_path):
     r = peagle("generate", "--model", str(tmp_path / "nope"), "--prompt", "hi")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().startswith("peagle: error: model directory not found")
+
+
+def test_generate_passes_top_k_top_p_and_max_model_len_on(textmodel, capsys):
+    """--top-k 1 (or a tiny --top-p) at temperature 1 keeps only the likeliest token: greedy's text, whatever the
+    seed; --max-model-len bounds the context (a longer prompt is one error line)."""
+    from peagle.cli import main
+    base = ["generate", "--model", textmodel, "--prompt", "def foo(x):", "--max-tokens", "16"]
+    assert main(base) == 0
+    greedy = capsys.readouterr().out
+    for flags in (["--top-k", "1"], ["--top-p", "1e-6"]):
+        assert main(base + ["--temperature", "1.0", "--seed", "3", *flags]) == 0
+        assert capsys.readouterr().out == greedy, flags
+    assert main(base + ["--max-model-len", "8", "--prompt", "word " * 20]) == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("peagle: error:") and "8" in err[0], err

@@ -197,3 +197,30 @@ def test_generate_checks_its_sampling_flags_before_loading(tmp_path, capsys):
     assert "max_tokens must be >= 1" in one_line(capsys, ["generate", "--model", missing, "--prompt", "hi",
                                                           "--max-tokens", "0"])
     assert "top_p" in one_line(capsys, ["generate", "--model", missing, "--prompt", "hi", "--top-p", "2"])
+
+
+def test_tune_refuses_zero_threads_and_output_len_before_measuring(tmp_path, target, capsys):
+    """--threads 0 (torch's default would run instead) and --output-len 0 are one error line each, before the
+    head is read."""
+    spec = json.dumps({"method": "eagle3", "model": str(tmp_path / "none"), "num_speculative_tokens": 2})
+    assert "--threads" in one_line(capsys, ["tune", target, "--speculative-config", spec, "--threads", "0"])
+    assert "--output-len" in one_line(capsys, ["tune", target, "--speculative-config", spec, "--output-len", "0"])
+
+
+def test_generate_checks_its_speculative_config_before_loading(tmp_path, capsys):
+    missing = str(tmp_path / "no-such-model")
+    bad = json.dumps({"method": "eagle3", "model": "h", "num_speculative_tokens": 3, "foo": 1})
+    assert "unknown speculative config key" in one_line(capsys, ["generate", "--model", missing, "--prompt", "hi",
+                                                                 "--speculative-config", bad])
+
+
+def test_documented_defaults_and_port_range():
+    """What README / docs/security.md promise: serve binds 127.0.0.1:8000 by default, any port 0..65535 is taken;
+    generate writes 128 tokens unless told."""
+    from peagle.cli import build_parser
+    a = build_parser("serve").parse_args(["serve"])
+    assert (a.host, a.port, a.max_num_seqs) == ("127.0.0.1", 8000, 128)
+    assert build_parser("serve").parse_args(["serve", "--port", "65535"]).port == 65535
+    assert build_parser("serve").parse_args(["serve", "--port", "0"]).port == 0
+    g = build_parser("generate").parse_args(["generate", "--prompt", "x"])
+    assert (g.max_tokens, g.temperature, g.top_p, g.top_k) == (128, 0.0, 1.0, 0)

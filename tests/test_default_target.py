@@ -62,3 +62,21 @@ def test_peagle_setup_finds_a_prepared_home_current(smollm2, capsys):
     assert f"peagle home: {HOME}" in out and f"default target: {smollm2}" in out
     assert ("built peagle_quant" in out) == (quant_ext.get() is not None)
     assert os.stat(os.path.join(smollm2, "model.safetensors")).st_mtime == st.st_mtime
+
+
+def test_a_stamp_over_other_weights_is_not_trusted_nor_is_another_gguf(tmp_path, monkeypatch):
+    """ensure() trusts a converted directory only when its weights hash to the pinned value (a stamp that claims
+    so over other bytes is converted again), and converts only the pinned GGUF (another file: one PeagleError)."""
+    import json as _json
+
+    from peagle import default_target
+    from peagle.errors import PeagleError
+    out = tmp_path / "target"
+    out.mkdir()
+    (out / "conversion.json").write_text(_json.dumps({"safetensors_sha256": default_target.SAFETENSORS_SHA256}))
+    (out / "model.safetensors").write_bytes(b"not the pinned weights")
+    fake = tmp_path / default_target.GGUF_NAME
+    fake.write_bytes(b"GGUF not the pinned file")
+    monkeypatch.setattr(default_target, "gguf_path", lambda: str(fake))
+    with pytest.raises(PeagleError, match="is not the pinned"):
+        default_target.ensure(str(out), verbose=False)

@@ -199,3 +199,15 @@ def test_bfloat16_speculative_greedy_equals_plain_bfloat16(target, head, kind):
     if kind == "oracle":
         assert llm.get_metrics()["mean_acceptance_length"] > 2
     assert_same_but_ties(plain, prompts, got, want)
+
+
+@pytest.mark.parametrize("command,required", [
+    ("generate", ["--prompt", "x"]), ("serve", []), ("bench", []), ("datagen", ["--out", "o"]),
+    ("tune", ["--speculative-config", "{}"]),
+    ("train", ["--method", "eagle3", "--data", "d", "--out", "o"])])
+def test_every_command_defaults_to_auto_device_and_dtype(command, required):
+    """--device / --dtype default to auto everywhere (a GPU is used when there is one); --dtype takes any case."""
+    from peagle.cli import build_parser
+    a = build_parser(command).parse_args([command, *required])
+    assert (a.device, a.dtype) == ("auto", "auto")
+    assert build_parser(command).parse_args([command, *required, "--dtype", "BF16"]).dtype == "bf16"

@@ -176,3 +176,20 @@ def test_a_speculators_cache_is_read_with_a_config_and_says_it_has_no_masks(tiny
     cache = HiddenStateCache(d)
     assert len(cache) == 3 and "every token is supervised" in capsys.readouterr().err
     assert bool(cache.doc(0)[1].all())
+
+
+def test_cli_layer_ids_take_the_final_state_and_refuse_past_it(tiny_dirs, tmp_path, capsys):
+    """--layer-ids' last id is num_layers (the final state, as the help says); one past it is one error line."""
+    from tiny import write_greedy_shard
+
+    from peagle.cli import main
+    t = tiny_dirs["llama"]
+    with open(os.path.join(t, "config.json")) as f:
+        L = json.load(f)["num_hidden_layers"]
+    data = write_greedy_shard(t, str(tmp_path / "data"), n=2, gen=4)
+    base = ["hidden-states", "--model", t, "--data", data]
+    assert main(base + ["--out", str(tmp_path / "hs"), "--layer-ids", f"1,{L}"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--out", str(tmp_path / "hs2"), "--layer-ids", f"1,{L + 1}"]) == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and f"0..{L}" in err[0], err

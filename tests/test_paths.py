@@ -17,6 +17,7 @@ def test_elsewhere_is_symbolic(tmp_path, monkeypatch):
     assert portable_path(outside) == "<external>/data2"
     assert portable_paths(f"{tmp_path}/a,{outside}") == "a,<external>/data2"
     assert portable_path(None) is None
+    assert portable_path(tmp_path.parent) == f"<external>/{tmp_path.parent.name}"    # not "..": above the cwd
 
 
 def test_settings_make_only_their_path_keys_portable(tmp_path, monkeypatch):

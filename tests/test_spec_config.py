@@ -33,6 +33,9 @@ def test_per_batch_size_schedule_as_vllm():
     ({"num_speculative_tokens": "auto", "num_speculative_tokens_per_batch_size": [[1, 8, 2]]}, "integer num_spec"),
     ({"num_speculative_tokens_per_batch_size": [[2, 8, 2]]}, "start at 1"),
     ({"num_speculative_tokens_per_batch_size": [[1, 8, 2], [8, 9, 1]]}, "overlap"),
+    ({"num_speculative_tokens": 33}, "1..32"),
+    ({"num_speculative_tokens": "auto", "max_num_speculative_tokens": 33}, "goes with"),
+    ({"draft_tensor_parallel_size": 2}, "draft_tensor_parallel_size"),
 ])
 def test_bad_configs_are_one_clear_error(kw, msg):
     with pytest.raises(PeagleError, match=msg):
@@ -44,3 +47,12 @@ def test_none_turns_speculation_off_everywhere():
     from peagle.spec_config import parse_spec_config
     for off in ("none", "NULL", " off ", ""):
         assert parse_spec_config(off) is None
+
+
+def test_defaults_as_vllm():
+    """An EAGLE-3 config without parallel_drafting is EAGLE-3 (vLLM's default false), K 32 is the largest taken,
+    and as_dict() leaves peagle's default draft_sampling out (the dict vLLM gets is vLLM's)."""
+    s = parse_spec_config(cfg(num_speculative_tokens=32))
+    assert s.parallel_drafting is False and s.name == "eagle3" and s.num_speculative_tokens == 32
+    assert s.as_dict() == {"method": "eagle3", "model": "h", "num_speculative_tokens": 32, "parallel_drafting": False}
+    assert parse_spec_config(cfg(draft_sampling="argmax")).as_dict()["draft_sampling"] == "argmax"
