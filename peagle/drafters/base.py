@@ -164,18 +164,14 @@ class Proposer:
             return
         behind = ctx.behind[:B]
         ctx.ensure(B, max(behind) + 1)
-        if min(behind) == max(behind):           # rows level (always at B = 1): column `behind` by plain slicing
-            b = behind[0]
-            ctx.ids[:B, b] = tokens[:, 0]
-            if aux is not None:
-                ctx.aux[:B, b] = aux[:, 0]
-            ctx.n[:B] += 1
-        else:                                    # each row at its own n (= behind, on the device)
-            rows, n = torch.arange(B, device=tokens.device), ctx.n[:B]
-            ctx.ids[rows, n] = tokens[:, 0]
-            if aux is not None:
-                ctx.aux[rows, n] = aux[:, 0]
-            n += 1
+        # each row's next column is its n (= behind); rows level (always at B = 1) write it by plain slicing,
+        # ~20 us where index tensors cost ~45 us per step
+        rows, col = ((slice(0, B), behind[0]) if min(behind) == max(behind) else
+                     (torch.arange(B, device=tokens.device), ctx.n[:B]))
+        ctx.ids[rows, col] = tokens[:, 0]
+        if aux is not None:
+            ctx.aux[rows, col] = aux[:, 0]
+        ctx.n[:B] += 1
         ctx.behind[:B] = [b + 1 for b in behind]
 
     def catch_up_rows(self, batch_size: int, steady: int) -> int:
