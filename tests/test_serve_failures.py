@@ -365,13 +365,15 @@ def test_prompt_tokens_count_prompts_that_were_prefilled(model_dir):
 
 def test_ctrl_c_stops_peagle_serve_cleanly(model_dir):
     """Ctrl-C (SIGINT) on `peagle serve`: a clean shutdown, exit status 0 (uvicorn's Server.run re-raises the
-    signal it handled after shutting down; uncaught, it was exit 130 and 'peagle: interrupted')."""
+    signal it handled after shutting down; uncaught, it was exit 130 and 'peagle: interrupted'). The server
+    client.launch started has the row count it was asked for (`peagle bench --mode online` sizes it so)."""
     import signal
 
     from peagle import client as client_http
-    p, url = client_http.launch(model_dir, None, 2)
+    p, url = client_http.launch(model_dir, None, 3)
     try:
         assert client_http.get_json(url + "/health", 5)["status"] == "ok"
+        assert client_http.get_json(url + "/debug/engine", 5)["max_num_seqs"] == 3
         p.send_signal(signal.SIGINT)
         assert p.wait(30) == 0
     finally:
