@@ -107,7 +107,10 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def add_arguments(p, dtype_help: str = "auto: bfloat16 on CUDA, float32 on CPU (default auto)"):
+AUTO_DTYPE_HELP = "auto: bfloat16 on CUDA (float16 where the GPU lacks native bfloat16), float32 on CPU (default auto)"
+
+
+def add_arguments(p, dtype_help: str = AUTO_DTYPE_HELP):
     """--device and --dtype, the same for every command that runs a model (dtype_help: what auto means there)."""
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                    help="auto: CUDA when available, else CPU (default auto)")
