@@ -115,3 +115,43 @@ def test_runner_refuses_bad_positions(qtarget):
         st.run.forward(x, c.k, c.v, cos, cos, torch.tensor([[16]]), None, 0, 1, [])
     with pytest.raises(RuntimeError, match="one k and one v cache per layer"):
         st.run.forward(x, c.k[:1], c.v[:1], cos, cos, torch.tensor([[0]]), None, 0, 1, [])
+
+
+@pytest.fixture(scope="module")
+def hd96_target(tmp_path_factory):
+    """A tiny llama of one 96-wide head (kv 1, every width a multiple of 32): float32 1 / sqrt(96) is not the
+    rounded 96 ** -0.5 (the qtarget's 16 and SmolLM2's 64 are powers of 4, where every formula agrees)."""
+    from tiny import save_tiny
+    return save_tiny("llama", str(tmp_path_factory.mktemp("hd96") / "llama"), hidden=96, heads=1, kv=1, layers=2,
+                     intermediate_size=128)
+
+
+def test_runner_scales_scores_by_the_python_head_dim_power(hd96_target):
+    """The runner's attention scale is Python's hd ** -0.5 rounded to float32 (quant.attend_exact's), so a head
+    size where 1 / sqrtf(hd) is one ulp off (96) still gives the loop's bits. Negative control: the two scales
+    differ here."""
+    import numpy as np
+
+    from peagle.models import llama
+    assert np.float32(96 ** -0.5) != np.float32(1) / np.sqrt(np.float32(96))
+    t = llama.Transformer.from_pretrained(hd96_target, quantization="q8")
+    assert t.cfg.head_dim == 96
+    g = torch.Generator().manual_seed(5)
+    steps = [(torch.randint(5, 500, (1, 12), generator=g), 0, torch.tensor([0]), dict(span=12, s0=0)),
+             (torch.randint(5, 500, (1, 3), generator=g), 0, torch.tensor([12]), dict(span=15))]
+    (ref, cref), (got, cgot) = _run(t, False, steps), _run(t, True, steps)
+    assert t._layer_stack() is not None
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ref, got))
+    assert all(torch.equal(a, b) for a, b in zip(cref.k + cref.v, cgot.k + cgot.v))
+
+
+def test_runner_keeps_one_aux_slot_per_repeated_layer(hd96_target):
+    """aux_ids naming a layer twice give it one slot, as the Python loop's `i in aux_ids` does (aux [B, T, distinct
+    layers * H], in layer order); counting the repeat left an unwritten slot in the runner's aux."""
+    from peagle.models import llama
+    t = llama.Transformer.from_pretrained(hd96_target, quantization="q8")
+    steps = [(torch.randint(5, 500, (2, 6), generator=torch.Generator().manual_seed(6)), 0, torch.tensor([0, 0]),
+              dict(span=6, s0=0, aux_ids=(2, 0, 2, 0)))]
+    (ref, _), (got, _) = _run(t, False, steps), _run(t, True, steps)
+    assert ref[0][1].shape == (2, 6, 2 * 96)
+    assert torch.equal(ref[0][0], got[0][0]) and torch.equal(ref[0][1], got[0][1])

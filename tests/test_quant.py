@@ -283,6 +283,64 @@ def test_fused_ops_match_torch():
 
 
 @pytest.mark.skipif(EXT is None, reason="needs the built extension")
+def test_rms_norm_takes_add_rms_norms_sums_bit_for_bit():
+    """rms_norm(x) is add_rms_norm(x, 0)'s normed output bit for bit (ops.h: the same sums of squares in float64,
+    eps inside the root, one float32 inverse), so a drafter's norms (heads/model.py) round as the target's fused
+    ones. Reference: that arithmetic written out (rows from 1e-3 to 1e3: eps counts in the small ones); a float32
+    sum of squares gave other bits here while test_fused_ops_match_torch's tolerance let it pass."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(7, 576, generator=g) * torch.logspace(-3, 3, 7)[:, None]
+    w = torch.rand(576, generator=g) + 0.5
+    got = EXT.rms_norm(x, w, 1e-5)
+    assert torch.equal(got, EXT.add_rms_norm(x, torch.zeros_like(x), w, 1e-5)[1])
+    inv = (1.0 / torch.sqrt(x.double().pow(2).sum(-1, keepdim=True) / x.shape[-1] + 1e-5)).float()
+    assert torch.equal(got, x * inv * w)
+    assert not torch.equal(got, EXT.rms_norm(x, w, 1e-6))          # negative control: eps is read
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+def test_quantize_act_gives_nan_and_inf_the_scalar_paths_bits():
+    """quantize_act's rule for odd activations, the same on every path: a NaN drops out of its block's amax and
+    quantizes to 127 (fmax / fmin's rule, which the AVX2 path gets from its operand order), at any lane of a
+    block; an inf makes its block's scale inf (the others 0, the inf 127). A NaN reaching the AVX2 path's amax
+    (scale NaN) or its clamp (-127) passed every other test."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(3, 256, generator=g)
+    for r, j in ((0, 0), (0, 39), (0, 71), (1, 127), (1, 200), (2, 255)):    # lanes 0-7 of a block, every block end
+        x[r, j] = float("nan")
+    x[2, 64 + 5] = float("inf")
+    x[2, 96 + 3] = -float("inf")
+    q1, d1, s1 = EXT.quantize_act(x, 1)
+    assert q1[0, 0] == 127 and q1[1, 127] == 127 and torch.isfinite(d1[0]).all() and d1[2, 2] == float("inf")
+    for impl in IMPLS[2:]:
+        q, d, s = EXT.quantize_act(x, impl)
+        assert torch.equal(q, q1) and torch.equal(d.view(torch.int32), d1.view(torch.int32)), impl
+        assert torch.equal(s.view(torch.int32), s1.view(torch.int32)), impl
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
+def test_cache_slot_checks_hold_at_the_exact_boundary():
+    """The checks in front of the cache writes are exact: rope_kv writes position cap - 1 and refuses cap (one
+    slot past the row: the next head's or row's entries, or past the buffer), compact_kv takes start + max(i,
+    path) = cap - 1 and refuses cap. test_bad_arguments_to_the_extension probes far outside only, which let a
+    check one off (<= cap) through."""
+    nh, nkv, hd, cap = 2, 1, 8, 4
+    kc, vc = torch.zeros(1, nkv, cap, hd), torch.zeros(1, nkv, cap, hd)
+    qkv, cos, sin = torch.ones(1, 1, (nh + 2 * nkv) * hd), torch.ones(1, 1, hd), torch.zeros(1, 1, hd)
+    EXT.rope_kv(qkv, cos, sin, kc, vc, 0, torch.tensor([[cap - 1]]), nh, nkv)
+    assert kc[0, 0, cap - 1].abs().sum() > 0 and kc[0, 0, :cap - 1].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        EXT.rope_kv(qkv, cos, sin, kc, vc, 0, torch.tensor([[cap]]), nh, nkv)
+    k = torch.arange(cap * hd, dtype=torch.float32).view(1, 1, cap, hd)
+    a = k.clone()
+    EXT.compact_kv([a], [a.clone()], 0, torch.tensor([1]), torch.tensor([[0, 2]]))   # slots 1, 3 -> 1, 2
+    assert torch.equal(a[0, 0, 2], k[0, 0, 3])
+    for start, path in ((1, [0, 3]), (3, [0, 0]), (2, [2, 1])):                      # a slot at cap, each way
+        with pytest.raises(RuntimeError, match="slot outside"):
+            EXT.compact_kv([k.clone()], [k.clone()], 0, torch.tensor([start]), torch.tensor([path]))
+
+
+@pytest.mark.skipif(EXT is None, reason="needs the built extension")
 @pytest.mark.parametrize("one_slice", [True, False])
 def test_fused_rope_and_cache_write_match_the_torch_ops_bit_for_bit(one_slice):
     """quant.rope_kv == apply_rope + KVCache.write (q returned, k rotated and v in the cache), for a block that

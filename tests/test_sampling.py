@@ -41,6 +41,20 @@ def test_kernel_gives_torchs_indices(impl, V):
 
 
 @pytest.mark.skipif(EXT is None, reason="the C++ extension is not built (make setup)")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_lone_nan_is_found_at_every_position(impl):
+    """Row i holds one NaN, at i: the argmax is i wherever that falls -- first lanes, the last element of the
+    vector passes (index 31 / 63 / 127: the bound of first_nan's search, which hard_rows' sparse NaNs never hit)
+    and the scalar tail."""
+    g = torch.Generator().manual_seed(5)
+    for V in (32, 33, 64, 65, 128, 130):
+        x = torch.randn(V, V, generator=g)
+        x[torch.arange(V), torch.arange(V)] = float("nan")
+        assert torch.equal(EXT.argmax_last(x, impl), torch.arange(V)), (impl, V)
+        assert torch.equal(x.max(-1).indices, torch.arange(V))
+
+
+@pytest.mark.skipif(EXT is None, reason="the C++ extension is not built (make setup)")
 def test_ties_tell_first_from_last():
     x = hard_rows(1000, 0)[1:2]                      # integer ties
     assert not torch.equal(last_max(x), x.max(-1).indices)

@@ -46,6 +46,26 @@ def test_rms_norm_matches_float64(kernel, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("kernel", PATHS)
+def test_rms_norm_keeps_eps_for_small_rows(kernel, monkeypatch):
+    """eps sits inside the root: rows whose mean square is near or below it (1e-3-scaled rows, an all-zero row:
+    y = 0 and dx = 0, not NaN) match float64 with eps, values and gradients. test_rms_norm_matches_float64's rows
+    (mean square ~9) cannot tell eps from none. Negative control: the reference without eps differs."""
+    monkeypatch.setattr(to, "USE_KERNEL", kernel)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 48, generator=gen) * torch.tensor([1e-3, 3e-3, 1.0, 0.0])[:, None]
+    w, g = torch.rand(48, generator=gen) + 0.5, torch.randn(4, 48, generator=gen).bfloat16()
+    assert (to._kernel(x) is not None) == kernel
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = to.rms_norm(xg, wg, 1e-5)
+    y.backward(g)
+    assert torch.isfinite(y.float()).all() and torch.isfinite(xg.grad).all() and y[3].abs().sum() == 0
+    ry, rdx, rdw = _norm64(x, w, 1e-5, g)
+    assert _rel(y, ry) < 8e-3 and _rel(wg.grad, rdw) < 1e-4 and _rel(xg.grad, rdx) < 1e-4
+    oy, _, _ = _norm64(x[:3], w, 0.0, g[:3])
+    assert _rel(y[:3], oy) > 0.05
+
+
+@pytest.mark.parametrize("kernel", PATHS)
 def test_swiglu_matches_float64(kernel, monkeypatch):
     """silu(a) * b of the two halves of one [rows, 2I] bfloat16 product (strided views, as the grouped gate/up
     gives them) and its gradients within bfloat16 rounding of float64, large |a| included (the sigmoid never

@@ -356,6 +356,29 @@ def test_compact_kv_extension_matches_the_torch_copies():
     assert not all(torch.equal(x, y) for x, y in zip(a.k + a.v, c.k + c.v))
 
 
+def test_compact_kv_extension_reads_a_rows_sources_before_its_writes():
+    """ops.h's promise for the C++ compaction: a row's W sources are all read before any is written, so a path
+    that moves an entry onto a slot another source still needs (a rotation, a reversal) gives the gathered copy.
+    tree.py's increasing paths never need it (an in-place copy gives them the same cache), so only this pins it.
+    Reference: the gather written out in torch."""
+    from peagle.models import quant_ext
+    ext = quant_ext.get()
+    if ext is None:
+        pytest.skip("needs the built extension")
+    g = torch.Generator().manual_seed(10)
+    k, v = torch.randn(3, 2, 12, 8, generator=g), torch.randn(3, 2, 12, 8, generator=g)
+    start, path = torch.tensor([2, 0]), torch.tensor([[2, 0, 1], [3, 2, 1]])          # rows b0 = 1 and 2
+    want_k, want_v = k.clone(), v.clone()
+    for b in range(2):
+        s = int(start[b])
+        want_k[1 + b, :, s:s + 3] = k[1 + b, :, s + path[b]]
+        want_v[1 + b, :, s:s + 3] = v[1 + b, :, s + path[b]]
+    got_k, got_v = k.clone(), v.clone()
+    ext.compact_kv([got_k], [got_v], 1, start, path)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert not torch.equal(got_k, k)
+
+
 def test_accept_greedy_takes_only_paths_accepted_from_the_root():
     """Hand-built trees (a mutation review: acceptance looked one parent up only, and padding nodes could be
     accepted): a rejected node's matching descendants are not accepted, a padding node (token 0 under the root)
