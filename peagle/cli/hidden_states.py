@@ -3,6 +3,7 @@ hs_{i}.safetensors format; what is written: peagle/train/hidden_states.py)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -12,7 +13,8 @@ from ..llm import DEFAULT_MODEL
 from ..models.loader import load_target
 from ..paths import portable_path
 from ..train import hidden_states
-from ..train.data import load_docs
+from ..train.checks import check_data_model, check_out, out_dir
+from ..train.data import load_docs, skipped_note
 from ..train.hidden_states import default_layer_ids, extract
 
 
@@ -25,28 +27,46 @@ def add_parser(sub):
     p.add_argument("--out", required=True, help="cache directory (rerun to resume)")
     p.add_argument("--layer-ids", default=None,
                    help="comma-separated, the last = num_layers (default: vLLM's aux ids 2,L//2,L-3 and L)")
-    p.add_argument("--max-docs", type=int, default=0)
+    p.add_argument("--max-docs", type=int, default=0, help="use at most this many documents (0 = all)")
     p.add_argument("--max-tokens", type=int, default=2048, help="documents are cut to this many tokens")
-    p.add_argument("--max-batch-tokens", type=int, default=8192)
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per target forward")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     p.set_defaults(func=run)
 
 
+def check_args(a) -> None:
+    """The numeric flags, checked before anything loads or is written (--max-tokens 0 made empty documents)."""
+    for flag, low in (("max_tokens", 1), ("max_batch_tokens", 1), ("max_docs", 0), ("threads", 0)):
+        if getattr(a, flag) < low:
+            raise PeagleError(f"--{flag.replace('_', '-')} must be {'at least 1' if low else '>= 0'}, "
+                              f"got {getattr(a, flag)}")
+
+
 def run(a):
+    check_args(a)
     if a.threads:
         torch.set_num_threads(a.threads)
     model = a.model or DEFAULT_MODEL
+    label = None if a.model else f"{portable_path(model)} (the default)"
     try:
         given = [int(x) for x in a.layer_ids.split(",")] if a.layer_ids else None
     except ValueError:
         raise PeagleError(f"--layer-ids is comma-separated layer numbers, got {a.layer_ids!r}") from None
-    docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None)]
-    target = load_target(model)
-    L = target.cfg.num_hidden_layers
-    if given is not None and not all(0 <= i <= L for i in given):
-        raise PeagleError(f"--layer-ids {a.layer_ids}: this target's layers are 0..{L} (L = the final state)")
-    ids = given if given is not None else default_layer_ids(L, default_aux_layer_ids(L))
-    r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
+    check_out(a.out, model)
+    check_data_model(a.data, model, "--model", label)
+    check_data_model(a.out, model, "--model", label)          # a cache being resumed: the same target's
+    counts = {}
+    docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None, counts=counts)]
+    note = skipped_note(counts["read"], counts["skipped"])
+    if note:
+        print(f"hidden-states: {note}", file=sys.stderr, flush=True)
+    with out_dir(a.out):                          # a run that fails before writing anything leaves no empty --out
+        target = load_target(model)
+        L = target.cfg.num_hidden_layers
+        if given is not None and not all(0 <= i <= L for i in given):
+            raise PeagleError(f"--layer-ids {a.layer_ids}: this target's layers are 0..{L} (L = the final state)")
+        ids = given if given is not None else default_layer_ids(L, default_aux_layer_ids(L))
+        r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
     print(f"{a.out}: {len(docs)} samples; this run {r['samples']} samples, {r['tokens']} tokens in "
           f"{r['seconds']:.0f} s ({r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s), "
           f"{r['bytes_per_token'] / 1024:.1f} KiB per token")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from ..device import add_arguments as add_device_arguments
 from ..errors import PeagleError
-from ..heads.io import is_head_dir
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
+from ..paths import portable_path
+from ..train.checks import check_data_model, check_out, out_dir
 from ..train.common import tune_malloc
 from ..train.config import TrainConfig
 from ..train.loop import Trainer
@@ -81,33 +83,29 @@ def add_arguments(p):
     p.add_argument("--kill-at-step", type=int, default=0, help=argparse.SUPPRESS)
 
 
-def check_out(out: str, target: str) -> None:
-    """--out receives the head (and the run's checkpoints and log): never a file, the target's directory, or
-    another model's (a config.json that is not a head's: the head would replace its weights)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise PeagleError(f"--out {out} exists and is not a directory")
-    if os.path.isdir(target) and os.path.isdir(out) and os.path.samefile(out, target):
-        raise PeagleError(f"--out {out} is the target's directory")
-    if os.path.isfile(os.path.join(out, "config.json")) and not is_head_dir(out):
-        raise PeagleError(f"--out {out} holds a model (its config.json is not a drafter head's): give another "
-                          "directory")
-
-
 def run(a):
+    label = None
     if a.target is None:
-        a.target = DEFAULT_MODEL
+        a.target, label = DEFAULT_MODEL, f"{portable_path(DEFAULT_MODEL)} (the default)"
     missing = [d for d in a.data.split(",") if not os.path.isdir(d)]
     if missing:                                   # before the target loads
         raise PeagleError(f"data directory not found: {missing[0]}")
     check_out(a.out, a.target)
+    check_data_model(a.data, a.target, "--target", label)
+    if a.feature_cache:
+        check_out(a.feature_cache, a.target, "--feature-cache")
+        check_data_model(a.feature_cache, a.target, "--target", label)
     ckpt = os.path.join(a.out, "checkpoint", "ckpt.pt")
     if os.path.isfile(ckpt) and not a.resume:
         raise PeagleError(f"--out {a.out} holds a run's checkpoint: --resume continues it; to start over, give "
                           f"another --out or delete {os.path.dirname(ckpt)}")
     cfg = TrainConfig.from_namespace(a)
+    if a.resume and not os.path.isfile(ckpt) and os.environ.get("RANK", "0") == "0":   # a typo'd --out: say so
+        print(f"note: no checkpoint in {os.path.dirname(ckpt)}: starting a new run", file=sys.stderr, flush=True)
     tune_malloc()     # a step's large buffers stay in the heap instead of page-faulting back in
-    t = Trainer(cfg)
-    rec = t.run()
+    with out_dir(a.out):                          # a run that fails before writing anything leaves no empty --out
+        t = Trainer(cfg)
+        rec = t.run()
     if t.rank == 0:
         print(f"saved {cfg.method} head to {cfg.out}: step {t.step}, loss {rec.get('loss')}, per-depth acc {rec.get('acc')}")
     return 0

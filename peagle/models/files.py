@@ -4,7 +4,7 @@ warm restart).
 
 Invariants: reading accepts sharded safetensors (``model.safetensors.index.json``), ``model.safetensors``, any
 ``*.safetensors`` and ``pytorch_model.bin`` as a fallback (:func:`load_tensors`); nothing here converts,
-validates or writes files (:func:`open_permissions` only sets a finished directory's modes)."""
+validates or writes files (:func:`open_permissions` and :func:`plain_mode` only set finished files' modes)."""
 from __future__ import annotations
 
 import json
@@ -19,16 +19,26 @@ WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def plain_mode(path: str | os.PathLike) -> None:
+    """A file safetensors wrote (mode 0600): the mode a plain open would give under the process's umask, so
+    another user (a vLLM server, a training job) can read it."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def open_permissions(path: str | os.PathLike) -> None:
     """A directory written through tempfile.mkdtemp (mode 0700) and its files (safetensors writes 0600): the
     modes a plain mkdir / open would give under the process's umask, so a server run by another user (vLLM)
     can read what peagle wrote."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o777 & ~umask)
+    os.chmod(path, 0o777 & ~_umask())
     for f in os.scandir(path):
         if f.is_file(follow_symlinks=False):
-            os.chmod(f.path, 0o666 & ~umask)
+            plain_mode(f.path)
 
 
 def read_config(path: str | os.PathLike) -> dict:

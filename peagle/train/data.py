@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
+from ..models.files import plain_mode
 
 
 def shard_path(out_dir: str, i: int) -> str:
@@ -33,6 +34,7 @@ def write_shard(path: str, docs: list[tuple[list, list]], info: dict | None = No
     save_file({"input_ids": torch.tensor(ids, dtype=torch.int32), "loss_mask": torch.tensor(mask, dtype=torch.uint8),
                "offsets": torch.tensor(offs, dtype=torch.int64)}, tmp,
               metadata={"info": json.dumps(info or {})})
+    plain_mode(tmp)                               # safetensors writes 0600: readable like a plain file
     os.replace(tmp, path)
 
 
@@ -50,22 +52,37 @@ def usable(doc: tuple[torch.Tensor, torch.Tensor], min_supervised: int = MIN_SUP
     return int(doc[1].sum()) >= min_supervised
 
 
-def load_docs(data_dir: str, max_docs: int | None = None,
-              min_supervised: int = MIN_SUPERVISED) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = MIN_SUPERVISED,
+              counts: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """All documents of a datagen directory, or of several given as "dir1,dir2" (shards in order); documents
-    with < min_supervised assistant tokens are dropped."""
+    with < min_supervised assistant tokens are dropped. counts (if given) receives {"read", "skipped"}: the
+    documents looked at and those dropped, for the CLI to say (skipped_note)."""
     files = []
     for d in data_dir.split(","):
         found = sorted(glob.glob(os.path.join(d, "shard-*.safetensors")))
         if not found:
             raise PeagleError(f"no shard-*.safetensors in {d}" if os.path.isdir(d) else f"data directory not found: {d}")
         files += found
-    docs = []
+    docs, read = [], 0
     for fn in files:
-        docs += [d for d in read_shard(fn) if usable(d, min_supervised)]
+        for d in read_shard(fn):
+            if usable(d, min_supervised):
+                docs.append(d)
+            read += 1
+            if max_docs and len(docs) >= max_docs:
+                break
         if max_docs and len(docs) >= max_docs:
-            return docs[:max_docs]
+            break
+    if counts is not None:
+        counts.update(read=read, skipped=read - len(docs))
     return docs
+
+
+def skipped_note(read: int, skipped: int, min_supervised: int = MIN_SUPERVISED) -> str | None:
+    """The line that says how many documents were left out as too short to train on (None if none were)."""
+    if not skipped:
+        return None
+    return f"{skipped} of {read} documents skipped (< {min_supervised} generated tokens)"
 
 
 def epoch_rows(lengths: list[int], max_tokens: int, seed: int, epoch: int) -> list[list[int]]:

@@ -27,6 +27,7 @@ from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL, LLM, chat_ids, load_tokenizer
 from ..models.loader import resolve_backend
 from ..sampling import SamplingParams
+from .checks import check_out, out_dir
 from .data import shard_path, write_shard
 
 
@@ -221,18 +222,31 @@ def parse_part(part: str) -> tuple[int, int]:
 
 
 def check_args(args) -> None:
-    """The flags that shape the run, and the model, checked before anything is written to --out."""
-    for flag in ("num_prompts", "shard_size", "batch", "max_new_tokens"):
+    """The flags that shape the run, the model and --out, checked before anything is written to --out."""
+    for flag in ("num_prompts", "shard_size", "batch", "max_new_tokens", "max_prompt_tokens"):
         if getattr(args, flag, 1) < 1:
             raise PeagleError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    for flag in ("temperature", "threads"):
+        if not getattr(args, flag, 0) >= 0:
+            raise PeagleError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    if not 0 <= args.code_fraction <= 1:          # else a negative chat count slices nearly the whole corpus
+        raise PeagleError(f"--code-fraction must be in [0, 1], got {args.code_fraction}")
     parse_part(args.part)
     resolve_backend(args.model, getattr(args, "target_backend", "auto"))   # a one-line error for a wrong --model
+    check_out(args.out, args.model)
+    if args.exclude:
+        excluded_ids(args.exclude)
 
 
 def run(args) -> int:
-    import torch
     args.model = args.model or DEFAULT_MODEL
     check_args(args)
+    with out_dir(args.out):                       # a run that fails before writing anything leaves no empty --out
+        return _run(args)
+
+
+def _run(args) -> int:
+    import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -293,15 +307,19 @@ def run(args) -> int:
               max_model_len=args.max_prompt_tokens * args.turns + args.max_new_tokens * args.turns + 16)
     from tqdm import tqdm
     bar = tqdm(total=len(items), initial=done_prompts, desc="datagen", unit="prompt")
-    t0, ntok = time.time(), 0
+    t0, ntok, nrows = time.time(), 0, 0
     for i, its in todo:
         rows, skipped = generate_shard(llm, its, args.max_prompt_tokens, args.max_new_tokens, args.temperature,
                                        args.seed + i)
         write_shard(shard_path(args.out, i), rows, {"shard": i, "ids": [it["id"] for it in its], "skipped": skipped})
         ntok += sum(sum(m) for _, m in rows)
+        nrows += len(rows)
         bar.update(len(its))
-        bar.set_postfix(gen_tok_s=f"{ntok / max(time.time() - t0, 1e-9):.0f}", rows=len(rows))
+        bar.set_postfix(gen_tok_s=f"{ntok / max(time.time() - t0, 1e-9):.0f}", rows=nrows)   # this run's rows
     bar.close()
+    dt = time.time() - t0
+    print(f"datagen: {nrows} samples, {ntok} generated tokens in {dt:.0f} s ({ntok / max(dt, 1e-9):.1f} tok/s), "
+          f"{len(todo)} shards written to {args.out}", flush=True)
     return 0
 
 
@@ -380,5 +398,5 @@ def run_with_states(args, items: list[dict], tok, template) -> int:
         res = {k: res[k] + r[k] for k in res}
     bar.close()
     print(f"datagen: {res['samples']} samples, {res['tokens']} generated tokens in {res['seconds']:.0f} s "
-          f"({res['tokens'] / max(res['seconds'], 1e-9):.1f} tok/s, hidden states included)", flush=True)
+          f"({res['tokens'] / max(res['seconds'], 1e-9):.1f} tok/s, hidden states included), written to {args.out}", flush=True)
     return 0

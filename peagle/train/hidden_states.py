@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import PeagleError
+from ..models.files import plain_mode
 from .features import layer_states
 
 CONFIG = "hidden_states.json"
@@ -53,6 +54,7 @@ def write_sample(d: str, i: int, token_ids: torch.Tensor, hidden: torch.Tensor, 
     if loss_mask is not None:
         t["loss_mask"] = loss_mask.to(torch.uint8).contiguous()
     save_file(t, fn + ".tmp")
+    plain_mode(fn + ".tmp")                       # safetensors writes 0600: readable like a plain file
     os.replace(fn + ".tmp", fn)
 
 

@@ -41,7 +41,7 @@ from .common import (
     set_rng_state,
 )
 from .config import TrainConfig
-from .data import MIN_SUPERVISED, StepPlan, load_docs, usable
+from .data import MIN_SUPERVISED, StepPlan, load_docs, skipped_note, usable
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
@@ -104,12 +104,23 @@ class Trainer:
         # load_docs leaves out such documents)
         self.hs = HiddenStateCache(c.data) if is_cache(c.data) else None
         if self.hs is not None:
-            kept = [(i, d) for i, d in ((i, self.hs.doc(i)) for i in range(len(self.hs))) if usable(d)]
-            kept = kept[: c.max_docs]
+            kept, read = [], 0
+            for i in range(len(self.hs)):
+                if c.max_docs and len(kept) >= c.max_docs:
+                    break
+                d = self.hs.doc(i)
+                read += 1
+                if usable(d):
+                    kept.append((i, d))
             self.hs_ids, self.docs = [i for i, _ in kept], [d for _, d in kept]
+            counts = {"read": read, "skipped": read - len(kept)}
         else:
-            self.docs = load_docs(c.data, c.max_docs)
+            counts = {}
+            self.docs = load_docs(c.data, c.max_docs, counts=counts)
             self.hs_ids = list(range(len(self.docs)))
+        note = skipped_note(counts["read"], counts["skipped"])
+        if note and self.docs and self.rank == 0:      # (none left: the error below says why)
+            print(f"train: {note}", file=sys.stderr, flush=True)
         if not self.docs:
             raise PeagleError(f"--data {c.data}: no document with at least {MIN_SUPERVISED} supervised tokens: "
                               "nothing to train on")
@@ -335,7 +346,8 @@ class Trainer:
             from tqdm import tqdm
             why = train_dtype_reason(c.dtype, self.device)
             auto_why = f"; auto: {why}" if why else ""
-            print(f"train {self.method}: {self.device.type}, target {dtype_name(self.target.dtype)}, head compute "
+            print(f"train {self.method}: target {c.target} ({dtype_name(self.target.dtype)}), "
+                  f"{self.device.type}, head compute "
                   f"{dtype_name(self.dtype or torch.float32)} (weights float32{auto_why})", flush=True)
             bar = tqdm(total=self.total, initial=self.step, desc=f"train {self.method}", unit="step")
         log_fn = os.path.join(c.out, "train_log.jsonl")
