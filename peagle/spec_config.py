@@ -101,8 +101,11 @@ class SpecConfig:
         return d
 
 
+MAX_K = 32                                 # the largest K peagle drafts (num_speculative_tokens is 1..MAX_K)
+
+
 def _k(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 32
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_K
 
 
 OFF = ("", "none", "null", "off")          # a speculative config that turns speculation off (as `peagle serve` takes)

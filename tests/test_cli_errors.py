@@ -42,16 +42,44 @@ def test_a_head_never_replaces_a_model(tmp_path, target, capsys, command):
     f = tmp_path / "file"
     f.write_text("x")
     assert "not a directory" in one_line(capsys, [command, str(src), str(f)])
-    assert "not found" in one_line(capsys, [command, str(tmp_path / "nope"), str(tmp_path / "o")])
+    assert "not a drafter head's directory" in one_line(capsys, [command, str(src), str(target), "--force"])
+    assert digest(target) == before
 
 
 @pytest.mark.parametrize("command", ["export", "import"])
-def test_a_head_replaces_a_head(tmp_path, capsys, command):
+def test_a_head_replaces_a_head_only_with_force(tmp_path, capsys, command):
+    """A second run replaced OUT silently, a training run's checkpoint/ and train_log.jsonl with it, and
+    `export pe pe` replaced the source head: now OUT is refused unless --force, and the source head always."""
     src, _ = head(tmp_path)
-    assert main([command, str(src), str(tmp_path / "out")]) == 0
-    assert main([command, str(src), str(tmp_path / "out")]) == 0      # the second run replaces the first
-    if command == "import":
-        assert "is the head being imported" in one_line(capsys, [command, str(src), str(src)])
+    out = tmp_path / "out"
+    assert main([command, str(src), str(out)]) == 0
+    (out / "checkpoint").mkdir()
+    (out / "checkpoint" / "ckpt.pt").write_text("x")
+    (out / "train_log.jsonl").write_text("{}\n")
+    before = {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()}
+    assert "exists (use --force to replace it)" in one_line(capsys, [command, str(src), str(out)])
+    assert {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()} == before
+    assert main([command, str(src), str(out), "--force"]) == 0           # --force replaces it
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    kept = digest(src)
+    (tmp_path / "link").symlink_to(src)
+    for o in (src, tmp_path / "link"):
+        assert "is the source head itself" in one_line(capsys, [command, str(src), str(o), "--force"])
+    assert digest(src) == kept
+
+
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_a_model_or_a_missing_path_as_the_head_says_so(tmp_path, capsys, command):
+    """A target model given as the head listed the tensors a head lacks (import first noted 'renamed N
+    tensor(s)'); a missing path was '.../config.json not found'. Now one line naming the mistake."""
+    from peagle.models.tiny import save_tiny
+    model = save_tiny("llama", str(tmp_path / "model"))
+    capsys.readouterr()                                      # transformers' progress bar
+    err = one_line(capsys, [command, model, str(tmp_path / "o")])
+    assert "holds a model (LlamaForCausalLM)" in err and "not a drafter head" in err, err
+    err = one_line(capsys, [command, str(tmp_path / "nope"), str(tmp_path / "o")])
+    assert f"{tmp_path / 'nope'} does not exist" in err, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_bench_checks_names_and_files_first(tmp_path, capsys):

@@ -16,7 +16,7 @@ from peagle.cli import import_ as import_cli
 from peagle.heads.export import export_head
 from peagle.heads.format import HeadValidationError, validate_head
 from peagle.heads.importer import import_head
-from peagle.heads.io import load_head_dir
+from peagle.heads.io import load_head_dir, save_head_dir
 
 
 @pytest.fixture
@@ -140,8 +140,8 @@ def test_export_keeps_existing_dir_when_refused(tmp_path, target):
     cfg = make_config()
     ts = make_tensors(cfg)
     del ts["mask_hidden"]
-    with pytest.raises(HeadValidationError):
-        export_head(write_head(tmp_path / "bad", cfg, ts), tmp_path / "o", target_dir=target)
+    with pytest.raises(HeadValidationError):          # even when asked to replace it
+        export_head(write_head(tmp_path / "bad", cfg, ts), tmp_path / "o", target_dir=target, overwrite=True)
     assert "mask_hidden" in load_head_dir(tmp_path / "o")[1]
 
 
@@ -180,13 +180,30 @@ def test_cli_export_import(tmp_path, target, capsys):
     assert "method=peagle" in capsys.readouterr().out
 
 
-def test_cli_export_refusal_exit_code(tmp_path, target, capsys):
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_cli_refusal_exit_code(tmp_path, target, capsys, command):
+    """An invalid head: exit status 2 (docs/vllm-parity.md), every problem listed, in peagle's error format
+    (`peagle: error: ...`, as every other command's; it was a bare `error: ...`)."""
     cfg = make_config(aux=(1, 2, 9))
     src = write_head(tmp_path / "bad", cfg, make_tensors(cfg))
-    assert _cli(["export", src, str(tmp_path / "o"), "--target", target]) == 2
+    assert _cli([command, src, str(tmp_path / "o"), "--target", target]) == 2
     err = capsys.readouterr().err
-    assert "out of range" in err and "nothing written" in err
+    assert err.startswith("peagle: error: ") and "out of range" in err and "nothing written" in err, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("k", ["0", "-1", "33", "99", "x"])
+def test_cli_export_checks_k_as_a_flag(tmp_path, target, capsys, k):
+    """-k 0 was reported as an invalid head ("num_speculative_tokens must be a positive integer") and -k 99 was
+    written, though peagle and its spec config cap K at 32: now argparse refuses the flag by name."""
+    src, _ = head(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        _cli(["export", src, str(tmp_path / "o"), "--target", target, "-k", k])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "-k/--num-speculative-tokens" in err and "1..32" in err and "not a valid" not in err, err
+    assert not (tmp_path / "o").exists()
+    assert _cli(["export", src, str(tmp_path / "o"), "--target", target, "-k", "32"]) == 0
 
 
 def test_export_notes_version_dependent_aux_ids(tmp_path, target):
@@ -223,12 +240,57 @@ def test_written_directories_get_the_umasks_modes(tmp_path, target):
         assert {stat.S_IMODE(os.stat(d / f).st_mode) for f in os.listdir(d)} == {fmode}
 
 
-def test_export_refuses_zero_speculative_tokens(tmp_path, target):
+def test_export_refuses_a_k_outside_1_to_32(tmp_path, target):
+    """A bad num_speculative_tokens is the caller's argument, not a fault of the head (ValueError, not
+    HeadValidationError); 33 was accepted."""
     src, _ = head(tmp_path)
-    for k in (0, -1):
-        with pytest.raises(HeadValidationError, match="num_speculative_tokens"):
+    for k in (0, -1, 33, True):
+        with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in 1\.\.32") as e:
             export_head(src, tmp_path / "o", target_dir=target, num_speculative_tokens=k)
+        assert not isinstance(e.value, HeadValidationError)
         assert not (tmp_path / "o").exists()
+
+
+def test_export_and_import_replace_a_head_only_when_asked(tmp_path, target):
+    """Both replaced an existing head silently (a training run's checkpoint/ and log with it): now only with
+    overwrite=True, and never the source head itself, even through a symlink."""
+    src, _ = head(tmp_path)
+    for name, write in (("export", lambda out, **kw: export_head(src, out, target_dir=target, **kw)),
+                        ("import", lambda out, **kw: import_head(src, out, target_dir=target, **kw))):
+        out = tmp_path / name
+        write(out)
+        (out / "train_log.jsonl").write_text("{}\n")
+        with pytest.raises(FileExistsError, match="use --force to replace it"):
+            write(out)
+        assert (out / "train_log.jsonl").exists()
+        write(out, overwrite=True)
+        assert not (out / "train_log.jsonl").exists() and load_head_dir(out)[1]
+    (tmp_path / "link").symlink_to(src)
+    before = sorted(os.listdir(src))
+    for out in (src, tmp_path / "link", tmp_path):
+        with pytest.raises(FileExistsError, match="source head"):
+            export_head(src, out, target_dir=target, overwrite=True)
+        with pytest.raises(FileExistsError, match="source head"):
+            import_head(src, out, target_dir=target, overwrite=True)
+    assert sorted(os.listdir(src)) == before
+
+
+def test_save_head_dir_gives_the_umasks_modes(tmp_path):
+    """save_head_dir (what `peagle train` saves a head with) wrote model.safetensors through safetensors (0600):
+    a vLLM server run as another user could not read a freshly trained head. Now a plain open()'s modes."""
+    import stat
+    cfg = make_config()
+    ts = make_tensors(cfg)
+    old = os.umask(0o022)
+    try:
+        save_head_dir(tmp_path / "a", cfg, ts)
+        os.umask(0o027)
+        save_head_dir(tmp_path / "b", cfg, ts)
+    finally:
+        os.umask(old)
+    for d, mode in ((tmp_path / "a", 0o644), (tmp_path / "b", 0o640)):
+        for f in ("model.safetensors", "config.json"):
+            assert stat.S_IMODE(os.stat(d / f).st_mode) == mode, (d, f)
 
 
 def test_reexport_keeps_the_served_k_not_the_trained_depth(tmp_path, target):

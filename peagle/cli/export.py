@@ -11,7 +11,19 @@ from ..errors import PeagleError
 from ..heads.config import is_parallel_head
 from ..heads.export import FORMATS, export_head
 from ..heads.format import HeadValidationError
-from ..spec_config import speculative_config
+from ..heads.io import NotAHeadError
+from ..spec_config import MAX_K, speculative_config
+
+
+def _k(x: str) -> int:
+    """-k: an integer in 1..MAX_K (what peagle and vLLM's spec config take), refused before any work."""
+    try:
+        k = int(x)
+    except ValueError:
+        k = None
+    if k is None or not 1 <= k <= MAX_K:
+        raise argparse.ArgumentTypeError(f"an integer in 1..{MAX_K}, got {x!r}")
+    return k
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -19,14 +31,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "export", help="export a head for vLLM (flat EAGLE-3 layout or speculators layout), validated first",
         description="Validate a peagle head and write it in vLLM's flat EAGLE-3 layout (--format vllm, loads on "
                     "vLLM >= 0.16) or the speculators layout (--format speculators, vLLM >= 0.22). Nothing is "
-                    "written if the head is invalid.")
+                    "written if the head is invalid (exit status 2). An existing OUT is refused unless --force.")
     p.add_argument("head", help="head directory (peagle native layout)")
-    p.add_argument("out", help="output directory")
+    p.add_argument("out", help="output directory (new or empty; --force replaces an existing head's)")
     p.add_argument("--format", choices=FORMATS, default="vllm")
     p.add_argument("--target", default=None, help="target model dir: validates vocab, aux ids, hidden size and "
                                                   "context against it; names the verifier (speculators)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, dest="k",
-                   help="K to serve with (speculators proposal_methods; default: the head's trained depth, else 3)")
+    p.add_argument("-k", "--num-speculative-tokens", type=_k, default=None, dest="k",
+                   help=f"K to serve with, 1..{MAX_K} (speculators proposal_methods; default: the head's trained "
+                        "depth, else 3)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing head in OUT (never the source head, a model's or other files)")
     p.set_defaults(func=run)
     return p
 
@@ -35,11 +50,12 @@ def run(args) -> int:
     notes: list[str] = []
     try:
         cfg = export_head(args.head, args.out, format=args.format, target_dir=getattr(args, "target", None),
-                          num_speculative_tokens=getattr(args, "k", None), notes=notes)
-    except HeadValidationError as e:
-        print(f"error: {e}\nnothing written to {args.out}", file=sys.stderr)
+                          num_speculative_tokens=getattr(args, "k", None), notes=notes,
+                          overwrite=getattr(args, "force", False))
+    except HeadValidationError as e:        # exit status 2 (docs/vllm-parity.md): an invalid head, every problem
+        print(f"peagle: error: {e}\nnothing written to {args.out}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, NotAHeadError) as e:
         raise PeagleError(f"{e}; nothing written") from None
     for n in notes:
         print(f"note: {n}")

@@ -15,10 +15,11 @@ import copy
 from pathlib import Path
 from typing import Mapping
 
+from ..spec_config import MAX_K
 from .config import NUM_AUX, fit_context, is_parallel_head
 from .format import HeadValidationError, portability_notes, validate_head
 from .importer import convert_head
-from .io import check_head_out, load_head_dir, read_config, replace_head_dir
+from .io import check_head_out, check_head_src, load_head_dir, read_config, replace_head_dir
 
 FORMATS = ("vllm", "speculators")
 # flat-config keys that describe the head rather than its transformer layer (speculators top level)
@@ -78,14 +79,20 @@ def speculators_config(cfg: Mapping, parallel: bool, k: int, verifier: Mapping) 
 
 
 def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_speculative_tokens: int | None = None,
-                notes: list[str] | None = None, overwrite: bool = True) -> dict:
+                notes: list[str] | None = None, overwrite: bool = False) -> dict:
     """Validate ``head_dir`` (peagle native layout; published layouts are converted first) and write it to
     ``out_dir`` in vLLM's flat layout or the speculators layout. Returns the written config.
-    Raises :class:`HeadValidationError` (nothing written) if the head is invalid."""
+    An existing head in ``out_dir`` is replaced only with ``overwrite`` (never ``head_dir`` itself, nor a model's
+    directory). Raises :class:`HeadValidationError` (nothing written) if the head is invalid, ValueError for a
+    ``num_speculative_tokens`` outside 1..MAX_K."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} (got {format!r})")
+    k = num_speculative_tokens
+    if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
+        raise ValueError(f"num_speculative_tokens must be an integer in 1..{MAX_K} (got {k!r})")
     notes = notes if notes is not None else []
-    check_head_out(out_dir, overwrite)        # before any work: a model's directory is never replaced
+    check_head_src(head_dir)
+    check_head_out(out_dir, overwrite, src=head_dir)   # before any work: a model's directory is never replaced
     config, tensors = load_head_dir(head_dir)
     tcfg = read_config(target_dir) if target_dir is not None else None
     parallel = is_parallel_head(config, tensors)
@@ -97,12 +104,14 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
     cfg = normalise_for_vllm(cfg, tcfg, notes)
     problems = validate_head(cfg, ts, tcfg, parallel=parallel)
     notes.extend(portability_notes(cfg, tcfg))
-    k = num_speculative_tokens
     if k is None:
         pb = cfg.get("peagle") or {}
         k = pb.get("serve_k") or pb.get("num_speculative_tokens") or pb.get("train_depths") or pb.get("ttt_steps") or 3
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        problems.append(f"num_speculative_tokens must be a positive integer (got {k!r})")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            problems.append(f"the K it records (peagle block) must be a positive integer (got {k!r}); pass -k")
+        elif k > MAX_K:
+            notes.append(f"K {k} (the head's depth) capped at {MAX_K}, peagle's and its spec config's limit")
+            k = MAX_K
     if format == "speculators" and target_dir is None and not (cfg.get("peagle") or {}).get("target"):
         problems.append("the speculators layout names its verifier: pass --target DIR")
     if problems:

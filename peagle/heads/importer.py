@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import os
-from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -31,7 +30,7 @@ from .config import (
     vllm_aux_layer_ids,
 )
 from .format import HeadValidationError, validate_head
-from .io import check_head_out, load_head_dir, replace_head_dir
+from .io import check_head_out, check_head_src, load_head_dir, replace_head_dir
 
 # keys of a speculators config that are not Llama-layer fields but belong in the flat config
 _SPEC_TOP_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_residual",
@@ -224,12 +223,13 @@ def convert_head(config: Mapping, tensors: Mapping[str, torch.Tensor], target_di
 
 def import_head(src: str | os.PathLike, out: str | os.PathLike | None = None,
                 target_dir: str | os.PathLike | None = None, validate: bool = True,
-                notes: list[str] | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+                notes: list[str] | None = None, overwrite: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
     """Load a published head (flat or speculators layout) as a validated native head; write it to ``out`` (new,
-    empty, or a head's directory: io.check_head_out)."""
+    empty, or with ``overwrite`` a head's directory other than ``src``: io.check_head_out)."""
     notes = notes if notes is not None else []
+    check_head_src(src)
     if out is not None:
-        check_head_out(out)
+        check_head_out(out, overwrite, src=src)
     config, tensors = load_head_dir(src)
     tcfg = read_config(target_dir) if target_dir is not None else None
     cfg, ts = convert_head(config, tensors, target_dir=target_dir, target_config=tcfg, notes=notes)
@@ -238,7 +238,5 @@ def import_head(src: str | os.PathLike, out: str | os.PathLike | None = None,
         if problems:
             raise HeadValidationError(problems, f"imported head {src}")
     if out is not None:
-        if Path(out).resolve() == Path(src).resolve():
-            raise FileExistsError(f"{out} is the head being imported: give another output directory")
-        replace_head_dir(out, cfg, ts)
+        replace_head_dir(out, cfg, ts, overwrite=overwrite)
     return cfg, ts

@@ -3,11 +3,13 @@ read through :mod:`peagle.models.files` as every HF directory is.
 
 Invariants: nothing here converts or validates.  Every write is atomic: a file is written under a temporary
 name and renamed, and :func:`replace_head_dir` swaps a whole directory in one rename, so a reader never sees a
-half-written head."""
+half-written head.  Files get the modes a plain open() gives under the umask (a vLLM server run as another user
+reads them).  An existing head is replaced only when asked (``overwrite``), and never by itself."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,12 +17,28 @@ from typing import Mapping
 
 import torch
 
-from ..models.files import CONFIG_NAME, WEIGHTS_NAME, load_tensors, open_permissions, read_config
+from ..models.files import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_tensors,
+    open_permissions,
+    plain_mode,
+    read_config,
+    safetensors_files,
+)
+
+
+class NotAHeadError(ValueError):
+    """The directory given as a head holds a target model (a causal LM), not a drafter head."""
 
 
 def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config dict, {name: tensor}) of a head directory, as stored (no conversion, no validation)."""
     p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist")
+    if not p.is_dir():
+        raise NotADirectoryError(f"{p} is not a directory (a head dir holds config.json + model.safetensors)")
     if not (p / CONFIG_NAME).exists():
         raise FileNotFoundError(f"{p / CONFIG_NAME} not found (a head dir holds config.json + model.safetensors)")
     return read_config(p), load_tensors(p)
@@ -30,6 +48,7 @@ def _atomic(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(str(tmp))
+        plain_mode(tmp)                   # safetensors writes 0600: a head is read by vLLM, maybe as another user
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -73,27 +92,64 @@ def is_head_dir(path: str | os.PathLike) -> bool:
     return isinstance(cfg, dict) and any(k in cfg for k in HEAD_KEYS)
 
 
-def check_head_out(out_dir: str | os.PathLike, overwrite: bool = True) -> None:
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def check_head_src(path: str | os.PathLike) -> None:
+    """Raise unless ``path`` may be read as a head: FileNotFoundError (absent), NotADirectoryError (a file),
+    NotAHeadError (a target model: a config without a head's keys over weights of several decoder layers), so
+    that the error names the mistake rather than listing the tensors a head lacks."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist")
+    if not p.is_dir():
+        raise NotADirectoryError(f"{p} is not a directory (a head dir holds config.json + model.safetensors)")
+    if is_head_dir(p) or not (p / CONFIG_NAME).is_file():
+        return
+    try:
+        from safetensors import safe_open
+        layers = set()
+        for f in safetensors_files(p):
+            with safe_open(str(f), framework="pt") as sf:     # the header only: no tensor is read
+                layers.update(int(m.group(1)) for k in sf.keys() if (m := _LAYER.search(k)))
+        cfg = read_config(p)
+    except Exception:  # noqa: BLE001 - unreadable: left to load_head_dir's own error
+        return
+    if len(layers) > 1:
+        arch = ", ".join(cfg.get("architectures") or []) if isinstance(cfg, dict) else ""
+        raise NotAHeadError(f"{p} holds a model{f' ({arch})' if arch else ''} with {len(layers)} decoder layers, "
+                            "not a drafter head: give the head's directory (--target takes the model)")
+
+
+def check_head_out(out_dir: str | os.PathLike, overwrite: bool = False, src: str | os.PathLike | None = None
+                   ) -> None:
     """Raise FileExistsError unless ``out_dir`` may receive a head: absent, an empty directory, or (overwrite)
-    a head directory. A target model's directory, any other non-empty one, or a file is never replaced."""
+    a head directory. Never the source head ``src`` itself (after symlinks) or a directory holding it, a
+    target model's directory, any other non-empty one, or a file."""
     out = Path(out_dir)
+    if src is not None:
+        o, s = out.resolve(), Path(src).resolve()
+        if o == s:
+            raise FileExistsError(f"{out} is the source head itself: give another output directory")
+        if o in s.parents:
+            raise FileExistsError(f"{out} holds the source head {src}: give another output directory")
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
     if not any(out.iterdir()):
         return
-    if not overwrite:
-        raise FileExistsError(f"{out} exists")
     if not is_head_dir(out):
         raise FileExistsError(f"{out} exists and is not a drafter head's directory (a model's, or other files); "
                               "refusing to replace it: give a new or empty directory")
+    if not overwrite:
+        raise FileExistsError(f"{out} exists (use --force to replace it)")
 
 
 def replace_head_dir(out_dir: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor],
-                     overwrite: bool = True) -> None:
+                     overwrite: bool = False) -> None:
     """Write a head into a temporary directory beside ``out_dir``, then rename it into place; an existing
-    ``out_dir`` is replaced only if it is a head directory or empty (check_head_out)."""
+    non-empty ``out_dir`` is replaced only if it is a head directory and ``overwrite`` (check_head_out)."""
     out = Path(out_dir).resolve()                  # a symlink: the directory it names is replaced, the link kept
     check_head_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
