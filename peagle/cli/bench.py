@@ -13,16 +13,42 @@ from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from ..models.loader import add_backend_argument, add_quantization_argument
-from ..spec_config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING
+from ..spec_config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING, MAX_K
+
+
+def _int(x: str, lo: int, hi: int | None = None) -> int:
+    """One integer in lo..hi, else argparse's one-line error (checked before any model loads)."""
+    try:
+        v = int(x)
+    except ValueError:
+        v = None
+    if v is None or v < lo or (hi is not None and v > hi):
+        raise argparse.ArgumentTypeError(f"an integer {'>= %d' % lo if hi is None else f'in {lo}..{hi}'}, got {x!r}")
+    return v
+
+
+def _at_least(lo: int):
+    def parse(s):
+        return _int(s.strip(), lo)
+    return parse
 
 
 def _ints(s):
-    return [int(x) for x in str(s).split(",") if x.strip()]
+    """Concurrency levels: a comma list of integers >= 1."""
+    out = [_int(x.strip(), 1) for x in str(s).split(",") if x.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("a comma list of integers >= 1, got an empty list")
+    return out
 
 
 def _ks(s):
-    """K values: integers, and "auto" (K chosen per step; a method per drafter in the tables)."""
-    return [x.strip() if x.strip() == "auto" else int(x) for x in str(s).split(",") if x.strip()]
+    """K values: integers in 1..32 (the speculative config's range), and "auto" (K chosen per step; a method per
+    drafter in the tables)."""
+    out = [x.strip() for x in str(s).split(",") if x.strip()]
+    bad = [x for x in out if x != "auto" and not (x.lstrip("-").isdigit() and 1 <= int(x) <= MAX_K)]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f'K values are integers in 1..{MAX_K} or "auto", got {", ".join(bad) or "none"}')
+    return [x if x == "auto" else int(x) for x in out]
 
 
 PEERS = ("hf", "hf-pld")
@@ -97,8 +123,8 @@ def add_parser(sub):
     p.add_argument("--remeasure", action="store_true",
                    help='measure the step-cost model of K "auto" now instead of using the cached one')
     p.add_argument("--concurrency", type=_ints, default=None, help="default 1,2,4,8,16,32,64,128")
-    p.add_argument("--num-prompts", type=int, default=None, help="prompts per dataset (default: all; speed: 80)")
-    p.add_argument("--output-len", type=int, default=None, help="max output tokens (default 256)")
+    p.add_argument("--num-prompts", type=_at_least(1), default=None, help="prompts per dataset (default: all; speed: 80)")
+    p.add_argument("--output-len", type=_at_least(1), default=None, help="max output tokens (default 256)")
     p.add_argument("--mode", choices=["offline", "online", "both"], default="offline",
                    help="offline: through the engine in this process; online: through `peagle serve` subprocesses "
                         "(one per method/K) with c concurrent streaming openai clients; both")
@@ -109,23 +135,23 @@ def add_parser(sub):
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
     p.add_argument("--fill-concurrency", action=argparse.BooleanOptionalAction, default=True,
                    help="at concurrency c > prompts, repeat prompts so c requests are in flight (default on)")
-    p.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every run (median reported)")
+    p.add_argument("--repeats", type=_at_least(1), default=1, help="interleaved repeats of every run (median reported)")
     p.add_argument("--humaneval-format", choices=["raw", "chat"], default="raw")
     p.add_argument("--mtbench-turns", type=int, choices=[1, 2], default=1)
-    p.add_argument("--max-prompt-len", type=int, default=1024, help="skip longer prompts (tokens; default 1024)")
+    p.add_argument("--max-prompt-len", type=_at_least(1), default=1024, help="skip longer prompts (tokens; default 1024)")
     p.add_argument("--peers", type=_peers, default=list(PEERS),
                    help="HF transformers peers at c=1: hf (generate), hf-pld (prompt lookup); '' for none")
-    p.add_argument("--peer-prompts", type=int, default=None, help="prompts per dataset for the HF peers (16)")
-    p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-pld")
+    p.add_argument("--peer-prompts", type=_at_least(1), default=None, help="prompts per dataset for the HF peers (16)")
+    p.add_argument("--pld-tokens", type=_at_least(1), default=10, help="prompt_lookup_num_tokens for hf-pld")
     add_arguments(p)
     add_argument(p)
     add_backend_argument(p)
     add_quantization_argument(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--threads", type=_at_least(1), default=None, help="torch threads (default: all cores)")
     p.add_argument("--random-heads", action="store_true",
                    help="use random heads of the target's shape when a head directory is missing (harness test)")
-    p.add_argument("--mask-token", type=int, default=None,
+    p.add_argument("--mask-token", type=_at_least(0), default=None,
                    help="mask token id of a random P-EAGLE head (default: the target tokenizer's <|mask|>)")
     p.add_argument("--quick", action="store_true",
                    help="sanity run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
