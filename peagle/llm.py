@@ -11,16 +11,18 @@ from __future__ import annotations
 import copy
 import numbers
 import os
+import sys
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from .autok.factory import k_max_for, make_policy
+from .autok.factory import k_max_for, make_policy, trained_depth
 from .device import resolve
 from .drafters.eagle3 import Eagle3Proposer
 from .drafters.peagle import PEagleProposer
 from .engine import Engine, cache_len, context_len
 from .errors import PeagleError
+from .heads.config import is_parallel_head
 from .heads.model import DrafterHead
 from .kpolicy import KPolicy
 from .models.loader import load_target
@@ -91,6 +93,19 @@ def load_head(spec: SpecConfig, target) -> DrafterHead:
                                        device=target.device, target_embed=target.embed)
 
 
+def head_notes(spec: SpecConfig, head_cfg: dict, k: int) -> list[str]:
+    """What a speculative config asks of its head that the head was not trained for (it runs, losslessly, but
+    drafts nothing useful there): a static K past the trained depth; a P-EAGLE head drafting autoregressively."""
+    notes, depth = [], trained_depth(head_cfg)
+    if not spec.auto and depth is not None and k > depth:
+        notes.append(f"num_speculative_tokens {k} is above the head's trained depth ({depth}): drafts past it "
+                     "are rarely accepted")
+    if not spec.parallel_drafting and is_parallel_head(head_cfg):
+        notes.append(f"{spec.model} is a P-EAGLE head but the config has no \"parallel_drafting\": true: it "
+                     "drafts autoregressively (K passes), as EAGLE-3")
+    return notes
+
+
 def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, max_model_len: int | None = None,
                 seed: int = 0, compile: bool = False, head: DrafterHead | None = None,
                 k_policy: KPolicy | None = None, model_dir: str | None = None) -> Engine:
@@ -103,6 +118,9 @@ def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, m
         return Engine(target, tok, None, 0, max_num_seqs, mlen, seed, compile=compile)
     head = head if head is not None else load_head(spec, target)
     k = k_max_for(spec, head.cfg)
+    if k_policy is None:                         # a user's engine (not a measuring one): say what will not pay
+        for note in head_notes(spec, head.cfg, k):
+            print(f"peagle: {note}", file=sys.stderr, flush=True)
     tree = spec.tree(k)
     cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
     proposer = cls(head, k, cache_len(mlen, k, tree), draft_sampling=spec.draft_sampling,

@@ -252,3 +252,27 @@ def test_documented_defaults_and_port_range():
     assert build_parser("serve").parse_args(["serve", "--port", "0"]).port == 0
     g = build_parser("generate").parse_args(["generate", "--prompt", "x"])
     assert (g.max_tokens, g.temperature, g.top_p, g.top_k) == (128, 0.0, 1.0, 0)
+
+
+def test_generate_says_when_the_context_cuts_max_tokens(capsys):
+    """--max-tokens past what the context leaves after the prompt was cut silently (5000 became 2046): the
+    engine still stops there (finish_reason length, as vLLM's LLM), and generate says so first."""
+    from peagle.llm import DEMO_TARGET
+    assert main(["generate", "--model", DEMO_TARGET, "--prompt", "hello", "--max-tokens", "40",
+                 "--max-model-len", "16"]) == 0
+    err = capsys.readouterr().err
+    assert "peagle: --max-tokens 40: the context (16) leaves" in err and "finish_reason=length" in err, err
+    assert main(["generate", "--model", DEMO_TARGET, "--prompt", "hello", "--max-tokens", "4",
+                 "--max-model-len", "16"]) == 0
+    assert "--max-tokens" not in capsys.readouterr().err                  # within the context: no note
+
+
+def test_version_and_a_bad_aux_ids_list(capsys):
+    """`peagle --version` exists; a bad --aux-ids was "invalid <lambda> value"."""
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("peagle ")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--aux-ids", "a,b", "--data", "d", "--out", "o"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "comma-separated layer numbers" in err and "lambda" not in err, err

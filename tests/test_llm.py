@@ -219,3 +219,25 @@ def test_a_text_prompt_gets_the_tokenizers_special_tokens(tiny_dirs, tmp_path):
     assert want[0] == 1
     out = llm.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=2))[0]
     assert out.prompt_token_ids == want
+
+
+def test_head_notes_say_what_the_head_was_not_trained_for():
+    """A static K past the head's trained depth and a P-EAGLE head without parallel_drafting ran without a word
+    (drafts past the depth are rarely accepted; the head then drafts autoregressively). Within its depth, as
+    configured, or with K auto: no note."""
+    from peagle.autok.factory import trained_depth
+    from peagle.heads.io import load_head_dir
+    from peagle.llm import head_notes
+    from peagle.spec_config import parse_spec_config
+    cfg, _ = load_head_dir(DEMO_PEAGLE_HEAD)
+    depth = trained_depth(cfg)
+
+    def notes(**kw):
+        spec = parse_spec_config(dict(CFG, **kw))
+        return head_notes(spec, cfg, depth + 4 if spec.auto else spec.num_speculative_tokens)
+    assert notes() == [] and notes(num_speculative_tokens=depth) == []
+    assert notes(num_speculative_tokens="auto") == []
+    (n,) = notes(num_speculative_tokens=depth + 1)
+    assert f"num_speculative_tokens {depth + 1} is above the head's trained depth ({depth})" in n
+    (n,) = notes(parallel_drafting=False)
+    assert "P-EAGLE head" in n and "drafts autoregressively" in n

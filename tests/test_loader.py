@@ -104,3 +104,16 @@ def test_quantized_or_bin_checkpoints_and_phantom_tokenizers(tiny_dirs, tmp_path
     assert resolve_backend(b) == "transformers" and isinstance(load_target(b), HFTarget)
     bare = save_tiny("qwen2", str(tmp_path / "bare"))
     assert load_tokenizer(bare) is None
+
+
+def test_a_head_or_a_file_as_the_model_says_so(tmp_path, tiny_dirs):
+    """A drafter head given as the target failed at load with "weights are missing tensor
+    'model.embed_tokens.weight'", a model's config.json as "model directory ... not found": one line each now
+    naming the mistake; the directory itself still resolves (negative control)."""
+    from peagle.llm import DEMO_PEAGLE_HEAD
+    d = tiny_dirs["qwen3"]
+    assert resolve_backend(d) == "native"
+    with pytest.raises(PeagleError, match="is a file, not a model directory"):
+        resolve_backend(os.path.join(d, "config.json"))
+    with pytest.raises(PeagleError, match="is a drafter head, not a target model"):
+        load_target(DEMO_PEAGLE_HEAD)

@@ -37,7 +37,9 @@ def module_name(command: str) -> str:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from .. import __version__
     ap = argparse.ArgumentParser(prog="peagle", description="Lossless speculative decoding with EAGLE-3 and P-EAGLE.")
+    ap.add_argument("--version", action="version", version=f"peagle {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_ in COMMANDS.items():
         if only is not None and name != only:

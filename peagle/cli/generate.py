@@ -54,6 +54,10 @@ def run(args) -> int:
         ids = llm.tokenizer(args.prompt)["input_ids"]        # with the tokenizer's special tokens, as LLM.generate
     eng, tok = llm.engine, llm.tokenizer
     req = eng.add_request("cli", ids, sp, args.prompt)
+    room = eng.max_model_len - len(ids)               # the engine stops there (finish_reason "length"), as vLLM's LLM
+    if args.max_tokens > room:
+        print(f"peagle: --max-tokens {args.max_tokens}: the context ({eng.max_model_len}) leaves {room} after the "
+              f"{len(ids)}-token prompt", file=sys.stderr)
     # what runs, once the input is accepted (a rejected input stays one error line)
     print(f"[target: {getattr(llm.engine.target, 'precision', str(llm.dtype).replace('torch.', ''))}]", file=sys.stderr)
     t0 = time.perf_counter()

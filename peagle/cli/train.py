@@ -21,6 +21,13 @@ from ..train.config import TrainConfig
 from ..train.loop import Trainer
 
 
+def _layer_ids(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated layer numbers, e.g. 2,15,27; got {s!r}") from None
+
+
 def add_arguments(p):
     p.add_argument("--method", choices=["eagle3", "peagle"], required=True)
     p.add_argument("--target", default=None, help="target HF directory (default: the default target, SmolLM2-135M-Instruct)")
@@ -31,7 +38,7 @@ def add_arguments(p):
     p.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
     p.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: target's)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="draft vocabulary size (0 = full)")
-    p.add_argument("--aux-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
+    p.add_argument("--aux-ids", type=_layer_ids, default=None,
                    help="target aux layer ids (default vLLM's 2,L//2,L-3; 1,L//2,L-1 below 7 target layers)")
     p.add_argument("--depths", type=int, default=8, help="P-EAGLE parallel depths K")
     p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 test-time-training unroll")

@@ -20,6 +20,7 @@ import torch
 from ..models.files import (
     CONFIG_NAME,
     WEIGHTS_NAME,
+    is_head_dir,
     load_tensors,
     open_permissions,
     plain_mode,
@@ -75,21 +76,6 @@ def save_head_dir(path: str | os.PathLike, config: Mapping, tensors: Mapping[str
             json.dump(dict(config), f, indent=2, sort_keys=sort_keys)
             f.write("\n")
     _atomic(p / CONFIG_NAME, write_config)
-
-
-# config keys only a drafter head has (peagle's and vLLM's flat layout, the speculators layout); a target's
-# config.json has none of them
-HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "eagle_config",
-             "speculators_model_type", "speculators_config", "peagle")
-
-
-def is_head_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a drafter head (its config.json has a head's keys): what may be replaced."""
-    try:
-        cfg = read_config(Path(path))
-    except Exception:  # noqa: BLE001 - unreadable or missing: not a head
-        return False
-    return isinstance(cfg, dict) and any(k in cfg for k in HEAD_KEYS)
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

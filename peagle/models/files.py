@@ -41,6 +41,21 @@ def open_permissions(path: str | os.PathLike) -> None:
             plain_mode(f.path)
 
 
+# config keys only a drafter head has (peagle's and vLLM's flat layout, the speculators layout); a target's
+# config.json has none of them
+HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "eagle_config",
+             "speculators_model_type", "speculators_config", "peagle")
+
+
+def is_head_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a drafter head (its config.json has a head's keys), not a target model."""
+    try:
+        cfg = read_config(Path(path))
+    except Exception:  # noqa: BLE001 - unreadable or missing: not a head
+        return False
+    return isinstance(cfg, dict) and any(k in cfg for k in HEAD_KEYS)
+
+
 def read_config(path: str | os.PathLike) -> dict:
     p = Path(path)
     if p.is_dir():

@@ -8,7 +8,7 @@ import os
 
 from ..errors import PeagleError
 from .config import ModelConfig
-from .files import safetensors_files
+from .files import is_head_dir, safetensors_files
 from .hf_target import HFTarget
 from .llama import Transformer
 from .quant import QUANTIZATIONS
@@ -35,8 +35,14 @@ def resolve_backend(path: str, backend: str = "auto") -> str:
         return backend
     if path.endswith(".gguf") and os.path.isfile(path):
         return "native"                                  # a GGUF file: only the native target reads it
+    if os.path.isfile(path):
+        raise PeagleError(f"{path} is a file, not a model directory (give the directory that holds config.json, "
+                          "or a .gguf file)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise PeagleError(f"no config.json in {path}" if os.path.isdir(path) else f"model directory not found: {path}")
+    if is_head_dir(path):
+        raise PeagleError(f"{path} is a drafter head, not a target model: give it as the speculative config's "
+                          "\"model\" and the target it was trained for as the model")
     return "native" if native_refusal(path) is None else "transformers"
 
 

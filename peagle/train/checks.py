@@ -9,8 +9,7 @@ import os
 import sys
 
 from ..errors import PeagleError
-from ..heads.io import is_head_dir
-from ..models.files import CONFIG_NAME, read_config
+from ..models.files import CONFIG_NAME, is_head_dir, read_config
 from ..paths import REPO
 
 # the config.json fields that tell two models apart (a copy of a model, or the same one by another path, agrees)
