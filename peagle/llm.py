@@ -93,6 +93,9 @@ def load_head(spec: SpecConfig, target) -> DrafterHead:
                                        device=target.device, target_embed=target.embed)
 
 
+_SAID: set[str] = set()        # head notes already printed by this process (a bench builds many engines)
+
+
 def head_notes(spec: SpecConfig, head_cfg: dict, k: int) -> list[str]:
     """What a speculative config asks of its head that the head was not trained for (it runs, losslessly, but
     drafts nothing useful there): a static K past the trained depth; a P-EAGLE head drafting autoregressively."""
@@ -118,9 +121,11 @@ def make_engine(target, tok, spec: SpecConfig | None, max_num_seqs: int = 128, m
         return Engine(target, tok, None, 0, max_num_seqs, mlen, seed, compile=compile)
     head = head if head is not None else load_head(spec, target)
     k = k_max_for(spec, head.cfg)
-    if k_policy is None:                         # a user's engine (not a measuring one): say what will not pay
+    if k_policy is None:                         # not auto K's measuring engines: say what will not pay, once
         for note in head_notes(spec, head.cfg, k):
-            print(f"peagle: {note}", file=sys.stderr, flush=True)
+            if note not in _SAID:
+                _SAID.add(note)
+                print(f"peagle: {note}", file=sys.stderr, flush=True)
     tree = spec.tree(k)
     cls = PEagleProposer if spec.parallel_drafting else Eagle3Proposer
     proposer = cls(head, k, cache_len(mlen, k, tree), draft_sampling=spec.draft_sampling,

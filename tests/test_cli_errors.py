@@ -57,7 +57,7 @@ def test_a_head_replaces_a_head_only_with_force(tmp_path, capsys, command):
     (out / "checkpoint" / "ckpt.pt").write_text("x")
     (out / "train_log.jsonl").write_text("{}\n")
     before = {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()}
-    assert "exists (use --force to replace it)" in one_line(capsys, [command, str(src), str(out)])
+    assert "exists (--force, overwrite=True in Python, replaces it)" in one_line(capsys, [command, str(src), str(out)])
     assert {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()} == before
     assert main([command, str(src), str(out), "--force"]) == 0           # --force replaces it
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
@@ -191,7 +191,8 @@ def test_convert_gguf_force_replaces_only_a_model(tmp_path, capsys):
 @pytest.mark.parametrize("flags,needle", [(["--lr", "-1"], "--lr"), (["--batch-rows", "0"], "--batch-rows"),
                                           (["--log-every", "0"], "--log-every"), (["--ttt-steps", "0"], "--ttt-steps"),
                                           (["--max-tokens", "0"], "--max-tokens"), (["--epochs", "0"], "--epochs"),
-                                          (["--draft-vocab", "-5"], "--draft-vocab")])
+                                          (["--draft-vocab", "-5"], "--draft-vocab"),
+                                          (["--max-docs", "-1"], "--max-docs")])
 def test_train_flags_out_of_range_are_one_line(tmp_path, target, capsys, flags, needle):
     args = ["train", "--method", "eagle3", "--target", target, "--data", str(tmp_path), "--out", str(tmp_path / "h")]
     assert needle in one_line(capsys, args + flags)

@@ -260,7 +260,7 @@ def test_export_and_import_replace_a_head_only_when_asked(tmp_path, target):
         out = tmp_path / name
         write(out)
         (out / "train_log.jsonl").write_text("{}\n")
-        with pytest.raises(FileExistsError, match="use --force to replace it"):
+        with pytest.raises(FileExistsError, match=r"--force, overwrite=True in Python, replaces it"):
             write(out)
         assert (out / "train_log.jsonl").exists()
         write(out, overwrite=True)

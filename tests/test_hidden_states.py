@@ -64,6 +64,9 @@ def test_extraction_resumes_and_refuses_other_layers(tiny_dirs, tmp_path):
     with pytest.raises(PeagleError, match="missing"):
         HiddenStateCache(d)
     assert extract(target, docs, d, [1, L], progress=False)["samples"] == 1     # only the missing one
+    from peagle.train.checks import config_identity
+    assert json.loads(open(os.path.join(d, "hidden_states.json")).read())["model_config"] == \
+        config_identity(target.cfg.raw)
     assert len(HiddenStateCache(d)) == 4
     with pytest.raises(PeagleError, match="other layers"):
         extract(target, docs, d, [2, L], progress=False)

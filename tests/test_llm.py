@@ -241,3 +241,15 @@ def test_head_notes_say_what_the_head_was_not_trained_for():
     assert f"num_speculative_tokens {depth + 1} is above the head's trained depth ({depth})" in n
     (n,) = notes(parallel_drafting=False)
     assert "P-EAGLE head" in n and "drafts autoregressively" in n
+
+
+def test_head_notes_are_said_once_per_process(capsys):
+    """A bench builds an engine per dataset, concurrency and repeat: the same note is printed once."""
+    import peagle.llm as L
+    L._SAID.clear()
+    base = LLM(DEMO_TARGET)
+    cfg = dict(CFG, parallel_drafting=False)
+    capsys.readouterr()
+    base.with_speculative_config(cfg)
+    base.with_speculative_config(cfg)
+    assert capsys.readouterr().err.count("drafts autoregressively") == 1

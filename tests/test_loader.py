@@ -117,3 +117,6 @@ def test_a_head_or_a_file_as_the_model_says_so(tmp_path, tiny_dirs):
         resolve_backend(os.path.join(d, "config.json"))
     with pytest.raises(PeagleError, match="is a drafter head, not a target model"):
         load_target(DEMO_PEAGLE_HEAD)
+    for backend in ("native", "transformers"):                       # an explicit backend is told the same
+        with pytest.raises(PeagleError, match="is a drafter head"):
+            resolve_backend(DEMO_PEAGLE_HEAD, backend)

@@ -99,8 +99,12 @@ def test_train_and_hidden_states_refuse_data_of_another_target(tmp_path, target,
 
 
 def test_the_data_model_is_compared_by_its_config_not_its_path(tmp_path, capsys, monkeypatch):
-    """The same model by a relative path or as a copy is accepted; a recorded model that is gone is not
-    checked (a note says so); one field apart is refused, naming the field."""
+    """The same model by a relative path or as a copy is accepted; token shards need only the target's tokenizer
+    (a sibling of another size may have written the answers), a hidden-state cache the very model; the fields
+    recorded in the data decide where the recorded path names nothing here (peagle writes <external>/NAME for
+    models outside the checkout); with neither, a note says it was not checked."""
+    from peagle.errors import PeagleError
+    from peagle.train.checks import model_identity
     copy = tmp_path / "copy"
     copy.mkdir()
     shutil.copy(DEMO / "config.json", copy / "config.json")
@@ -113,11 +117,23 @@ def test_the_data_model_is_compared_by_its_config_not_its_path(tmp_path, capsys,
     gone = datagen_dir(tmp_path / "gone", tmp_path / "deleted-model", docs(2))
     check_data_model(gone, str(copy), "--target")
     assert "not found here: not checked" in capsys.readouterr().err
+    states = tmp_path / "states"
+    states.mkdir()
+    (states / "hidden_states.json").write_text(json.dumps({"model": "<external>/demo", "model_config":
+                                                           model_identity(str(DEMO))}))
+    check_data_model(str(states), str(copy), "--target")                  # recorded fields: checked, equal
+    assert capsys.readouterr().err == ""
     cfg = json.loads((copy / "config.json").read_text())
-    cfg["num_hidden_layers"] += 1
+    cfg["num_hidden_layers"] += 1                                          # a sibling: same tokenizer
     (copy / "config.json").write_text(json.dumps(cfg))
-    from peagle.errors import PeagleError
-    with pytest.raises(PeagleError, match="num_hidden_layers"):
+    check_data_model(f"{gone},{data}", str(copy), "--target")
+    with pytest.raises(PeagleError, match="hidden states are another model's .*num_hidden_layers"):
+        check_data_model(str(states), str(copy), "--target")
+    with pytest.raises(PeagleError, match="give another --out"):
+        check_data_model(str(states), str(copy), "--model", data_flag="--out")
+    cfg["vocab_size"] += 1                                                 # another tokenizer
+    (copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(PeagleError, match="token ids are another tokenizer's .*vocab_size"):
         check_data_model(f"{gone},{data}", str(copy), "--target")
 
 
@@ -209,6 +225,8 @@ def test_datagen_ends_with_a_summary_of_all_its_rows(tmp_path, capsys):
     assert re.fullmatch(rf"datagen: {len(rows)} samples, {ntok} generated tokens in \d+ s \([\d.]+ tok/s\), "
                         rf"2 shards written to {re.escape(str(out))}", last), last
     assert len(rows) > 2 and re.findall(r"rows=(\d+)", cap.err)[-1] == str(len(rows))
+    from peagle.train.checks import model_identity
+    assert json.loads((out / "prompts.json").read_text())["model_config"] == model_identity(str(DEMO))
     assert "is the target's directory" in one_line(capsys, ["hidden-states", "--model", DEMO, "--data", out,
                                                             "--out", DEMO])
     if os.path.isfile(os.path.join(DEFAULT_MODEL, "config.json")):

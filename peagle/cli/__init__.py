@@ -30,6 +30,18 @@ COMMANDS = {
 }
 
 
+def int_arg(x: str, lo: int, hi: int | None = None) -> int:
+    """An integer flag's value in lo..hi (hi None: no bound), else argparse's one-line error naming the flag:
+    checked at the command line, before any model loads."""
+    try:
+        v = int(x)
+    except ValueError:
+        v = None
+    if v is None or v < lo or (hi is not None and v > hi):
+        raise argparse.ArgumentTypeError(f"an integer {'>= %d' % lo if hi is None else f'in {lo}..{hi}'}, got {x!r}")
+    return v
+
+
 def module_name(command: str) -> str:
     """The module of a subcommand: its name with '-' -> '_' (a Python keyword gets a trailing '_')."""
     name = command.replace("-", "_")

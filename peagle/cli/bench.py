@@ -14,28 +14,18 @@ from ..errors import PeagleError
 from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
 from ..models.loader import add_backend_argument, add_quantization_argument
 from ..spec_config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING, MAX_K
-
-
-def _int(x: str, lo: int, hi: int | None = None) -> int:
-    """One integer in lo..hi, else argparse's one-line error (checked before any model loads)."""
-    try:
-        v = int(x)
-    except ValueError:
-        v = None
-    if v is None or v < lo or (hi is not None and v > hi):
-        raise argparse.ArgumentTypeError(f"an integer {'>= %d' % lo if hi is None else f'in {lo}..{hi}'}, got {x!r}")
-    return v
+from . import int_arg
 
 
 def _at_least(lo: int):
     def parse(s):
-        return _int(s.strip(), lo)
+        return int_arg(s.strip(), lo)
     return parse
 
 
 def _ints(s):
     """Concurrency levels: a comma list of integers >= 1."""
-    out = [_int(x.strip(), 1) for x in str(s).split(",") if x.strip()]
+    out = [int_arg(x.strip(), 1) for x in str(s).split(",") if x.strip()]
     if not out:
         raise argparse.ArgumentTypeError("a comma list of integers >= 1, got an empty list")
     return out

@@ -13,17 +13,12 @@ from ..heads.export import FORMATS, export_head
 from ..heads.format import HeadValidationError
 from ..heads.io import NotAHeadError
 from ..spec_config import MAX_K, speculative_config
+from . import int_arg
 
 
 def _k(x: str) -> int:
     """-k: an integer in 1..MAX_K (what peagle and vLLM's spec config take), refused before any work."""
-    try:
-        k = int(x)
-    except ValueError:
-        k = None
-    if k is None or not 1 <= k <= MAX_K:
-        raise argparse.ArgumentTypeError(f"an integer in 1..{MAX_K}, got {x!r}")
-    return k
+    return int_arg(x, 1, MAX_K)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

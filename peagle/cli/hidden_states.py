@@ -54,7 +54,7 @@ def run(a):
         raise PeagleError(f"--layer-ids is comma-separated layer numbers, got {a.layer_ids!r}") from None
     check_out(a.out, model)
     check_data_model(a.data, model, "--model", label)
-    check_data_model(a.out, model, "--model", label)          # a cache being resumed: the same target's
+    check_data_model(a.out, model, "--model", label, "--out")          # a cache being resumed: the same target's
     counts = {}
     docs = [(t[: a.max_tokens], m[: a.max_tokens]) for t, m in load_docs(a.data, a.max_docs or None, counts=counts)]
     note = skipped_note(counts["read"], counts["skipped"])

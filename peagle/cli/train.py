@@ -101,7 +101,7 @@ def run(a):
     check_data_model(a.data, a.target, "--target", label)
     if a.feature_cache:
         check_out(a.feature_cache, a.target, "--feature-cache")
-        check_data_model(a.feature_cache, a.target, "--target", label)
+        check_data_model(a.feature_cache, a.target, "--target", label, "--feature-cache")
     ckpt = os.path.join(a.out, "checkpoint", "ckpt.pt")
     if os.path.isfile(ckpt) and not a.resume:
         raise PeagleError(f"--out {a.out} holds a run's checkpoint: --resume continues it; to start over, give "

@@ -129,7 +129,7 @@ def check_head_out(out_dir: str | os.PathLike, overwrite: bool = False, src: str
         raise FileExistsError(f"{out} exists and is not a drafter head's directory (a model's, or other files); "
                               "refusing to replace it: give a new or empty directory")
     if not overwrite:
-        raise FileExistsError(f"{out} exists (use --force to replace it)")
+        raise FileExistsError(f"{out} exists (--force, overwrite=True in Python, replaces it)")
 
 
 def replace_head_dir(out_dir: str | os.PathLike, config: Mapping, tensors: Mapping[str, torch.Tensor],

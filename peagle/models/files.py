@@ -20,6 +20,15 @@ WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
 
 def _umask() -> int:
+    """The process's umask: read from /proc where Linux shows it (os.umask can only read it by setting it, and a
+    thread creating a file in between would get mode 0666), else through os.umask."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     umask = os.umask(0)
     os.umask(umask)
     return umask

@@ -31,18 +31,18 @@ def native_refusal(path: str) -> str | None:
 def resolve_backend(path: str, backend: str = "auto") -> str:
     if backend not in BACKENDS:
         raise PeagleError(f"--target-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend != "auto":
-        return backend
     if path.endswith(".gguf") and os.path.isfile(path):
-        return "native"                                  # a GGUF file: only the native target reads it
+        return "native" if backend == "auto" else backend  # a GGUF file: only the native target reads it
     if os.path.isfile(path):
         raise PeagleError(f"{path} is a file, not a model directory (give the directory that holds config.json, "
                           "or a .gguf file)")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise PeagleError(f"no config.json in {path}" if os.path.isdir(path) else f"model directory not found: {path}")
     if is_head_dir(path):
         raise PeagleError(f"{path} is a drafter head, not a target model: give it as the speculative config's "
                           "\"model\" and the target it was trained for as the model")
+    if backend != "auto":
+        return backend
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise PeagleError(f"no config.json in {path}" if os.path.isdir(path) else f"model directory not found: {path}")
     return "native" if native_refusal(path) is None else "transformers"
 
 

@@ -51,32 +51,38 @@ def out_dir(out: str):
         raise
 
 
-def recorded_model(data: str) -> str | None:
-    """The target a data directory was made with: a datagen run's prompts.json settings.model, or a hidden-state
-    cache's hidden_states.json model (None where it records none)."""
-    for name, get in (("prompts.json", lambda j: j.get("settings", {}).get("model")),
-                      ("hidden_states.json", lambda j: j.get("model"))):
+def recorded(data: str) -> tuple[str | None, str | None, dict | None]:
+    """What a data directory says made it: (kind, model path, model config fields). kind "tokens" for a datagen
+    run (prompts.json), "states" for a hidden-state cache (hidden_states.json), None where neither is there;
+    the fields (`model_config`, written since these checks exist) are None in older directories."""
+    for kind, name, get in (("tokens", "prompts.json", lambda j: j.get("settings", {}).get("model")),
+                            ("states", "hidden_states.json", lambda j: j.get("model"))):
         fn = os.path.join(data, name)
         if os.path.isfile(fn):
             try:
                 with open(fn) as f:
-                    return get(json.load(f))
+                    j = json.load(f)
+                return kind, get(j), j.get("model_config")
             except (OSError, ValueError, AttributeError):
-                return None
-    return None
+                return None, None, None
+    return None, None, None
+
+
+def config_identity(cfg: dict) -> dict:
+    """The fields of a config.json dict that tell two models apart (a multimodal one's from its text_config)."""
+    text = cfg.get("text_config") or {}
+    return {k: cfg.get(k, text.get(k)) for k in IDENTITY}
 
 
 def model_identity(path: str) -> dict | None:
-    """The defining config.json fields of a model directory (a multimodal one's text_config), or None where
-    there is no config.json to read (a GGUF file, a directory gone)."""
+    """config_identity of a model directory, or None where there is no config.json to read (a GGUF file, a
+    directory gone)."""
     if not os.path.isfile(os.path.join(path, CONFIG_NAME)):
         return None
     try:
-        cfg = read_config(path)
+        return config_identity(read_config(path))
     except (OSError, ValueError):
         return None
-    text = cfg.get("text_config") or {}
-    return {k: cfg.get(k, text.get(k)) for k in IDENTITY}
 
 
 def _locate(recorded: str) -> str | None:
@@ -88,24 +94,35 @@ def _locate(recorded: str) -> str | None:
     return None
 
 
-def check_data_model(data: str, target: str, flag: str, target_label: str | None = None) -> None:
-    """PeagleError when a data directory (several: comma-separated) was made by another model than `target`:
-    its token ids and states mean nothing to this target. Paths may differ (relative, absolute, a copy): the
-    models' config.json fields decide. A recorded model that is no longer here is not checked (a note says so)."""
+# what must agree with the target: a hidden-state cache holds that very model's states; token shards only need
+# its tokenizer (the answers may come from another model of the family: --responses original, a larger sibling)
+MUST_AGREE = {"states": IDENTITY, "tokens": ("vocab_size",)}
+
+
+def check_data_model(data: str, target: str, flag: str, target_label: str | None = None,
+                     data_flag: str = "--data") -> None:
+    """PeagleError when a data directory (several: comma-separated) cannot serve `target`: a hidden-state cache
+    of another model, or token ids of another tokenizer. The recorded config fields decide (else the recorded
+    model's config.json, found by its path); where neither is here, a note says it was not checked."""
+    mine = model_identity(target)
     for d in data.split(","):
-        rec = recorded_model(d)
-        if not rec:
+        kind, rec, theirs = recorded(d)
+        if kind is None or mine is None or not (rec or theirs):
             continue
-        where = _locate(rec)
-        if where is None:
-            print(f"note: {d} was made by {rec}, not found here: not checked against {flag} {target}",
-                  file=sys.stderr)
+        if theirs is None:
+            where = _locate(rec)
+            if where is not None and os.path.exists(target) and os.path.samefile(where, target):
+                continue
+            theirs = model_identity(where) if where is not None else None
+        if theirs is None:
+            print(f"note: {d} was made by {rec}, whose config is not found here: not checked against {flag} "
+                  f"{target}", file=sys.stderr)
             continue
-        if os.path.exists(target) and os.path.samefile(where, target):
+        diff = ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in MUST_AGREE[kind] if theirs.get(k) != mine[k])
+        if not diff:
             continue
-        mine, theirs = model_identity(target), model_identity(where)
-        if mine is None or theirs is None or mine == theirs:
-            continue
-        diff = ", ".join(f"{k} {theirs[k]} vs {mine[k]}" for k in IDENTITY if theirs[k] != mine[k])
-        raise PeagleError(f"{d} was made by {rec}, but {flag} is {target_label or target} ({diff}): give "
-                          f"{flag} {rec}, or data made by this target")
+        what = "hidden states are another model's" if kind == "states" else "token ids are another tokenizer's"
+        hint = (f"give {flag} {rec or 'the model that made it'}, or data made by this target"
+                if data_flag == "--data" else f"give another {data_flag}")
+        raise PeagleError(f"{d} was made by {rec or 'another model'} but {flag} is {target_label or target}: its "
+                          f"{what} ({diff}); {hint}")

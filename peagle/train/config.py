@@ -84,6 +84,8 @@ class TrainConfig:
                      "ckpt_every"):
             if not getattr(self, name) >= 0:
                 raise PeagleError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.max_docs is not None and self.max_docs < 0:
+            raise PeagleError(f"--max-docs must be >= 0 (0 = all), got {self.max_docs}")
         if not (self.epochs > 0 or self.steps > 0):
             raise PeagleError(f"--epochs must be > 0 (or --steps given), got {self.epochs}: nothing would be trained")
         if self.draft_vocab is not None and self.draft_vocab < 1:

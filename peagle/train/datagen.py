@@ -27,7 +27,7 @@ from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL, LLM, chat_ids, load_tokenizer
 from ..models.loader import resolve_backend
 from ..sampling import SamplingParams
-from .checks import check_out, out_dir
+from .checks import check_out, config_identity, model_identity, out_dir
 from .data import shard_path, write_shard
 
 
@@ -278,7 +278,7 @@ def _run(args) -> int:
     if new_plan:
         tmp = plan_fn + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"settings": settings, "items": items}, f)
+            json.dump({"settings": settings, "items": items, "model_config": model_identity(args.model)}, f)
         os.replace(tmp, plan_fn)
     if getattr(args, "hidden_states", False):
         return run_with_states(args, items, tok, template)
@@ -363,6 +363,7 @@ def run_with_states(args, items: list[dict], tok, template) -> int:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.hs_dtype]
     cfg = {"format": "speculators-hs", "layer_ids": layer_ids, "hidden_size": target.cfg.hidden_size,
            "dtype": str(dtype).replace("torch.", ""), "num_samples": len(prompts), "model": args.model,
+           "model_config": config_identity(getattr(target.cfg, "raw", None) or {}),
            "generated": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                          "quantization": quantization}}
     tmp = os.path.join(args.out, f"{CONFIG}.{os.getpid()}.tmp")

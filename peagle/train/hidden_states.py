@@ -12,7 +12,8 @@ without loss masks every token is supervised, prompts included (said when the ca
                                           each layer id of `layer_ids` (id L = the final pre-norm state)
                            loss_mask      uint8 [seq] (1 = a token the target generated; absent = all ones)
     hidden_states.json     {"format": "speculators-hs", "layer_ids": [...], "hidden_size": H,
-                            "dtype": "float32", "num_samples": N, "model": ...}
+                            "dtype": "float32", "num_samples": N, "model": ..., "model_config": the
+                            target's config.json fields that tell models apart (train/checks.py)}
 Invariants: the last layer id is the final state L (the teacher: logits = lm_head(norm(h_L)), tied
 embeddings are the target's lm_head); a file is written atomically (tmp + rename), so an interrupted
 extraction resumes at the first missing file; the aux states the drafter reads are the columns of its aux ids
@@ -30,6 +31,7 @@ from safetensors.torch import save_file
 
 from ..errors import PeagleError
 from ..models.files import plain_mode
+from .checks import config_identity
 from .features import layer_states
 
 CONFIG = "hidden_states.json"
@@ -67,7 +69,8 @@ def extract(target, docs: list, out: str, layer_ids: list[int], max_batch_tokens
         raise PeagleError(f"the last layer id must be the final state {L}, got {layer_ids}")
     os.makedirs(out, exist_ok=True)
     cfg = {"format": "speculators-hs", "layer_ids": list(layer_ids), "hidden_size": target.cfg.hidden_size,
-           "dtype": str(target.dtype).replace("torch.", ""), "num_samples": len(docs), "model": model_name}
+           "dtype": str(target.dtype).replace("torch.", ""), "num_samples": len(docs), "model": model_name,
+           "model_config": config_identity(getattr(target.cfg, "raw", None) or {})}
     old = read_config(out) if os.path.isfile(os.path.join(out, CONFIG)) else None
     if old is not None and {k: old.get(k) for k in ("layer_ids", "hidden_size", "dtype")} != \
             {k: cfg[k] for k in ("layer_ids", "hidden_size", "dtype")}:
