@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from ..errors import PeagleError
 from ..models.files import plain_mode
 from .checks import config_identity
+from .data import usable
 from .features import layer_states
 
 CONFIG = "hidden_states.json"
@@ -136,6 +137,22 @@ class HiddenStateCache:
 
     def __len__(self) -> int:
         return self.n
+
+    def usable_docs(self, max_docs: int | None = None, counts: dict | None = None) -> tuple[list[int], list]:
+        """(sample ids, documents) of the samples with enough supervised tokens to train on (data.usable), in
+        order, at most max_docs; counts (if given) receives {"read", "skipped"}, as data.load_docs fills it."""
+        ids, docs, read = [], [], 0
+        for i in range(self.n):
+            if max_docs and len(docs) >= max_docs:
+                break
+            d = self.doc(i)
+            read += 1
+            if usable(d):
+                ids.append(i)
+                docs.append(d)
+        if counts is not None:
+            counts.update(read=read, skipped=read - len(docs))
+        return ids, docs
 
     def check_aux(self, aux_ids) -> None:
         """Read the head's aux ids from here on (columns by id: the final state may be one of them, and the

@@ -41,7 +41,7 @@ from .common import (
     set_rng_state,
 )
 from .config import TrainConfig
-from .data import MIN_SUPERVISED, StepPlan, load_docs, skipped_note, usable
+from .data import MIN_SUPERVISED, StepPlan, load_docs, skipped_note
 from .features import Teacher, pack_row, to_device
 from .hidden_states import HiddenStateCache, default_layer_ids, extract, is_cache
 from .mask import MaskTable
@@ -103,19 +103,10 @@ class Trainer:
         # (hs_ids[i]: the cache sample of document i; samples with < 2 supervised tokens are left out, as
         # load_docs leaves out such documents)
         self.hs = HiddenStateCache(c.data) if is_cache(c.data) else None
+        counts = {}
         if self.hs is not None:
-            kept, read = [], 0
-            for i in range(len(self.hs)):
-                if c.max_docs and len(kept) >= c.max_docs:
-                    break
-                d = self.hs.doc(i)
-                read += 1
-                if usable(d):
-                    kept.append((i, d))
-            self.hs_ids, self.docs = [i for i, _ in kept], [d for _, d in kept]
-            counts = {"read": read, "skipped": read - len(kept)}
+            self.hs_ids, self.docs = self.hs.usable_docs(c.max_docs, counts)
         else:
-            counts = {}
             self.docs = load_docs(c.data, c.max_docs, counts=counts)
             self.hs_ids = list(range(len(self.docs)))
         note = skipped_note(counts["read"], counts["skipped"])
