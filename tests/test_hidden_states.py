@@ -196,3 +196,22 @@ def test_cli_layer_ids_take_the_final_state_and_refuse_past_it(tiny_dirs, tmp_pa
     assert main(base + ["--out", str(tmp_path / "hs2"), "--layer-ids", f"1,{L + 1}"]) == 1
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and f"0..{L}" in err[0], err
+
+
+def test_usable_docs_leave_out_and_count_samples_too_short_to_train_on(tmp_path):
+    """A cache written elsewhere (speculators) may hold samples with < 2 supervised tokens: the trainer takes the
+    others, in order, up to --max-docs, and counts what it read and skipped (the line `train` prints)."""
+    from peagle.train.hidden_states import write_sample
+    d = str(tmp_path / "hs")
+    os.makedirs(d)
+    masks = ([0, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0])
+    for i, m in enumerate(masks):
+        write_sample(d, i, torch.arange(4), torch.zeros(4, 2, 8), torch.tensor(m))
+    with open(os.path.join(d, "hidden_states.json"), "w") as f:
+        json.dump({"format": "speculators-hs", "layer_ids": [1, 2], "hidden_size": 8, "num_samples": 5}, f)
+    cache, counts = HiddenStateCache(d), {}
+    ids, docs = cache.usable_docs(None, counts)
+    assert ids == [0, 2, 4] and counts == {"read": 5, "skipped": 2}
+    assert all(torch.equal(doc[1], torch.tensor(masks[i], dtype=torch.bool)) for i, doc in zip(ids, docs))
+    counts = {}
+    assert cache.usable_docs(2, counts)[0] == [0, 2] and counts == {"read": 3, "skipped": 1}
