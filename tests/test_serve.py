@@ -194,6 +194,20 @@ def test_resolve_config(model_dir, head_dir, monkeypatch, tmp_path):
         resolve_config(None, None, {})
 
 
+def test_resolve_config_names_where_a_bad_config_came_from(model_dir):
+    """A bad $PEAGLE_SPECULATIVE_CONFIG read like a bad flag the user never typed: its error names the variable
+    (a flag's does not); a model's config.json given as the model is "a file", not "does not exist"."""
+    from peagle.errors import PeagleError
+    from peagle.server.start import ENV_SPEC, resolve_config
+    with pytest.raises(PeagleError, match=r"^\$PEAGLE_SPECULATIVE_CONFIG: .*not valid JSON"):
+        resolve_config(model_dir, None, {ENV_SPEC: '{"method":'})
+    with pytest.raises(PeagleError, match="not valid JSON") as e:
+        resolve_config(model_dir, '{"method":', {ENV_SPEC: json.dumps({"method": "eagle3"})})
+    assert ENV_SPEC not in str(e.value)
+    with pytest.raises(PeagleError, match="is a file, not a model directory"):
+        resolve_config(os.path.join(model_dir, "config.json"), None, {})
+
+
 def test_cli_serve_subprocess(model_dir, head_dir, ref_llm):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -286,5 +286,6 @@ def test_a_resume_with_other_data_order_or_schedule_is_refused(key):
                           "segment_len", "batch_rows", "epochs", "lr", "warmup", "seed")}
     ck = {"config": dict(cfg), "data": {"fingerprint": "f"}}
     check_resume(ck, dict(cfg), "f", "ckpt")                                   # the same run: fine
-    with pytest.raises(PeagleError, match="--" + key.replace("_", "-")):
-        check_resume(ck, dict(cfg, **{key: 2}), "f", "ckpt")
+    with pytest.raises(PeagleError, match="--" + key.replace("_", "-")) as e:
+        check_resume(ck, dict(cfg, **{key: 2}), "f", os.path.join("out", "checkpoint"))
+    assert "--init out and a new --out" in str(e.value)                     # the way to go on from that head

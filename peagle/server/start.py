@@ -41,9 +41,15 @@ def resolve_config(model, spec_flag, env=None):
             spec = speculative_config(llm.DEFAULT_PEAGLE_HEAD, SERVE_K, True)
     else:
         if not os.path.isdir(model):
-            raise PeagleError(f"model directory {model} does not exist")
+            raise PeagleError(f"{model} is a file, not a model directory" if os.path.isfile(model) else
+                              f"model directory {model} does not exist")
         name = model
-    parsed = parse_spec_config(json.dumps(spec) if isinstance(spec, dict) else spec)
+    try:
+        parsed = parse_spec_config(json.dumps(spec) if isinstance(spec, dict) else spec)
+    except PeagleError as e:
+        if spec_flag is None and env.get(ENV_SPEC):               # say where a config the user did not type came from
+            raise PeagleError(f"${ENV_SPEC}: {e}") from None
+        raise
     if parsed is not None and not os.path.isdir(parsed.model):
         raise PeagleError(f"speculative config model {parsed.model} does not exist")
     return model, name, parsed

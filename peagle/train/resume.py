@@ -46,7 +46,8 @@ def check_resume(ck: dict, cfg: dict, fingerprint: str, ckpt_dir: str) -> None:
               file=sys.stderr, flush=True)
     if diff:
         raise PeagleError(f"--resume from {ckpt_dir}: this run differs from the one that wrote the checkpoint: "
-                          f"{'; '.join(diff)}. Resume with the same settings, or train into another --out")
+                          f"{'; '.join(diff)}. Resume with the same settings, train into another --out, or go on from "
+                          f"this head with a fresh optimizer: --init {os.path.dirname(ckpt_dir)} and a new --out")
 
 
 class GracefulInterrupt:
