@@ -35,6 +35,15 @@ def portable_path(path: str | os.PathLike | None) -> str | None:
     return f"<external>/{os.path.basename(p)}"
 
 
+def find_portable(path: str) -> str | None:
+    """A path portable_path wrote, found here: as written (absolute, or relative to the working directory), else
+    relative to peagle's checkout; None where it names nothing here (an <external>/NAME among them)."""
+    for p in (path, os.path.join(REPO, path)):
+        if os.path.exists(p):
+            return p
+    return None
+
+
 def portable_paths(paths: str) -> str:
     """A comma-separated list of paths (e.g. --data a,b), each made portable."""
     return ",".join(portable_path(p) for p in paths.split(","))

@@ -104,7 +104,8 @@ class SpecConfig:
 MAX_K = 32                                 # the largest K peagle drafts (num_speculative_tokens is 1..MAX_K)
 
 
-def _k(v) -> bool:
+def is_k(v) -> bool:
+    """v is a static K: an integer in 1..MAX_K (not a bool)."""
     return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_K
 
 
@@ -134,10 +135,10 @@ def parse_spec_config(spec) -> SpecConfig | None:
     if not isinstance(spec.get("model"), str) or not spec["model"]:
         raise PeagleError("speculative config needs 'model': the drafter head directory")
     k = spec.get("num_speculative_tokens")
-    if not (_k(k) or k == AUTO):
+    if not (is_k(k) or k == AUTO):
         raise PeagleError(f"num_speculative_tokens must be an integer in 1..32 or \"auto\", got {k!r}")
     kmax = spec.get("max_num_speculative_tokens")
-    if kmax is not None and (k != AUTO or not _k(kmax)):
+    if kmax is not None and (k != AUTO or not is_k(kmax)):
         raise PeagleError("max_num_speculative_tokens (an integer in 1..32) goes with \"num_speculative_tokens\": "
                           f"\"auto\", got {kmax!r} with num_speculative_tokens {k!r}")
     sched = spec.get("num_speculative_tokens_per_batch_size")

@@ -13,7 +13,7 @@ from ..llm import DEFAULT_MODEL
 from ..models.loader import load_target
 from ..paths import portable_path
 from ..train import hidden_states
-from ..train.checks import check_data_model, check_out, out_dir
+from ..train.checks import check_data_model, check_out, check_ranges, out_dir
 from ..train.data import load_docs, skipped_note
 from ..train.hidden_states import default_layer_ids, extract
 
@@ -34,16 +34,8 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def check_args(a) -> None:
-    """The numeric flags, checked before anything loads or is written (--max-tokens 0 made empty documents)."""
-    for flag, low in (("max_tokens", 1), ("max_batch_tokens", 1), ("max_docs", 0), ("threads", 0)):
-        if getattr(a, flag) < low:
-            raise PeagleError(f"--{flag.replace('_', '-')} must be {'at least 1' if low else '>= 0'}, "
-                              f"got {getattr(a, flag)}")
-
-
 def run(a):
-    check_args(a)
+    check_ranges(a, ("max_tokens", "max_batch_tokens"), ("max_docs", "threads"))   # before anything loads
     if a.threads:
         torch.set_num_threads(a.threads)
     model = a.model or DEFAULT_MODEL

@@ -15,7 +15,7 @@ import copy
 from pathlib import Path
 from typing import Mapping
 
-from ..spec_config import MAX_K
+from ..spec_config import MAX_K, is_k
 from .config import NUM_AUX, fit_context, is_parallel_head
 from .format import HeadValidationError, portability_notes, validate_head
 from .importer import convert_head
@@ -88,7 +88,7 @@ def export_head(head_dir, out_dir, format: str = "vllm", target_dir=None, num_sp
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} (got {format!r})")
     k = num_speculative_tokens
-    if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
+    if k is not None and not is_k(k):
         raise ValueError(f"num_speculative_tokens must be an integer in 1..{MAX_K} (got {k!r})")
     notes = notes if notes is not None else []
     check_head_src(head_dir)

@@ -33,13 +33,19 @@ class NotAHeadError(ValueError):
     """The directory given as a head holds a target model (a causal LM), not a drafter head."""
 
 
-def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config dict, {name: tensor}) of a head directory, as stored (no conversion, no validation)."""
+def _existing_dir(path: str | os.PathLike) -> Path:
+    """path as a Path; FileNotFoundError if absent, NotADirectoryError if a file (a head is a directory)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist")
     if not p.is_dir():
         raise NotADirectoryError(f"{p} is not a directory (a head dir holds config.json + model.safetensors)")
+    return p
+
+
+def load_head_dir(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, {name: tensor}) of a head directory, as stored (no conversion, no validation)."""
+    p = _existing_dir(path)
     if not (p / CONFIG_NAME).exists():
         raise FileNotFoundError(f"{p / CONFIG_NAME} not found (a head dir holds config.json + model.safetensors)")
     return read_config(p), load_tensors(p)
@@ -85,11 +91,7 @@ def check_head_src(path: str | os.PathLike) -> None:
     """Raise unless ``path`` may be read as a head: FileNotFoundError (absent), NotADirectoryError (a file),
     NotAHeadError (a target model: a config without a head's keys over weights of several decoder layers), so
     that the error names the mistake rather than listing the tensors a head lacks."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
-    if not p.is_dir():
-        raise NotADirectoryError(f"{p} is not a directory (a head dir holds config.json + model.safetensors)")
+    p = _existing_dir(path)
     if is_head_dir(p) or not (p / CONFIG_NAME).is_file():
         return
     try:

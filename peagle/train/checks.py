@@ -10,10 +10,20 @@ import sys
 
 from ..errors import PeagleError
 from ..models.files import CONFIG_NAME, is_head_dir, read_config
-from ..paths import REPO
+from ..paths import find_portable
 
 # the config.json fields that tell two models apart (a copy of a model, or the same one by another path, agrees)
 IDENTITY = ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+def check_ranges(args, at_least_1=(), at_least_0=()) -> None:
+    """PeagleError naming the first flag below its floor (a NaN too), before anything loads; a name `args` lacks
+    is not checked."""
+    for floor, names in ((1, at_least_1), (0, at_least_0)):
+        for name in names:
+            v = getattr(args, name, floor)
+            if not v >= floor:
+                raise PeagleError(f"--{name.replace('_', '-')} must be {'at least 1' if floor else '>= 0'}, got {v}")
 
 
 def check_out(out: str, target: str, flag: str = "--out") -> None:
@@ -85,15 +95,6 @@ def model_identity(path: str) -> dict | None:
         return None
 
 
-def _locate(recorded: str) -> str | None:
-    """The recorded model's path here: as written (absolute, or relative to the working directory), else
-    relative to peagle's checkout (where peagle writes portable paths from)."""
-    for p in (recorded, os.path.join(REPO, recorded)):
-        if os.path.exists(p):
-            return p
-    return None
-
-
 # what must agree with the target: a hidden-state cache holds that very model's states; token shards only need
 # its tokenizer (the answers may come from another model of the family: --responses original, a larger sibling)
 MUST_AGREE = {"states": IDENTITY, "tokens": ("vocab_size",)}
@@ -110,7 +111,7 @@ def check_data_model(data: str, target: str, flag: str, target_label: str | None
         if kind is None or mine is None or not (rec or theirs):
             continue
         if theirs is None:
-            where = _locate(rec)
+            where = find_portable(rec)
             if where is not None and os.path.exists(target) and os.path.samefile(where, target):
                 continue
             theirs = model_identity(where) if where is not None else None

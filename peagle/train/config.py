@@ -8,6 +8,7 @@ import argparse
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import PeagleError
+from .checks import check_ranges
 
 
 @dataclass
@@ -76,14 +77,9 @@ class TrainConfig:
 
     def check(self) -> None:
         """PeagleError naming the first flag out of its range (before anything loads)."""
-        at_least_1 = ("layers", "depths", "ttt_steps", "max_tokens", "batch_rows", "log_every")
-        for name in at_least_1:
-            if getattr(self, name) < 1:
-                raise PeagleError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("lr", "steps", "max_minutes", "warmup", "weight_decay", "clip", "threads", "segment_len",
-                     "ckpt_every"):
-            if not getattr(self, name) >= 0:
-                raise PeagleError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        check_ranges(self, ("layers", "depths", "ttt_steps", "max_tokens", "batch_rows", "log_every"),
+                     ("lr", "steps", "max_minutes", "warmup", "weight_decay", "clip", "threads", "segment_len",
+                      "ckpt_every"))
         if self.max_docs is not None and self.max_docs < 0:
             raise PeagleError(f"--max-docs must be >= 0 (0 = all), got {self.max_docs}")
         if not (self.epochs > 0 or self.steps > 0):

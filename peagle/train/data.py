@@ -63,19 +63,24 @@ def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = 
         if not found:
             raise PeagleError(f"no shard-*.safetensors in {d}" if os.path.isdir(d) else f"data directory not found: {d}")
         files += found
-    docs, read = [], 0
-    for fn in files:
-        for d in read_shard(fn):
-            if usable(d, min_supervised):
-                docs.append(d)
-            read += 1
-            if max_docs and len(docs) >= max_docs:
-                break
-        if max_docs and len(docs) >= max_docs:
+    return [d for _, d in take_usable((d for fn in files for d in read_shard(fn)), max_docs, min_supervised, counts)]
+
+
+def take_usable(docs, max_docs: int | None = None, min_supervised: int = MIN_SUPERVISED,
+                counts: dict | None = None) -> list[tuple[int, tuple]]:
+    """(position, document) of the documents (an iterable, read lazily) with >= min_supervised supervised tokens,
+    in order, at most max_docs (none read past the last one kept); counts (if given) receives {"read",
+    "skipped"}, what skipped_note says."""
+    kept, read = [], 0
+    for i, d in enumerate(docs):
+        read += 1
+        if usable(d, min_supervised):
+            kept.append((i, d))
+        if max_docs and len(kept) >= max_docs:
             break
     if counts is not None:
-        counts.update(read=read, skipped=read - len(docs))
-    return docs
+        counts.update(read=read, skipped=read - len(kept))
+    return kept
 
 
 def skipped_note(read: int, skipped: int, min_supervised: int = MIN_SUPERVISED) -> str | None:

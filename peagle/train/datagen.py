@@ -27,7 +27,7 @@ from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL, LLM, chat_ids, load_tokenizer
 from ..models.loader import resolve_backend
 from ..sampling import SamplingParams
-from .checks import check_out, config_identity, model_identity, out_dir
+from .checks import check_out, check_ranges, config_identity, model_identity, out_dir
 from .data import shard_path, write_shard
 
 
@@ -223,12 +223,8 @@ def parse_part(part: str) -> tuple[int, int]:
 
 def check_args(args) -> None:
     """The flags that shape the run, the model and --out, checked before anything is written to --out."""
-    for flag in ("num_prompts", "shard_size", "batch", "max_new_tokens", "max_prompt_tokens"):
-        if getattr(args, flag, 1) < 1:
-            raise PeagleError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    for flag in ("temperature", "threads"):
-        if not getattr(args, flag, 0) >= 0:
-            raise PeagleError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    check_ranges(args, ("num_prompts", "shard_size", "batch", "max_new_tokens", "max_prompt_tokens"),
+                 ("temperature", "threads"))
     if not 0 <= args.code_fraction <= 1:          # else a negative chat count slices nearly the whole corpus
         raise PeagleError(f"--code-fraction must be in [0, 1], got {args.code_fraction}")
     parse_part(args.part)

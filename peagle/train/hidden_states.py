@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 from ..errors import PeagleError
 from ..models.files import plain_mode
 from .checks import config_identity
-from .data import usable
+from .data import take_usable
 from .features import layer_states
 
 CONFIG = "hidden_states.json"
@@ -139,20 +139,10 @@ class HiddenStateCache:
         return self.n
 
     def usable_docs(self, max_docs: int | None = None, counts: dict | None = None) -> tuple[list[int], list]:
-        """(sample ids, documents) of the samples with enough supervised tokens to train on (data.usable), in
-        order, at most max_docs; counts (if given) receives {"read", "skipped"}, as data.load_docs fills it."""
-        ids, docs, read = [], [], 0
-        for i in range(self.n):
-            if max_docs and len(docs) >= max_docs:
-                break
-            d = self.doc(i)
-            read += 1
-            if usable(d):
-                ids.append(i)
-                docs.append(d)
-        if counts is not None:
-            counts.update(read=read, skipped=read - len(docs))
-        return ids, docs
+        """(sample ids, documents) of the samples with enough supervised tokens to train on, in order, at most
+        max_docs; counts as data.take_usable fills it."""
+        kept = take_usable((self.doc(i) for i in range(self.n)), max_docs, counts=counts)
+        return [i for i, _ in kept], [d for _, d in kept]
 
     def check_aux(self, aux_ids) -> None:
         """Read the head's aux ids from here on (columns by id: the final state may be one of them, and the
