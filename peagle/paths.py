@@ -44,6 +44,18 @@ def find_portable(path: str) -> str | None:
     return None
 
 
+def missing_hint(path: str | None) -> str:
+    """For a relative path that names nothing from the working directory but does under peagle's home (the
+    shipped heads, the default target: `models/...` typed outside the checkout), a hint naming the path that
+    exists; else ""."""
+    if not path or os.path.isabs(path) or os.path.exists(path):
+        return ""
+    there = os.path.join(HOME, path)
+    if not os.path.exists(there):
+        return ""
+    return f"; relative paths are read from the working directory: did you mean {there}?"
+
+
 def portable_paths(paths: str) -> str:
     """A comma-separated list of paths (e.g. --data a,b), each made portable."""
     return ",".join(portable_path(p) for p in paths.split(","))

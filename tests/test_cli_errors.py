@@ -10,6 +10,7 @@ import pytest
 from headfiles import head, write_target
 
 from peagle.cli import main
+from peagle.paths import HOME
 
 
 def one_line(capsys, args) -> str:
@@ -150,6 +151,12 @@ def test_train_and_hidden_states_name_missing_data(tmp_path, target, capsys):
                                                            str(tmp_path / "h")])
     assert "--layer-ids" in one_line(capsys, ["hidden-states", "--model", target, "--data", str(tmp_path),
                                               "--out", str(tmp_path / "hs"), "--layer-ids", "1,x"])
+    shard = tmp_path / "shard-00000.safetensors"              # a file of the directory, given instead of it
+    shard.write_bytes(b"")
+    for cmd in (["train", "--method", "eagle3", "--target", target], ["hidden-states", "--model", target]):
+        msg = one_line(capsys, [*cmd, "--data", str(shard), "--out", str(tmp_path / "o")])
+        assert "is a file: give the directory" in msg, msg
+    assert not (tmp_path / "o").exists()
 
 
 def test_serve_checks_its_address_before_loading(capsys):
@@ -277,3 +284,13 @@ def test_version_and_a_bad_aux_ids_list(capsys):
         main(["train", "--aux-ids", "a,b", "--data", "d", "--out", "o"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "comma-separated layer numbers" in err and "lambda" not in err, err
+
+
+def test_a_relative_path_from_another_directory_gets_a_hint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    head = os.path.join("models", "demo-target-peagle")
+    msg = one_line(capsys, ["bench", "--model", os.path.join(HOME, "models", "demo-target"), "--methods",
+                            "peagle", "--peagle-head", head, "--out", str(tmp_path / "b")])
+    assert msg.endswith(f"did you mean {os.path.join(HOME, head)}?"), msg
+    msg = one_line(capsys, ["generate", "--model", os.path.join("models", "demo-target"), "--prompt", "hi"])
+    assert msg.endswith(f"did you mean {os.path.join(HOME, 'models', 'demo-target')}?"), msg

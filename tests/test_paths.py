@@ -1,7 +1,7 @@
 """Paths written into shipped artifacts (peagle/paths.py): never an absolute path of this machine."""
 import os
 
-from peagle.paths import REPO, portable_path, portable_paths, portable_settings
+from peagle.paths import HOME, REPO, missing_hint, portable_path, portable_paths, portable_settings
 
 
 def test_relative_under_the_working_directory_or_repo(tmp_path, monkeypatch):
@@ -28,3 +28,14 @@ def test_settings_make_only_their_path_keys_portable(tmp_path, monkeypatch):
     got = portable_settings(s, ("model", "head", "json"), drop=("func",))
     assert got == {"model": os.path.join("models", "demo-target"), "head": "<external>/head", "json": None,
                    "note": outside, "k": 7}
+
+
+def test_missing_hint_names_the_path_under_peagles_home(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rel = os.path.join("models", "demo-target-peagle")              # shipped: exists under HOME, not here
+    assert os.path.isdir(os.path.join(HOME, rel))
+    assert missing_hint(rel).endswith(f"did you mean {os.path.join(HOME, rel)}?")
+    assert missing_hint(os.path.join("models", "no-such-head")) == ""            # nothing there either
+    assert missing_hint(os.path.join(HOME, rel, "x")) == ""                       # absolute: nothing to add
+    (tmp_path / "models" / "demo-target-peagle").mkdir(parents=True)
+    assert missing_hint(rel) == ""                                                # it does name something here

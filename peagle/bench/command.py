@@ -9,6 +9,7 @@ import time
 
 from ..errors import PeagleError
 from ..heads.init import random_head
+from ..paths import missing_hint
 from ..paths import portable_path as rel
 from ..spec_config import DEFAULT_DRAFT_SAMPLING
 from .report import read_notes, write_all
@@ -80,8 +81,8 @@ def ensure_heads(a, log=print):
         if d and os.path.isfile(os.path.join(d, "config.json")):
             continue
         if not a.random_heads:
-            raise PeagleError(f"{m} head not found at {d} (train/ship it, pass --{m}-head DIR, "
-                              f"or --random-heads to test the harness)")
+            raise PeagleError(f"{m} head not found at {d}" + (missing_hint(d) or f" (train/ship it, pass --{m}-head "
+                              "DIR, or --random-heads to test the harness)"))
         d = os.path.join(a.out, ".random-heads", m)
         random_head(a.model, d, parallel=(m == "peagle"), mask_token=a.mask_token)
         log(f"bench: {m}: using a RANDOM head at {d} (acceptance figures are meaningless)")

@@ -13,7 +13,7 @@ from ..llm import DEFAULT_MODEL
 from ..models.loader import load_target
 from ..paths import portable_path
 from ..train import hidden_states
-from ..train.checks import check_data_model, check_out, check_ranges, out_dir
+from ..train.checks import check_data_dirs, check_data_model, check_out, check_ranges, out_dir
 from ..train.data import load_docs, skipped_note
 from ..train.hidden_states import default_layer_ids, extract
 
@@ -44,6 +44,7 @@ def run(a):
         given = [int(x) for x in a.layer_ids.split(",")] if a.layer_ids else None
     except ValueError:
         raise PeagleError(f"--layer-ids is comma-separated layer numbers, got {a.layer_ids!r}") from None
+    check_data_dirs(a.data)
     check_out(a.out, model)
     check_data_model(a.data, model, "--model", label)
     check_data_model(a.out, model, "--model", label, "--out")          # a cache being resumed: the same target's

@@ -15,7 +15,7 @@ from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
 from ..paths import portable_path
-from ..train.checks import check_data_model, check_out, out_dir
+from ..train.checks import check_data_dirs, check_data_model, check_out, out_dir
 from ..train.common import tune_malloc
 from ..train.config import TrainConfig
 from ..train.loop import Trainer
@@ -94,9 +94,7 @@ def run(a):
     label = None
     if a.target is None:
         a.target, label = DEFAULT_MODEL, f"{portable_path(DEFAULT_MODEL)} (the default)"
-    missing = [d for d in a.data.split(",") if not os.path.isdir(d)]
-    if missing:                                   # before the target loads
-        raise PeagleError(f"data directory not found: {missing[0]}")
+    check_data_dirs(a.data)                       # before the target loads
     check_out(a.out, a.target)
     check_data_model(a.data, a.target, "--target", label)
     if a.feature_cache:

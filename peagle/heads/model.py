@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ..errors import PeagleError
 from ..models import quant as Q
 from ..models.layers import BlockCtx, Rope, Weight, apply_rope, attend, cached_attention, mm, rms_norm, swiglu
+from ..paths import missing_hint
 from .config import HeadConfig, is_parallel_head
 from .format import validate_head
 from .io import load_head_dir, save_head_dir
@@ -272,7 +273,7 @@ class DrafterHead(nn.Module):
         try:
             cfg, sd = load_head_dir(path)
         except (FileNotFoundError, OSError) as e:
-            raise PeagleError(f"drafter head directory {path}: {e}") from None
+            raise PeagleError(f"drafter head directory {path}: {e}{missing_hint(str(path))}") from None
         if parallel is None:
             parallel = is_parallel_head(cfg)
         errs = validate_head(cfg, sd, target_cfg.raw if target_cfg is not None else None, parallel)

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import PeagleError
+from ..paths import missing_hint
 
 SUPPORTED = {
     "llama": "LlamaForCausalLM",
@@ -143,7 +144,7 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, path: str) -> "ModelConfig":
         if not os.path.isdir(path):
-            raise PeagleError(f"model directory not found: {path}")
+            raise PeagleError(f"model directory not found: {path}{missing_hint(path)}")
         fn = os.path.join(path, "config.json")
         if not os.path.isfile(fn):
             raise PeagleError(f"no config.json in {path}")

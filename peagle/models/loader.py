@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ..errors import PeagleError
+from ..paths import missing_hint
 from .config import ModelConfig
 from .files import is_head_dir, safetensors_files
 from .hf_target import HFTarget
@@ -42,7 +43,8 @@ def resolve_backend(path: str, backend: str = "auto") -> str:
     if backend != "auto":
         return backend
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise PeagleError(f"no config.json in {path}" if os.path.isdir(path) else f"model directory not found: {path}")
+        raise PeagleError(f"no config.json in {path}" if os.path.isdir(path)
+                          else f"model directory not found: {path}{missing_hint(path)}")
     return "native" if native_refusal(path) is None else "transformers"
 
 

@@ -26,6 +26,24 @@ def check_ranges(args, at_least_1=(), at_least_0=()) -> None:
                 raise PeagleError(f"--{name.replace('_', '-')} must be {'at least 1' if floor else '>= 0'}, got {v}")
 
 
+def data_dir_problem(d: str) -> str | None:
+    """Why `d` is not a data directory (missing, or a file: a shard or JSON given instead of its directory), or
+    None."""
+    if os.path.isdir(d):
+        return None
+    if os.path.exists(d):
+        return f"--data {d} is a file: give the directory `peagle datagen` or `peagle hidden-states` wrote"
+    return f"data directory not found: {d}"
+
+
+def check_data_dirs(data: str) -> None:
+    """PeagleError for the first of the comma-separated --data directories that is not one, before anything
+    loads."""
+    for d in data.split(","):
+        if (why := data_dir_problem(d)) is not None:
+            raise PeagleError(why)
+
+
 def check_out(out: str, target: str, flag: str = "--out") -> None:
     """A run's output directory: never a file, the target's directory, or another model's (a config.json that
     is not a head's: a head would replace its weights, data would lie among its files)."""

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from ..errors import PeagleError
 from ..models.files import plain_mode
+from .checks import data_dir_problem
 
 
 def shard_path(out_dir: str, i: int) -> str:
@@ -61,7 +62,7 @@ def load_docs(data_dir: str, max_docs: int | None = None, min_supervised: int = 
     for d in data_dir.split(","):
         found = sorted(glob.glob(os.path.join(d, "shard-*.safetensors")))
         if not found:
-            raise PeagleError(f"no shard-*.safetensors in {d}" if os.path.isdir(d) else f"data directory not found: {d}")
+            raise PeagleError(data_dir_problem(d) or f"no shard-*.safetensors in {d}")
         files += found
     return [d for _, d in take_usable((d for fn in files for d in read_shard(fn)), max_docs, min_supervised, counts)]
 
