@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from lab.measure.precision import cpu_flags
 from peagle.default_target import TARGET_DIR
+from peagle.models import kernel_choice, quant_ext
 from peagle.models import quant as Q
-from peagle.models import quant_ext
 from peagle.models.llama import Transformer
 
 
@@ -46,8 +46,13 @@ def main(argv=None) -> int:
         return 2
     impls = {"AVX2": 2} | ({"AVX-512": 3} if ext.has_avx512() else {}) | ({"AMX": 4} if ext.has_amx() else {})
     rows = [int(r) for r in a.rows.split(",")]
-    weights = {q: Transformer.from_pretrained(a.model, quantization=q)._projections()
-               for q in a.quantizations.split(",")}
+    targets = {q: Transformer.from_pretrained(a.model, quantization=q) for q in a.quantizations.split(",")}
+    weights = {q: t._projections() for q, t in targets.items()}
+    # impl 0's thresholds (peagle/models/kernel_choice.py: timed on each target's products at load, kept); one
+    # per kind in a process, so a kind two targets share (the LM head's q8_0a8) keeps the last target's
+    chosen = {k: v for t in targets.values() for k, v in (t.kernel_paths or {}).items()}
+    if chosen:
+        impls["impl 0"] = 0
     gen = torch.Generator().manual_seed(0)
     xs = {m: {k: torch.randn(m, k, generator=gen) for k in {w.k for ws in weights.values() for w in ws}}
           for m in rows}
@@ -65,15 +70,21 @@ def main(argv=None) -> int:
     print(f"# The kernels' vector paths, every product of a step ({os.path.basename(a.model.rstrip('/'))})\n")
     print(f"CPU: {cpu_flags()}; {torch.get_num_threads()} threads; {quant_ext.describe()}; ms per step's "
           f"products, min of {a.rounds} interleaved rounds.\n")
+    if chosen:
+        print(f"impl 0 (what a target runs): {kernel_choice.summary(chosen)}, else AVX-512 "
+              "(peagle/models/kernel_choice.py, measured on this CPU).\n")
     names = list(impls)
     pairs = [(x, y) for x, y in (("AVX2", "AVX-512"), ("AVX-512", "AMX")) if x in impls and y in impls]
+    fixed = [n for n in names if n != "impl 0"]
     print("| precision | rows | " + " | ".join(f"{n} (ms)" for n in names)
-          + "".join(f" | {x} ÷ {y}" for x, y in pairs) + " |")
-    print("|---|---|" + "---|" * (len(names) + len(pairs)))
+          + "".join(f" | {x} ÷ {y}" for x, y in pairs) + (" | impl 0 ÷ fastest path" if chosen else "") + " |")
+    print("|---|---|" + "---|" * (len(names) + len(pairs) + bool(chosen)))
     for q in weights:
         for m in rows:
             cells = [f"{best[q, m, n] * 1e3:.1f}" if (q, m, n) in best else "-" for n in names]
             ratio = [f"{best[q, m, x] / best[q, m, y]:.2f}x" if (q, m, y) in best else "-" for x, y in pairs]
+            if chosen:
+                ratio.append(f"{best[q, m, 'impl 0'] / min(best[q, m, n] for n in fixed if (q, m, n) in best):.2f}x")
             print(f"| {q} | {m} | " + " | ".join(cells + ratio) + " |")
     if a.hot:
         hot_table(weights, best, impls, rows, xs, a.rounds)

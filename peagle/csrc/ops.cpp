@@ -62,8 +62,31 @@ bool use_amx(int64_t impl, int64_t M) {
   return use_avx2(impl) && (impl == 4 || (impl == 0 && M >= AMX_MIN_ROWS && has_amx()));
 }
 
+// [act8][F32, Q4_0, Q4_1, Q8_0]: AVX-512 from this many rows (set once, before the products run)
+static int64_t g_avx512_min_rows[2][4] = {{1, 1, 1, 1}, {1, 1, 1, 1}};
+
+static int64_t& min_rows_slot(int qtype, bool act8) {
+  const int i = qtype == pq::F32 ? 0 : qtype == pq::Q4_0 ? 1 : qtype == pq::Q4_1 ? 2 : qtype == pq::Q8_0 ? 3 : -1;
+  TORCH_CHECK(i >= 0, "unknown weight type ", qtype);
+  TORCH_CHECK(!(act8 && i == 0), "F32 weights take no 8-bit activations");
+  return g_avx512_min_rows[act8][i];
+}
+
+void set_avx512_min_rows(int qtype, bool act8, int64_t rows) {
+  TORCH_CHECK(rows >= 1, "AVX-512 from at least 1 row, got ", rows);
+  min_rows_slot(qtype, act8) = rows;
+}
+
+int64_t avx512_min_rows(int qtype, bool act8) { return min_rows_slot(qtype, act8); }
+
+int64_t product_impl(int64_t impl, int qtype, bool act8, int64_t M) {
+  if (impl != 0 || !has_avx512()) return impl;
+  return M < min_rows_slot(qtype, act8) ? 2 : 0;
+}
+
 void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y) {
   if (M == 0) return;
+  impl = product_impl(impl, qtype, false, M);
   pq::LinearFn fn = use_avx512(impl) ? pq::avx512::linear_rows
                     : use_avx2(impl) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
   const int64_t rb = K / 32 * pq::block_bytes(qtype);
@@ -83,6 +106,7 @@ void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, 
 void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* packed, int qtype, int64_t N,
                 int64_t impl, Act8 s, float* y) {
   if (M == 0) return;
+  impl = product_impl(impl, qtype, true, M);
   const bool vec = use_avx2(impl);
   const int64_t nb = K / 32;
   at::parallel_for(0, M, SMALL_OP_ROWS, [&](int64_t r0, int64_t r1) {   // row by row: any split, the same bits

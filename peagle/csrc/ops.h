@@ -23,6 +23,16 @@ bool use_amx(int64_t impl, int64_t M);
 // (lab/measure/kernel_paths.py, docs/benchmarks/kernel-paths.md): AVX-512 / AMX q4a8 0.93x at 8 rows, 1.08x at
 // 16, 1.10x at 32; q8a8 1.00x at 8, 1.26x at 16, 1.37x at 32.
 constexpr int64_t AMX_MIN_ROWS = 16;
+// impl 0's choice between the AVX2 and AVX-512 paths for a product of M rows: AVX-512 from avx512_min_rows rows,
+// one threshold per weight type (F32, Q4_0, Q4_1, Q8_0) and activation kind (float or 8-bit). The widest path
+// does not win everywhere (a 2-core AMD EPYC with AVX-512, Zen 4: the AVX2 path's 1-row q4a8 products 0.71x the
+// AVX-512 one's time, lab/measure/kernel_paths.py), so peagle/models/kernel_choice.py measures the thresholds on
+// the CPU at hand and sets them; 1 (AVX-512 at every row count, where the CPU has it) until set. Every path gives
+// the same bits, so the choice changes only the time.
+void set_avx512_min_rows(int qtype, bool act8, int64_t rows);
+int64_t avx512_min_rows(int qtype, bool act8);
+// The path a product of M rows takes: impl as given, except impl 0 on an AVX-512 CPU below its threshold (2).
+int64_t product_impl(int64_t impl, int qtype, bool act8, int64_t M);
 
 // y[M, N] = x[M, K] @ W^T, W GGUF blocks [N, K/32 * block bytes] (weight-only: float activations).
 void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y);

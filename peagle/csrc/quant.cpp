@@ -249,6 +249,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_avx512", &po::has_avx512, "AVX-512 F/VL/BW/DQ + VNNI on this CPU (impl 3)");
   m.def("has_amx_bf16", &po::has_amx_bf16, "AMX-BF16 usable here, with has_amx (training attention's scores)");
   m.def("has_amx", &po::has_amx, "AMX-TILE + AMX-INT8 usable here, with AVX-512 (impl 4)");
+  m.def("set_avx512_min_rows", &po::set_avx512_min_rows, "impl 0 takes AVX-512 from this many rows (ops.h)",
+        py::arg("qtype"), py::arg("act8"), py::arg("rows"));
+  m.def("avx512_min_rows", &po::avx512_min_rows, "impl 0's AVX-512 threshold (ops.h)", py::arg("qtype"),
+        py::arg("act8"));
+  m.def("product_impl", &po::product_impl, "the path a product of M rows takes (ops.h)", py::arg("impl"),
+        py::arg("qtype"), py::arg("act8"), py::arg("M"));
   bind_forward(m);
   bind_argmax(m);
   bind_draft_kl(m);

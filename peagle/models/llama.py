@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ..cache import KVCache
 from ..errors import PeagleError
+from . import kernel_choice
 from .config import ModelConfig
 from .files import iter_safetensors, safetensors_files
 from .layers import BlockCtx, Rope, Weight, cached_attention, calibrate_layout, mm, rms_norm, swiglu
@@ -140,6 +141,7 @@ class Transformer:
         self.fused = self.exact_attention = False
         self.runner, self._stack = True, None     # runner: the C++ layer runner where it applies (_layer_stack)
         self.exact_max_t = None                   # blocks longer than this attend through SDPA (None: no limit)
+        self.kernel_paths = None                  # impl 0's AVX-512 thresholds by kind (kernel_choice), if any
         if self.quantization != "none" or self.f32_kernel:
             # a token's bits must not depend on its block (plain step, verify block, tree) or its batch: the
             # kernels are row-invariant, and attention is summed in one fixed order per query (SDPA's blocking
@@ -160,6 +162,7 @@ class Transformer:
                         if hasattr(p, "act8"):
                             p.act8 = True
             self.fused = True                # add + RMSNorm and SiLU * mul in one op each (quant.add_rms_norm)
+            self.kernel_paths = kernel_choice.ensure(self._projections())   # AVX2 / AVX-512 by rows, timed here
             self.layout_gain = self._calibrate_heads_layout() if dual else 1.0
             self.dual_layout = layout == "dual" or (dual and self.layout_gain > 1.25)
             self.precision = self._describe(source)
@@ -206,9 +209,10 @@ class Transformer:
                 c[NAMES[p.qtype] if hasattr(p, "qtype") else "float32"] += 1
         nbytes = sum(getattr(w, "nbytes", 0) for w in self._projections())
         where = f" (blocks of {source} as stored where quantized)" if source else ""
-        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(c.items()))
-        return (f"quantization {self.quantization}: projections {kinds}{where}, {nbytes / 1e6:.1f} MB read per step; "
-                f"{quant_ext.describe()}; products in passes of up to {KERNEL_MAX_ROWS} rows")
+        counts = ", ".join(f"{k} x{n}" for k, n in sorted(c.items()))
+        paths = f" ({kernel_choice.summary(self.kernel_paths)}, as timed here)" if self.kernel_paths else ""
+        return (f"quantization {self.quantization}: projections {counts}{where}, {nbytes / 1e6:.1f} MB read per "
+                f"step; {quant_ext.describe()}{paths}; products in passes of up to {KERNEL_MAX_ROWS} rows")
 
     @classmethod
     def from_pretrained(cls, path: str, dtype=torch.float32, device="cpu", layout: str = "auto",

@@ -1,0 +1,163 @@
+"""Which of the C++ kernels' vector paths a product takes, by its row count, on the CPU at hand.
+
+Invariant: the choice changes only the time. Every path gives a product the same bits (tests/test_quant.py), so
+impl 0 (peagle/csrc/ops.h: AVX-512 from `avx512_min_rows` rows, one threshold per weight type and activation
+kind) may follow whatever measures fastest. The widest path does not win everywhere: on a 2-core AMD EPYC with
+AVX-512 (Zen 4) the AVX2 path's 1-row q4a8 products took 0.71x the AVX-512 path's time, and AVX-512 won from 4
+rows (lab/measure/kernel_paths.py). So where the CPU has AVX-512, a target's own products are timed on both paths
+when it loads (each kind's products of one step, row counts ROWS, interleaved rounds, min per cell; ~1-3 s), and
+each kind's threshold is the one whose choices cost least summed over the row counts, each relative to that row
+count's faster path. Kept in the kernels' build directory per CPU, thread count, kernel build and step shapes, so
+a target is timed once per machine (said on stderr). Above the largest row count timed AVX-512 stays (the
+default). PEAGLE_KERNEL_CHOICE=widest keeps AVX-512 at every row count (nothing timed)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+from . import quant as Q
+from . import quant_ext
+
+# (name, GGML type, 8-bit activations): every kind a product of the kernels can be
+KINDS = (("f32", Q.F32, False), ("q4_0", Q.Q4_0, False), ("q4_1", Q.Q4_1, False), ("q8_0", Q.Q8_0, False),
+         ("q4_0a8", Q.Q4_0, True), ("q4_1a8", Q.Q4_1, True), ("q8_0a8", Q.Q8_0, True))
+ROWS = (1, 2, 3, 4, 6, 8, 16)                      # row counts timed: decode, verify blocks, small batches
+ROUNDS = 7
+CACHE_NAME = "kernel-choice.json"
+_applied: dict = {}                                # key -> thresholds set in this process
+
+
+def kind_name(qtype: int, act8: bool) -> str:
+    return next(n for n, q, a in KINDS if q == qtype and a == act8)
+
+
+def cpu_key(threads: int) -> str:
+    """The CPU (vendor, name, family / model / stepping: a VM may name every EPYC alike), thread count and kernel
+    build the thresholds hold for."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if not line.strip():
+                    break
+                info.setdefault(k.strip(), v.strip())
+    except OSError:
+        pass
+    import platform
+    cpu = " ".join(info.get(k, "?") for k in ("vendor_id", "model name")) if info else platform.processor()
+    fms = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{cpu} ({fms}) | {threads} threads | build {quant_ext.source_hash()[:16]}"
+
+
+def groups(projections) -> dict:
+    """{kind name: [QuantWeight]} of a target's step (stacked projections split into their parts)."""
+    out: dict = {}
+    for w in projections:
+        for p in getattr(w, "parts", None) or [w]:
+            if hasattr(p, "qtype"):
+                out.setdefault(kind_name(p.qtype, p.act8), []).append(p)
+    return out
+
+
+def signature(by_kind: dict) -> str:
+    """The step's products by kind and shape: targets of the same shapes share thresholds."""
+    shapes = {k: sorted({(w.n, w.k) for w in ws}) for k, ws in by_kind.items()}
+    text = ";".join(f"{k}:{len(by_kind[k])}:" + ",".join(f"{n}x{kk}" for n, kk in shapes[k]) for k in sorted(shapes))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def choose(times: dict, rows=ROWS) -> int:
+    """The AVX-512 threshold from {(rows, "avx2" | "avx512"): seconds}: least summed relative cost over `rows`;
+    ties keep the smaller threshold (AVX-512 sooner, the default); AVX2 at every measured count gives the count
+    after the largest (AVX-512 above, where nothing was measured)."""
+    best, best_cost = rows[0], None
+    for t in (*rows, rows[-1] + 1):
+        cost = sum(times[m, "avx512" if m >= t else "avx2"] / min(times[m, "avx2"], times[m, "avx512"])
+                   for m in rows)
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = t, cost
+    return best
+
+
+def measure(ext, by_kind: dict, rounds: int = ROUNDS, rows=ROWS) -> tuple[dict, dict]:
+    """({kind: AVX-512 threshold}, {kind: {rows: [AVX2 ms, AVX-512 ms]}}): each kind's products of the step timed
+    on both paths, interleaved rounds, each timed pass after an untimed one (warm, as decoding re-reads them)."""
+    gen = torch.Generator().manual_seed(0)
+    xs = {(m, k): torch.randn(m, k, generator=gen) for m in rows for k in {w.k for ws in by_kind.values() for w in ws}}
+    best: dict = {}
+    for _ in range(rounds):
+        for name, ws in by_kind.items():
+            for m in rows:
+                for path, impl in (("avx2", 2), ("avx512", 3)):
+                    for _timed in (False, True):
+                        t0 = time.perf_counter()
+                        for w in ws:
+                            Q.qmm(xs[m, w.k], w, impl)
+                        dt = time.perf_counter() - t0
+                    best[name, m, path] = min(best.get((name, m, path), dt), dt)
+    thresholds = {k: choose({(m, p): best[k, m, p] for m in rows for p in ("avx2", "avx512")}, rows)
+                  for k in by_kind}
+    times = {k: {m: [round(best[k, m, p] * 1e3, 3) for p in ("avx2", "avx512")] for m in rows} for k in by_kind}
+    return thresholds, times
+
+
+def _read(fn: str) -> dict:
+    try:
+        with open(fn) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}                          # none yet, or unreadable: measured again
+
+
+def apply(ext, thresholds: dict) -> None:
+    for name, qtype, act8 in KINDS:
+        if name in thresholds:
+            ext.set_avx512_min_rows(qtype, act8, int(thresholds[name]))
+
+
+def ensure(projections, force: bool = False, log=None) -> dict | None:
+    """Set impl 0's thresholds for the kinds of a target's products (measured on them now when none are kept for
+    this CPU, thread count, build and step shapes, or `force`); returns them, or None where there is nothing to
+    choose (no kernels, no AVX-512, no kernel products, PEAGLE_KERNEL_CHOICE=widest)."""
+    ext = quant_ext.get()
+    by_kind = groups(projections)
+    if ext is None or not ext.has_avx512() or not by_kind or os.environ.get("PEAGLE_KERNEL_CHOICE") == "widest":
+        return None
+    key = f"{cpu_key(torch.get_num_threads())} | step {signature(by_kind)}"
+    if key in _applied and not force:
+        apply(ext, _applied[key])
+        return _applied[key]
+    fn = os.path.join(quant_ext.BUILD_DIR, CACHE_NAME)
+    kept = None if force else _read(fn).get(key)
+    if not (isinstance(kept, dict) and isinstance(kept.get("thresholds"), dict)
+            and set(kept["thresholds"]) == set(by_kind)):
+        log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        log(f"peagle: timing the C++ kernels' AVX2 and AVX-512 paths on this target's products "
+            f"({torch.get_num_threads()} threads; once per CPU, thread count and step shapes) ...")
+        t0 = time.perf_counter()
+        thresholds, times = measure(ext, by_kind)
+        kept = {"thresholds": thresholds, "ms": times, "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"peagle: kernel paths: {summary(thresholds)} ({kept['seconds']} s; kept in {fn})")
+        tmp = f"{fn}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(_read(fn) | {key: kept}, f, indent=1)
+            os.replace(tmp, fn)
+        except OSError as e:               # a read-only home: the choice holds for this process only
+            log(f"peagle: note: the kernel path choice is not kept ({e})")
+    apply(ext, kept["thresholds"])
+    _applied[key] = kept["thresholds"]
+    return kept["thresholds"]
+
+
+def summary(thresholds: dict) -> str:
+    """One phrase: where impl 0 leaves AVX-512 ("AVX-512 at every row count" where it never does)."""
+    parts = [f"{n} AVX2 below {t} rows" for n, t in thresholds.items() if t > 1]
+    return ", ".join(parts) if parts else "AVX-512 at every row count"

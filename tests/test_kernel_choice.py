@@ -1,0 +1,119 @@
+"""impl 0's AVX2 / AVX-512 choice by row count (peagle/models/kernel_choice.py, peagle/csrc/ops.h): the threshold
+rule, the C++ switch it sets, that the switch changes no bit, and the timing kept per CPU and step shapes."""
+import json
+import os
+
+import pytest
+import torch
+from test_quant import random_blocks
+
+from peagle.models import kernel_choice as KC
+from peagle.models import quant as Q
+from peagle.models import quant_ext
+
+EXT = quant_ext.get()
+needs_avx512 = pytest.mark.skipif(EXT is None or not EXT.has_avx512(), reason="a choice exists only with AVX-512")
+KINDS = [(qt, a8) for _, qt, a8 in KC.KINDS]
+
+
+@pytest.fixture
+def thresholds_restored():
+    """The process's thresholds as they were (other tests' targets set them too)."""
+    before = {(qt, a8): EXT.avx512_min_rows(qt, a8) for qt, a8 in KINDS}
+    yield
+    for (qt, a8), t in before.items():
+        EXT.set_avx512_min_rows(qt, a8, t)
+    KC._applied.clear()
+
+
+def times(avx2, avx512, rows=KC.ROWS):
+    return {(m, p): t for m, a, b in zip(rows, avx2, avx512) for p, t in (("avx2", a), ("avx512", b))}
+
+
+def test_choose_takes_the_cheapest_threshold():
+    rows = (1, 2, 4, 8)
+    assert KC.choose(times([1, 1, 3, 6], [2, 2, 2, 3], rows), rows) == 4           # AVX2 wins below 4 rows
+    assert KC.choose(times([2, 2, 3, 6], [1, 1, 2, 3], rows), rows) == 1           # AVX-512 everywhere
+    assert KC.choose(times([1, 1, 1, 1], [2, 2, 2, 2], rows), rows) == 9           # AVX2 at every count timed
+    assert KC.choose(times([1, 1, 1, 1], [1, 1, 1, 1], rows), rows) == 1           # a tie keeps the default
+    # one noisy row count does not flip the rest: AVX2 1.05x slower at 2 rows, 2x faster at 1
+    assert KC.choose(times([1, 2.1, 3, 6], [2, 2, 2, 3], rows), rows) == 2
+
+
+@needs_avx512
+def test_product_impl_follows_the_threshold(thresholds_restored):
+    EXT.set_avx512_min_rows(Q.Q4_1, False, 1)
+    EXT.set_avx512_min_rows(Q.Q4_1, True, 4)
+    assert [EXT.product_impl(0, Q.Q4_1, True, m) for m in (1, 3, 4, 16)] == [2, 2, 0, 0]
+    assert EXT.product_impl(0, Q.Q4_1, False, 1) == 0                   # another kind keeps its own
+    assert [EXT.product_impl(i, Q.Q4_1, True, 1) for i in (1, 2, 3)] == [1, 2, 3]   # a forced path stays
+    with pytest.raises(RuntimeError, match="at least 1 row"):
+        EXT.set_avx512_min_rows(Q.Q8_0, False, 0)
+    with pytest.raises(RuntimeError, match="no 8-bit activations"):
+        EXT.set_avx512_min_rows(Q.F32, True, 2)
+
+
+@needs_avx512
+@pytest.mark.parametrize("qtype,act8", KINDS)
+def test_the_switch_changes_no_bit(thresholds_restored, qtype, act8):
+    w = random_blocks(qtype, 40, 96, seed=3, act8=act8)
+    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(1))
+    ref = Q.qmm(x, w, 2)
+    assert torch.equal(ref, Q.qmm(x, w, 3))
+    for t in (1, 3, 9, 10):                       # AVX-512 for all 9 rows, from 3, from 9, never
+        EXT.set_avx512_min_rows(qtype, act8, t)
+        for m in (1, 2, 3, 8, 9):
+            assert torch.equal(Q.qmm(x[:m], w, 0), ref[:m]), (t, m)
+
+
+def small_step(act8=True):
+    return [random_blocks(Q.Q4_1, 64, 128, seed=s, act8=act8) for s in range(3)] + \
+        [random_blocks(Q.Q8_0, 96, 128, seed=9, act8=act8)]
+
+
+@needs_avx512
+def test_ensure_times_once_then_reads_what_it_kept(thresholds_restored, tmp_path, monkeypatch):
+    monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(KC, "ROUNDS", 1)
+    monkeypatch.delenv("PEAGLE_KERNEL_CHOICE", raising=False)
+    said = []
+    got = KC.ensure(small_step(), log=said.append)
+    assert set(got) == {"q4_1a8", "q8_0a8"} and all(1 <= t <= KC.ROWS[-1] + 1 for t in got.values())
+    assert len(said) == 2 and "timing" in said[0]
+    kept = json.loads((tmp_path / KC.CACHE_NAME).read_text())
+    (key, entry), = kept.items()
+    assert entry["thresholds"] == got and set(entry["ms"]["q4_1a8"]) == {str(m) for m in KC.ROWS}
+    assert f"{torch.get_num_threads()} threads" in key
+    assert [EXT.avx512_min_rows(Q.Q4_1, True), EXT.avx512_min_rows(Q.Q8_0, True)] == \
+        [got["q4_1a8"], got["q8_0a8"]]
+
+    KC._applied.clear()                           # a new process: read, not timed
+    entry["thresholds"] = {"q4_1a8": 6, "q8_0a8": 17}
+    (tmp_path / KC.CACHE_NAME).write_text(json.dumps({key: entry}))
+    monkeypatch.setattr(KC, "measure", lambda *a, **k: pytest.fail("timed again"))
+    assert KC.ensure(small_step(), log=said.append) == {"q4_1a8": 6, "q8_0a8": 17} and len(said) == 2
+    assert EXT.avx512_min_rows(Q.Q4_1, True) == 6 and EXT.avx512_min_rows(Q.Q8_0, True) == 17
+
+
+@needs_avx512
+def test_ensure_times_again_for_other_shapes_or_a_broken_file(thresholds_restored, tmp_path, monkeypatch):
+    monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(KC, "ROUNDS", 1)
+    monkeypatch.delenv("PEAGLE_KERNEL_CHOICE", raising=False)
+    said = []
+    KC.ensure(small_step(), log=said.append)
+    KC.ensure(small_step(act8=False), log=said.append)            # weight-only kinds: another step
+    assert len(said) == 4 and len(json.loads((tmp_path / KC.CACHE_NAME).read_text())) == 2
+    KC._applied.clear()
+    (tmp_path / KC.CACHE_NAME).write_text("{not json")
+    KC.ensure(small_step(), log=said.append)
+    assert len(said) == 6 and len(json.loads((tmp_path / KC.CACHE_NAME).read_text())) == 1
+
+
+def test_nothing_to_choose(tmp_path, monkeypatch):
+    monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
+    monkeypatch.setenv("PEAGLE_KERNEL_CHOICE", "widest")
+    assert KC.ensure(small_step(), log=pytest.fail) is None
+    monkeypatch.delenv("PEAGLE_KERNEL_CHOICE")
+    assert KC.ensure([torch.zeros(4, 4)], log=pytest.fail) is None             # no kernel products
+    assert not os.listdir(tmp_path)
