@@ -24,6 +24,7 @@ def thresholds_restored():
     for (qt, a8), t in before.items():
         EXT.set_avx512_min_rows(qt, a8, t)
     KC._applied.clear()
+    KC._active = None
 
 
 def times(avx2, avx512, rows=KC.ROWS):
@@ -117,3 +118,30 @@ def test_nothing_to_choose(tmp_path, monkeypatch):
     monkeypatch.delenv("PEAGLE_KERNEL_CHOICE")
     assert KC.ensure([torch.zeros(4, 4)], log=pytest.fail) is None             # no kernel products
     assert not os.listdir(tmp_path)
+
+
+@needs_avx512
+def test_a_target_sets_its_own_thresholds_before_each_forward(thresholds_restored, qtarget):
+    from peagle.models.llama import Transformer
+    a = Transformer.from_pretrained(qtarget, quantization="q4a8")
+    b = Transformer.from_pretrained(qtarget, quantization="q4a8")
+    assert a.kernel_paths is not None and "timed here" in a.precision
+    a.kernel_paths, b.kernel_paths = {"q4_1a8": 5}, {"q4_1a8": 9}      # as two targets' timings could differ
+    ids, start = torch.tensor([[7, 8]]), torch.zeros(1, dtype=torch.long)
+    for t, want in ((a, 5), (b, 9), (a, 5)):
+        t.forward(ids, t.new_cache(1, 8), 0, start)
+        assert EXT.avx512_min_rows(Q.Q4_1, True) == want
+
+
+@needs_avx512
+def test_activate_applies_only_when_another_set_was_applied(thresholds_restored):
+    a, b = {"q8_0a8": 3}, {"q8_0a8": 6}
+    KC.apply(EXT, a)
+    KC.apply(EXT, b)
+    KC.activate(a)
+    assert EXT.avx512_min_rows(Q.Q8_0, True) == 3
+    EXT.set_avx512_min_rows(Q.Q8_0, True, 4)          # behind its back: a's set is still the active one
+    KC.activate(a)
+    assert EXT.avx512_min_rows(Q.Q8_0, True) == 4
+    KC.activate(b)
+    assert EXT.avx512_min_rows(Q.Q8_0, True) == 6

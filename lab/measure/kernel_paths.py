@@ -48,9 +48,8 @@ def main(argv=None) -> int:
     rows = [int(r) for r in a.rows.split(",")]
     targets = {q: Transformer.from_pretrained(a.model, quantization=q) for q in a.quantizations.split(",")}
     weights = {q: t._projections() for q, t in targets.items()}
-    # impl 0's thresholds (peagle/models/kernel_choice.py: timed on each target's products at load, kept); one
-    # per kind in a process, so a kind two targets share (the LM head's q8_0a8) keeps the last target's
-    chosen = {k: v for t in targets.values() for k, v in (t.kernel_paths or {}).items()}
+    # impl 0's thresholds (peagle/models/kernel_choice.py: timed on each target's products at load, kept)
+    chosen = {q: t.kernel_paths for q, t in targets.items() if t.kernel_paths}
     if chosen:
         impls["impl 0"] = 0
     gen = torch.Generator().manual_seed(0)
@@ -59,6 +58,8 @@ def main(argv=None) -> int:
     best = {}
     for _ in range(a.rounds):
         for q, ws in weights.items():
+            if targets[q].kernel_paths:               # impl 0 as this target alone would run it
+                kernel_choice.activate(targets[q].kernel_paths)
             for m in rows:
                 for name, impl in paths(q, impls):
                     for timed in (False, True):      # an untimed pass first: every cell warm, as in decoding
@@ -71,8 +72,9 @@ def main(argv=None) -> int:
     print(f"CPU: {cpu_flags()}; {torch.get_num_threads()} threads; {quant_ext.describe()}; ms per step's "
           f"products, min of {a.rounds} interleaved rounds.\n")
     if chosen:
-        print(f"impl 0 (what a target runs): {kernel_choice.summary(chosen)}, else AVX-512 "
-              "(peagle/models/kernel_choice.py, measured on this CPU).\n")
+        print("impl 0 (what each target runs: AVX-512 except as listed; peagle/models/kernel_choice.py, timed on "
+              "its products at load): " + "; ".join(f"{q}: {kernel_choice.summary(t)}" for q, t in chosen.items())
+              + ".\n")
     names = list(impls)
     pairs = [(x, y) for x, y in (("AVX2", "AVX-512"), ("AVX-512", "AMX")) if x in impls and y in impls]
     fixed = [n for n in names if n != "impl 0"]
@@ -102,6 +104,7 @@ def hot_table(weights, best, impls, rows, xs, rounds, calls=200):
     """Each distinct shape alone, `calls` products in a row (its weights stay in cache), best of `rounds`: its
     multiply-adds per second beside the whole step's (the products of every shape once, weights streamed). Equal
     rates say the step's products are bound by their arithmetic, not by reading the weights."""
+    impls = {k: v for k, v in impls.items() if k != "impl 0"}          # the vector paths themselves
     print("\nHot products (GMAC/s: rows x outputs x inputs per second; µs per product, min of rounds):\n")
     shapes = sorted({(w.n, w.k) for ws in weights.values() for w in ws})
     print("| precision | rows | path | whole step | " + " | ".join(f"{n}x{k}" for n, k in shapes) + " |")

@@ -5,7 +5,7 @@ impl 0 (peagle/csrc/ops.h: AVX-512 from `avx512_min_rows` rows, one threshold pe
 kind) may follow whatever measures fastest. The widest path does not win everywhere: on a 2-core AMD EPYC with
 AVX-512 (Zen 4) the AVX2 path's 1-row q4a8 products took 0.71x the AVX-512 path's time, and AVX-512 won from 4
 rows (lab/measure/kernel_paths.py). So where the CPU has AVX-512, a target's own products are timed on both paths
-when it loads (each kind's products of one step, row counts ROWS, interleaved rounds, min per cell; ~1-3 s), and
+when it loads (each kind's products inside whole steps, row counts ROWS, interleaved rounds, min per cell; 2-5 s), and
 each kind's threshold is the one whose choices cost least summed over the row counts, each relative to that row
 count's faster path. Kept in the kernels' build directory per CPU, thread count, kernel build and step shapes, so
 a target is timed once per machine (said on stderr). Above the largest row count timed AVX-512 stays (the
@@ -30,6 +30,7 @@ ROWS = (1, 2, 3, 4, 6, 8, 16)                      # row counts timed: decode, v
 ROUNDS = 7
 CACHE_NAME = "kernel-choice.json"
 _applied: dict = {}                                # key -> thresholds set in this process
+_active: dict | None = None                        # the thresholds set last (activate)
 
 
 def kind_name(qtype: int, act8: bool) -> str:
@@ -55,13 +56,16 @@ def cpu_key(threads: int) -> str:
     return f"{cpu} ({fms}) | {threads} threads | build {quant_ext.source_hash()[:16]}"
 
 
+def parts(projections) -> list:
+    """A target's products of one step in order, stacked projections split into their parts."""
+    return [p for w in projections for p in getattr(w, "parts", None) or [w] if hasattr(p, "qtype")]
+
+
 def groups(projections) -> dict:
-    """{kind name: [QuantWeight]} of a target's step (stacked projections split into their parts)."""
+    """{kind name: [QuantWeight]} of a target's step."""
     out: dict = {}
-    for w in projections:
-        for p in getattr(w, "parts", None) or [w]:
-            if hasattr(p, "qtype"):
-                out.setdefault(kind_name(p.qtype, p.act8), []).append(p)
+    for p in parts(projections):
+        out.setdefault(kind_name(p.qtype, p.act8), []).append(p)
     return out
 
 
@@ -85,25 +89,30 @@ def choose(times: dict, rows=ROWS) -> int:
     return best
 
 
-def measure(ext, by_kind: dict, rounds: int = ROUNDS, rows=ROWS) -> tuple[dict, dict]:
-    """({kind: AVX-512 threshold}, {kind: {rows: [AVX2 ms, AVX-512 ms]}}): each kind's products of the step timed
-    on both paths, interleaved rounds, each timed pass after an untimed one (warm, as decoding re-reads them)."""
+def measure(ext, projections, rounds: int = ROUNDS, rows=ROWS) -> tuple[dict, dict]:
+    """({kind: AVX-512 threshold}, {kind: {rows: [AVX2 ms, AVX-512 ms]}}): each kind's products timed on both
+    paths inside whole steps (the other kinds' products run between them untimed, so a kind's weights meet the
+    cache as in decoding: a 30 MB LM head alone would stay cached), each timed step after an untimed one (warm, as
+    decoding re-reads them), interleaved rounds, min per cell."""
+    step = [(kind_name(w.qtype, w.act8), w) for w in parts(projections)]
+    kinds = list(dict.fromkeys(k for k, _ in step))
     gen = torch.Generator().manual_seed(0)
-    xs = {(m, k): torch.randn(m, k, generator=gen) for m in rows for k in {w.k for ws in by_kind.values() for w in ws}}
+    xs = {(m, k): torch.randn(m, k, generator=gen) for m in rows for k in {w.k for _, w in step}}
     best: dict = {}
     for _ in range(rounds):
-        for name, ws in by_kind.items():
+        for name in kinds:
             for m in rows:
                 for path, impl in (("avx2", 2), ("avx512", 3)):
-                    for _timed in (False, True):
-                        t0 = time.perf_counter()
-                        for w in ws:
-                            Q.qmm(xs[m, w.k], w, impl)
-                        dt = time.perf_counter() - t0
+                    for _pass in (False, True):
+                        dt = 0.0
+                        for k, w in step:
+                            t0 = time.perf_counter()
+                            Q.qmm(xs[m, w.k], w, impl if k == name else 0)
+                            if k == name:
+                                dt += time.perf_counter() - t0
                     best[name, m, path] = min(best.get((name, m, path), dt), dt)
-    thresholds = {k: choose({(m, p): best[k, m, p] for m in rows for p in ("avx2", "avx512")}, rows)
-                  for k in by_kind}
-    times = {k: {m: [round(best[k, m, p] * 1e3, 3) for p in ("avx2", "avx512")] for m in rows} for k in by_kind}
+    thresholds = {k: choose({(m, p): best[k, m, p] for m in rows for p in ("avx2", "avx512")}, rows) for k in kinds}
+    times = {k: {m: [round(best[k, m, p] * 1e3, 3) for p in ("avx2", "avx512")] for m in rows} for k in kinds}
     return thresholds, times
 
 
@@ -117,9 +126,18 @@ def _read(fn: str) -> dict:
 
 
 def apply(ext, thresholds: dict) -> None:
+    global _active
     for name, qtype, act8 in KINDS:
         if name in thresholds:
             ext.set_avx512_min_rows(qtype, act8, int(thresholds[name]))
+    _active = thresholds
+
+
+def activate(thresholds: dict) -> None:
+    """Set a target's thresholds again where another target of the process set its own since (a kind two
+    targets share, e.g. a Q8_0 LM head, may have another threshold in each); a no-op otherwise."""
+    if thresholds is not _active:
+        apply(quant_ext.get(), thresholds)
 
 
 def ensure(projections, force: bool = False, log=None) -> dict | None:
@@ -142,7 +160,7 @@ def ensure(projections, force: bool = False, log=None) -> dict | None:
         log(f"peagle: timing the C++ kernels' AVX2 and AVX-512 paths on this target's products "
             f"({torch.get_num_threads()} threads; once per CPU, thread count and step shapes) ...")
         t0 = time.perf_counter()
-        thresholds, times = measure(ext, by_kind)
+        thresholds, times = measure(ext, projections)
         kept = {"thresholds": thresholds, "ms": times, "seconds": round(time.perf_counter() - t0, 1)}
         log(f"peagle: kernel paths: {summary(thresholds)} ({kept['seconds']} s; kept in {fn})")
         tmp = f"{fn}.{os.getpid()}.tmp"

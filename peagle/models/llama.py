@@ -263,6 +263,8 @@ class Transformer:
         c = self.cfg
         B, T = tokens.shape
         dev = self.device
+        if self.kernel_paths:
+            kernel_choice.activate(self.kernel_paths)   # another target of this process may have set others
         tokens, start = tokens.to(dev), start.to(dev)
         ctx = BlockCtx(self.rope, start, T, b0, span, s0, cache.max_len, c.sliding_window)
         if tree is not None:
