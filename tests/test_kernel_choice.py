@@ -109,6 +109,15 @@ def test_ensure_times_again_for_other_shapes_or_a_broken_file(thresholds_restore
     (tmp_path / KC.CACHE_NAME).write_text("{not json")
     KC.ensure(small_step(), log=said.append)
     assert len(said) == 6 and len(json.loads((tmp_path / KC.CACHE_NAME).read_text())) == 1
+    kept = json.loads((tmp_path / KC.CACHE_NAME).read_text())
+    for bad in (0, "4", 2.5, None):                # a hand-edited value is timed again, never applied
+        KC._applied.clear()
+        (key, entry), = kept.items()
+        (tmp_path / KC.CACHE_NAME).write_text(json.dumps({key: {**entry, "thresholds": {
+            **entry["thresholds"], "q4_1a8": bad}}}))
+        n = len(said)
+        assert KC.ensure(small_step(), log=said.append)["q4_1a8"] in range(1, KC.ROWS[-1] + 2)
+        assert len(said) == n + 2, bad
 
 
 def test_nothing_to_choose(tmp_path, monkeypatch):

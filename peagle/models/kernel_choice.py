@@ -125,6 +125,13 @@ def _read(fn: str) -> dict:
         return {}                          # none yet, or unreadable: measured again
 
 
+def usable(kept, by_kind: dict) -> bool:
+    """A kept entry holds a threshold (a whole number >= 1) for every kind of the step, nothing else."""
+    th = kept.get("thresholds") if isinstance(kept, dict) else None
+    return (isinstance(th, dict) and set(th) == set(by_kind)
+            and all(type(t) is int and t >= 1 for t in th.values()))
+
+
 def apply(ext, thresholds: dict) -> None:
     global _active
     for name, qtype, act8 in KINDS:
@@ -154,8 +161,7 @@ def ensure(projections, force: bool = False, log=None) -> dict | None:
         return _applied[key]
     fn = os.path.join(quant_ext.BUILD_DIR, CACHE_NAME)
     kept = None if force else _read(fn).get(key)
-    if not (isinstance(kept, dict) and isinstance(kept.get("thresholds"), dict)
-            and set(kept["thresholds"]) == set(by_kind)):
+    if not usable(kept, by_kind):
         log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         log(f"peagle: timing the C++ kernels' AVX2 and AVX-512 paths on this target's products "
             f"({torch.get_num_threads()} threads; once per CPU, thread count and step shapes) ...")
@@ -170,6 +176,8 @@ def ensure(projections, force: bool = False, log=None) -> dict | None:
             os.replace(tmp, fn)
         except OSError as e:               # a read-only home: the choice holds for this process only
             log(f"peagle: note: the kernel path choice is not kept ({e})")
+            if os.path.exists(tmp):
+                os.remove(tmp)
     apply(ext, kept["thresholds"])
     _applied[key] = kept["thresholds"]
     return kept["thresholds"]
@@ -177,5 +185,5 @@ def ensure(projections, force: bool = False, log=None) -> dict | None:
 
 def summary(thresholds: dict) -> str:
     """One phrase: where impl 0 leaves AVX-512 ("AVX-512 at every row count" where it never does)."""
-    parts = [f"{n} AVX2 below {t} rows" for n, t in thresholds.items() if t > 1]
-    return ", ".join(parts) if parts else "AVX-512 at every row count"
+    below = [f"{n} AVX2 below {t} rows" for n, t in thresholds.items() if t > 1]
+    return ", ".join(below) if below else "AVX-512 at every row count"
