@@ -25,7 +25,7 @@ $(TARGET_STAMP): $(VENV_STAMP) peagle/default_target.py
 	@touch $(TARGET_STAMP)
 
 # The C++ kernels of peagle/csrc/ (quantized linears, fused small ops: peagle/models/quant_ext.py), compiled by
-# torch's extension builder into build/peagle_quant (~1.5 min on 2 cores; nothing downloaded). A failed build is a
+# torch's extension builder into build/peagle_quant (~1 min on 2 cores; nothing downloaded). A failed build is a
 # warning: peagle then runs its torch fallback (same results, slower), and the next `make setup` tries again.
 EXT_STAMP := build/peagle_quant/.make-stamp
 
