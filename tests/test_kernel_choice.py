@@ -88,6 +88,10 @@ def test_ensure_times_once_then_reads_what_it_kept(thresholds_restored, tmp_path
     assert [EXT.avx512_min_rows(Q.Q4_1, True), EXT.avx512_min_rows(Q.Q8_0, True)] == \
         [got["q4_1a8"], got["q8_0a8"]]
 
+    (tmp_path / KC.CACHE_NAME).rename(tmp_path / "moved")       # the same process: its memo, not the file
+    assert KC.ensure(small_step(), log=said.append) == got and len(said) == 2
+    (tmp_path / "moved").rename(tmp_path / KC.CACHE_NAME)
+
     KC._applied.clear()                           # a new process: read, not timed
     entry["thresholds"] = {"q4_1a8": 6, "q8_0a8": 17}
     (tmp_path / KC.CACHE_NAME).write_text(json.dumps({key: entry}))
@@ -105,10 +109,13 @@ def test_ensure_times_again_for_other_shapes_or_a_broken_file(thresholds_restore
     KC.ensure(small_step(), log=said.append)
     KC.ensure(small_step(act8=False), log=said.append)            # weight-only kinds: another step
     assert len(said) == 4 and len(json.loads((tmp_path / KC.CACHE_NAME).read_text())) == 2
+    wider = small_step()[:3] + [random_blocks(Q.Q8_0, 160, 128, seed=9, act8=True)]   # same kinds, other shapes
+    KC.ensure(wider, log=said.append)
+    assert len(said) == 6 and len(json.loads((tmp_path / KC.CACHE_NAME).read_text())) == 3
     KC._applied.clear()
     (tmp_path / KC.CACHE_NAME).write_text("{not json")
     KC.ensure(small_step(), log=said.append)
-    assert len(said) == 6 and len(json.loads((tmp_path / KC.CACHE_NAME).read_text())) == 1
+    assert len(said) == 8 and len(json.loads((tmp_path / KC.CACHE_NAME).read_text())) == 1
     kept = json.loads((tmp_path / KC.CACHE_NAME).read_text())
     for bad in (0, "4", 2.5, None):                # a hand-edited value is timed again, never applied
         KC._applied.clear()
