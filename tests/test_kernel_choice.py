@@ -27,6 +27,15 @@ def thresholds_restored():
     KC._active = None
 
 
+@pytest.fixture
+def timing_home(tmp_path, monkeypatch):
+    """A build directory of its own for the kept timings, one round per timing, no PEAGLE_KERNEL_CHOICE."""
+    monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(KC, "ROUNDS", 1)
+    monkeypatch.delenv("PEAGLE_KERNEL_CHOICE", raising=False)
+    return tmp_path
+
+
 def times(avx2, avx512, rows=KC.ROWS):
     return {(m, p): t for m, a, b in zip(rows, avx2, avx512) for p, t in (("avx2", a), ("avx512", b))}
 
@@ -73,10 +82,8 @@ def small_step(act8=True):
 
 
 @needs_avx512
-def test_ensure_times_once_then_reads_what_it_kept(thresholds_restored, tmp_path, monkeypatch):
-    monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
-    monkeypatch.setattr(KC, "ROUNDS", 1)
-    monkeypatch.delenv("PEAGLE_KERNEL_CHOICE", raising=False)
+def test_ensure_times_once_then_reads_what_it_kept(thresholds_restored, timing_home, monkeypatch):
+    tmp_path = timing_home
     said = []
     got = KC.ensure(small_step(), log=said.append)
     assert set(got) == {"q4_1a8", "q8_0a8"} and all(1 <= t <= KC.ROWS[-1] + 1 for t in got.values())
@@ -101,10 +108,8 @@ def test_ensure_times_once_then_reads_what_it_kept(thresholds_restored, tmp_path
 
 
 @needs_avx512
-def test_ensure_times_again_for_other_shapes_or_a_broken_file(thresholds_restored, tmp_path, monkeypatch):
-    monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
-    monkeypatch.setattr(KC, "ROUNDS", 1)
-    monkeypatch.delenv("PEAGLE_KERNEL_CHOICE", raising=False)
+def test_ensure_times_again_for_other_shapes_or_a_broken_file(thresholds_restored, timing_home, monkeypatch):
+    tmp_path = timing_home
     said = []
     KC.ensure(small_step(), log=said.append)
     KC.ensure(small_step(act8=False), log=said.append)            # weight-only kinds: another step
