@@ -210,6 +210,12 @@ def test_skipped_documents_a_resume_without_checkpoint_and_the_target_are_said(t
     assert main(["train", "--method", "eagle3", "--target", tgt, "--data", data, "--out", str(out), "--steps", "1",
                  "--threads", "1", "--draft-vocab", "64", "--resume", "--quiet"]) == 0
     assert "no checkpoint" not in capsys.readouterr().err            # a real resume: no note
+    assert "--draft-vocab" not in cap.err                            # 64: below the vocabulary, no note
+    assert main(["train", "--method", "eagle3", "--target", tgt, "--data", data, "--out", str(tmp_path / "h2"),
+                 "--steps", "1", "--threads", "1", "--draft-vocab", "1000000", "--quiet"]) == 0
+    vocab = json.loads((Path(tgt) / "config.json").read_text())["vocab_size"]
+    assert f"note: --draft-vocab 1000000 is above the target's vocabulary ({vocab})" in capsys.readouterr().err
+    assert json.loads((tmp_path / "h2" / "config.json").read_text())["draft_vocab_size"] == vocab
 
 
 def test_datagen_ends_with_a_summary_of_all_its_rows(tmp_path, capsys):

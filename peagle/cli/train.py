@@ -15,7 +15,7 @@ from ..errors import PeagleError
 from ..llm import DEFAULT_MODEL
 from ..models.loader import add_backend_argument
 from ..paths import portable_path
-from ..train.checks import check_data_dirs, check_data_model, check_out, out_dir
+from ..train.checks import check_data_dirs, check_data_model, check_out, model_identity, out_dir
 from ..train.common import tune_malloc
 from ..train.config import TrainConfig
 from ..train.loop import Trainer
@@ -105,6 +105,11 @@ def run(a):
         raise PeagleError(f"--out {a.out} holds a run's checkpoint: --resume continues it; to start over, give "
                           f"another --out or delete {os.path.dirname(ckpt)}")
     cfg = TrainConfig.from_namespace(a)
+    vocab = (model_identity(a.target) or {}).get("vocab_size")
+    if a.draft_vocab and a.draft_vocab != TrainConfig.draft_vocab and vocab and a.draft_vocab > vocab \
+            and not (a.init or a.init_from_eagle3) and os.environ.get("RANK", "0") == "0":   # given, not the default
+        print(f"note: --draft-vocab {a.draft_vocab} is above the target's vocabulary ({vocab}): the draft vocabulary "
+              "is the full one", file=sys.stderr, flush=True)
     if a.resume and not os.path.isfile(ckpt) and os.environ.get("RANK", "0") == "0":   # a typo'd --out: say so
         print(f"note: no checkpoint in {os.path.dirname(ckpt)}: starting a new run", file=sys.stderr, flush=True)
     tune_malloc()     # a step's large buffers stay in the heap instead of page-faulting back in
