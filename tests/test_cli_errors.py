@@ -10,7 +10,9 @@ import pytest
 from headfiles import head, write_target
 
 from peagle.cli import main
+from peagle.errors import PeagleError
 from peagle.paths import HOME
+from peagle.server.start import resolve_config
 
 
 def one_line(capsys, args) -> str:
@@ -294,3 +296,9 @@ def test_a_relative_path_from_another_directory_gets_a_hint(tmp_path, monkeypatc
     assert msg.endswith(f"did you mean {os.path.join(HOME, head)}?"), msg
     msg = one_line(capsys, ["generate", "--model", os.path.join("models", "demo-target"), "--prompt", "hi"])
     assert msg.endswith(f"did you mean {os.path.join(HOME, 'models', 'demo-target')}?"), msg
+    # serve's own checks, before it loads
+    spec = json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": 1})
+    for model, spec in ((os.path.join("models", "demo-target"), None),
+                        (os.path.join(HOME, "models", "demo-target"), spec)):
+        with pytest.raises(PeagleError, match=r"did you mean .*\?$"):
+            resolve_config(model, spec, {})

@@ -147,20 +147,20 @@ def activate(thresholds: dict) -> None:
         apply(quant_ext.get(), thresholds)
 
 
-def ensure(projections, force: bool = False, log=None) -> dict | None:
+def ensure(projections, log=None) -> dict | None:
     """Set impl 0's thresholds for the kinds of a target's products (measured on them now when none are kept for
-    this CPU, thread count, build and step shapes, or `force`); returns them, or None where there is nothing to
+    this CPU, thread count, build and step shapes); returns them, or None where there is nothing to
     choose (no kernels, no AVX-512, no kernel products, PEAGLE_KERNEL_CHOICE=widest)."""
     ext = quant_ext.get()
     by_kind = groups(projections)
     if ext is None or not ext.has_avx512() or not by_kind or os.environ.get("PEAGLE_KERNEL_CHOICE") == "widest":
         return None
     key = f"{cpu_key(torch.get_num_threads())} | step {signature(by_kind)}"
-    if key in _applied and not force:
+    if key in _applied:
         apply(ext, _applied[key])
         return _applied[key]
     fn = os.path.join(quant_ext.BUILD_DIR, CACHE_NAME)
-    kept = None if force else _read(fn).get(key)
+    kept = _read(fn).get(key)
     if not usable(kept, by_kind):
         log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         log(f"peagle: timing the C++ kernels' AVX2 and AVX-512 paths on this target's products "

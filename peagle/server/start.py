@@ -9,7 +9,7 @@ import os
 from .. import llm  # llm.DEFAULT_*: read when called (tests point them elsewhere)
 from ..errors import PeagleError
 from ..llm import build_engine, load_tokenizer
-from ..paths import SETUP_COMMAND
+from ..paths import SETUP_COMMAND, missing_hint
 from ..spec_config import AUTO, OFF, parse_spec_config, speculative_config
 from .limits import Limits
 from .loop import EngineThread
@@ -42,7 +42,7 @@ def resolve_config(model, spec_flag, env=None):
     else:
         if not os.path.isdir(model):
             raise PeagleError(f"{model} is a file, not a model directory" if os.path.isfile(model) else
-                              f"model directory {model} does not exist")
+                              f"model directory {model} does not exist{missing_hint(model)}")
         name = model
     try:
         parsed = parse_spec_config(json.dumps(spec) if isinstance(spec, dict) else spec)
@@ -51,7 +51,7 @@ def resolve_config(model, spec_flag, env=None):
             raise PeagleError(f"${ENV_SPEC}: {e}") from None
         raise
     if parsed is not None and not os.path.isdir(parsed.model):
-        raise PeagleError(f"speculative config model {parsed.model} does not exist")
+        raise PeagleError(f"speculative config model {parsed.model} does not exist{missing_hint(parsed.model)}")
     return model, name, parsed
 
 
