@@ -74,6 +74,40 @@ def test_extraction_resumes_and_refuses_other_layers(tiny_dirs, tmp_path):
         extract(target, docs, str(tmp_path / "x"), [1, 2], progress=False)
 
 
+def test_extraction_records_the_document_cut_and_refuses_a_resume_with_another(tiny_dirs, tmp_path):
+    """The cut the documents were given (`hidden-states --max-tokens`) is recorded; resuming into the cache with
+    another cut is refused before any sample is written (its samples would be other documents); the same cut,
+    or a resume that does not say (train's feature cache of an older cache), goes on."""
+    target = Transformer.from_pretrained(tiny_dirs["llama"])
+    L = target.cfg.num_hidden_layers
+    docs, d = _docs(4), str(tmp_path / "hs")
+    extract(target, [(t[:12], m[:12]) for t, m in docs], d, [1, L], progress=False, max_tokens=12)
+    assert json.loads(open(os.path.join(d, CONFIG)).read())["max_tokens"] == 12
+    os.remove(sample_path(d, 3))
+    with pytest.raises(PeagleError, match="cut to 12 tokens; this run cuts them to 20: resume with --max-tokens 12"):
+        extract(target, [(t[:20], m[:20]) for t, m in docs], d, [1, L], progress=False, max_tokens=20)
+    assert not os.path.exists(sample_path(d, 3))
+    assert extract(target, [(t[:12], m[:12]) for t, m in docs], d, [1, L], progress=False)["samples"] == 1
+    assert json.loads(open(os.path.join(d, CONFIG)).read())["max_tokens"] == 12
+
+
+def test_the_command_records_its_max_tokens(tiny_dirs, tmp_path, capsys):
+    """`peagle hidden-states --max-tokens N` records N; rerun on the cache with another cut it stops with one line
+    saying the recorded one."""
+    from tiny import write_greedy_shard
+
+    from peagle.cli import main
+    target = tiny_dirs["llama"]
+    data = write_greedy_shard(target, str(tmp_path / "data"), n=3)
+    hs = str(tmp_path / "hs")
+    base = ["hidden-states", "--model", target, "--data", data, "--out", hs, "--threads", "1"]
+    assert main(base + ["--max-tokens", "16"]) == 0
+    assert json.loads(open(os.path.join(hs, CONFIG)).read())["max_tokens"] == 16
+    capsys.readouterr()
+    assert main(base + ["--max-tokens", "24"]) == 1
+    assert "cut to 16 tokens; this run cuts them to 24" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("method,extra", [("peagle", ["--depths", "3", "--mask-token", "4"]),
                                           ("eagle3", ["--ttt-steps", "3"])])
 def test_training_from_the_cache_equals_training_with_the_target(tiny_dirs, tmp_path, method, extra):

@@ -59,7 +59,8 @@ def run(a):
         if given is not None and not all(0 <= i <= L for i in given):
             raise PeagleError(f"--layer-ids {a.layer_ids}: this target's layers are 0..{L} (L = the final state)")
         ids = given if given is not None else default_layer_ids(L, default_aux_layer_ids(L))
-        r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model))
+        r = extract(target, docs, a.out, ids, a.max_batch_tokens, model_name=portable_path(model),
+                    max_tokens=a.max_tokens)
     print(f"{a.out}: {len(docs)} samples; this run {r['samples']} samples, {r['tokens']} tokens in "
           f"{r['seconds']:.0f} s ({r['tokens'] / max(r['seconds'], 1e-9):.0f} tok/s), "
           f"{r['bytes_per_token'] / 1024:.1f} KiB per token")

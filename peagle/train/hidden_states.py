@@ -13,7 +13,8 @@ without loss masks every token is supervised, prompts included (said when the ca
                            loss_mask      uint8 [seq] (1 = a token the target generated; absent = all ones)
     hidden_states.json     {"format": "speculators-hs", "layer_ids": [...], "hidden_size": H,
                             "dtype": "float32", "num_samples": N, "model": ..., "model_config": the
-                            target's config.json fields that tell models apart (train/checks.py)}
+                            target's config.json fields that tell models apart (train/checks.py),
+                            "max_tokens": the cut of the documents (`hidden-states --max-tokens`)}
 Invariants: the last layer id is the final state L (the teacher: logits = lm_head(norm(h_L)), tied
 embeddings are the target's lm_head); a file is written atomically (tmp + rename), so an interrupted
 extraction resumes at the first missing file; the aux states the drafter reads are the columns of its aux ids
@@ -62,8 +63,9 @@ def write_sample(d: str, i: int, token_ids: torch.Tensor, hidden: torch.Tensor, 
 
 
 def extract(target, docs: list, out: str, layer_ids: list[int], max_batch_tokens: int = 8192,
-            progress: bool = True, model_name: str | None = None) -> dict:
-    """Run the target over docs [(token_ids, loss_mask)] and write hs_{i} for the ones missing.
+            progress: bool = True, model_name: str | None = None, max_tokens: int | None = None) -> dict:
+    """Run the target over docs [(token_ids, loss_mask)] and write hs_{i} for the ones missing. max_tokens: the
+    cut the docs were given (recorded; a resume with another cut is refused: its samples would not match).
     Returns {"samples", "tokens", "seconds", "bytes_per_token"} of this call's work."""
     L = target.cfg.num_hidden_layers
     if layer_ids[-1] != L:
@@ -71,11 +73,16 @@ def extract(target, docs: list, out: str, layer_ids: list[int], max_batch_tokens
     os.makedirs(out, exist_ok=True)
     cfg = {"format": "speculators-hs", "layer_ids": list(layer_ids), "hidden_size": target.cfg.hidden_size,
            "dtype": str(target.dtype).replace("torch.", ""), "num_samples": len(docs), "model": model_name,
-           "model_config": config_identity(getattr(target.cfg, "raw", None) or {})}
+           "model_config": config_identity(getattr(target.cfg, "raw", None) or {}), "max_tokens": max_tokens}
     old = read_config(out) if os.path.isfile(os.path.join(out, CONFIG)) else None
     if old is not None and {k: old.get(k) for k in ("layer_ids", "hidden_size", "dtype")} != \
             {k: cfg[k] for k in ("layer_ids", "hidden_size", "dtype")}:
         raise PeagleError(f"{out} holds hidden states of other layers or dtype ({old}); use another directory")
+    if old is not None and None not in (old.get("max_tokens"), max_tokens) and old["max_tokens"] != max_tokens:
+        raise PeagleError(f"{out} holds documents cut to {old['max_tokens']} tokens; this run cuts them to "
+                          f"{max_tokens}: resume with --max-tokens {old['max_tokens']}, or use another directory")
+    if old is not None and max_tokens is None:
+        cfg["max_tokens"] = old.get("max_tokens")      # a resume that does not say keeps what the cache records
     with open(os.path.join(out, CONFIG) + ".tmp", "w") as f:
         json.dump(cfg, f, indent=1)
     os.replace(os.path.join(out, CONFIG) + ".tmp", os.path.join(out, CONFIG))

@@ -162,7 +162,7 @@ class Trainer:
             if self.rank == 0:
                 extract(self.target, [(t[: c.max_tokens], m[: c.max_tokens]) for t, m in self.docs], c.feature_cache,
                         default_layer_ids(self.target.cfg.num_hidden_layers, self.head.aux_ids),
-                        model_name=portable_path(c.target))
+                        model_name=portable_path(c.target), max_tokens=c.max_tokens)
             barrier(self.world)
             self.hs = HiddenStateCache(c.feature_cache)
             self.hs.check_tokens([t[: c.max_tokens] for t, _ in self.docs])
