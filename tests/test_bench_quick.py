@@ -221,3 +221,22 @@ def test_identity_counts_an_early_stop_as_a_mismatch_and_a_tie_only_at_a_tie():
     assert r["ok"] and len(r["ties"]) == 1
     me.top2_gap = lambda ids: (3.0, 1e-3)
     assert not Bench.identity(me, [[1]], [[5, 9, 7]], [[5, 6, 7]])["ok"]
+
+
+def test_an_earlier_runs_files_in_out_are_kept_and_named(tiny_dirs, tmp_path, capsys):
+    """Into an --out holding an earlier run's files this run does not write (trees.md of a run with --trees, the
+    auto-K plot): they are left in place and named in one note; a file of this run's is not named, nor a file
+    that is not bench's."""
+    from peagle.cli import main
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("trees.md", "auto_vs_static.png", "report.md", "mine.txt"):
+        (out / name).write_text("earlier")
+    assert main(["bench", "--model", tiny_dirs["llama"], "--methods", "baseline", "--datasets", "humaneval",
+                 "--num-prompts", "1", "--output-len", "4", "--concurrency", "1", "--peers", "", "--threads", "1",
+                 "--out", str(out)]) == 0
+    note = [x for x in capsys.readouterr().out.splitlines() if x.startswith("bench: note:")]
+    assert note == [f"bench: note: trees.md, auto_vs_static.png in {out} are from an earlier run (this run wrote no "
+                    "such file)"]
+    assert (out / "trees.md").read_text() == "earlier" and (out / "mine.txt").read_text() == "earlier"
+    assert (out / "report.md").read_text() != "earlier"

@@ -122,4 +122,19 @@ def run(a) -> int:
         from .trees_report import write_trees_report
         paths.append(write_trees_report(res, os.path.join(a.out, "trees.md")))
     print(f"bench: done in {time.time() - t0:.0f}s -> " + ", ".join(paths))
+    stale = stale_outputs(a.out, paths)
+    if stale:                                   # kept (nothing is deleted), but said: they are not this run's
+        print(f"bench: note: {', '.join(stale)} in {a.out} {'is' if len(stale) == 1 else 'are'} from an earlier "
+              "run (this run wrote no such file)")
     return 0
+
+
+# every file a bench run may write into --out (report.py, plots.py, trees_report.py)
+OUTPUTS = ("results.json", "report.md", "trees.md", "throughput_vs_concurrency.png", "acceptance_vs_k.png",
+           "drafter_time_vs_k.png", "auto_vs_static.png")
+
+
+def stale_outputs(out: str, written: list) -> list:
+    """bench's own output names present in out that this run did not write (an earlier run's, other options)."""
+    done = {os.path.basename(p) for p in written}
+    return [n for n in OUTPUTS if n not in done and os.path.isfile(os.path.join(out, n))]
