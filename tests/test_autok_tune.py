@@ -78,12 +78,14 @@ def test_tune_cli_writes_a_vllm_ready_config(tiny_dirs, tmp_path, capsys, monkey
     assert 1 <= k <= 3 and cfg["model"] == head and cfg["parallel_drafting"] is True
     sched = parse_spec_config(cfg).num_speculative_tokens_per_batch_size
     assert sched[0][0] == 1 and sched[-1][1] == 6 and all(x in (0, k) for _, _, x in sched)   # two levels
-    assert "batch 1-" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "batch 1-" in err and f"wrote {out}; serve with" in err
     rc = main(["tune", tgt, "--speculative-config", spec, "--max-num-seqs", "6", "--num-prompts", "2",
                "--output-len", "8", "--dataset", "humaneval", "--out", out, "--any-k"])
     with open(out) as f:
         cfg = json.load(f)
     assert rc == 0 and cfg["num_speculative_tokens"] == 3            # any K up to the maximum
+    assert f"wrote {out} (replacing the file that was there)" in capsys.readouterr().err
     capsys.readouterr()
     tree_spec = json.dumps({**json.loads(spec), "eagle_topk": 2, "num_draft_tokens": 4})
     import peagle.cli.tune as tune_cli

@@ -176,6 +176,8 @@ def test_tune_checks_out_before_measuring(tmp_path, target, capsys):
     spec = json.dumps({"method": "eagle3", "model": str(tmp_path / "h"), "num_speculative_tokens": 2})
     assert "its directory does not exist" in one_line(capsys, ["tune", target, "--speculative-config", spec,
                                                                "--out", str(tmp_path / "no" / "s.json")])
+    assert "is a directory: give the config file's path" in one_line(capsys, ["tune", target, "--speculative-config",
+                                                                           spec, "--out", str(tmp_path)])
 # appended to tests/test_cli_errors.py
 
 
@@ -302,3 +304,19 @@ def test_a_relative_path_from_another_directory_gets_a_hint(tmp_path, monkeypatc
                         (os.path.join(HOME, "models", "demo-target"), spec)):
         with pytest.raises(PeagleError, match=r"did you mean .*\?$"):
             resolve_config(model, spec, {})
+
+
+def test_the_target_is_model_in_every_command_that_takes_one(tmp_path, target, capsys):
+    """train's --target and tune's positional target are also --model, as datagen, hidden-states, generate, bench
+    and serve name it; tune refuses two different targets."""
+    from peagle.cli import build_parser
+    for argv, field in ((["train", "--method", "eagle3", "--data", "d", "--out", "o"], "target"),
+                        (["datagen", "--out", "o"], "model"), (["hidden-states", "--data", "d", "--out", "o"], "model"),
+                        (["generate", "--prompt", "p"], "model"), (["bench"], "model"), (["serve"], "model_opt"),
+                        (["tune", "--speculative-config", "{}"], "model_opt")):
+        a = build_parser().parse_args(argv + ["--model", "M"])
+        assert getattr(a, field) == "M", argv[0]
+    assert build_parser().parse_args(["train", "--method", "eagle3", "--data", "d", "--out", "o",
+                                      "--target", "T"]).target == "T"
+    spec = json.dumps({"method": "eagle3", "model": str(tmp_path / "h"), "num_speculative_tokens": 2})
+    assert "two targets" in one_line(capsys, ["tune", target, "--model", str(tmp_path), "--speculative-config", spec])

@@ -30,7 +30,9 @@ def _layer_ids(s: str) -> list[int]:
 
 def add_arguments(p):
     p.add_argument("--method", choices=["eagle3", "peagle"], required=True)
-    p.add_argument("--target", default=None, help="target HF directory (default: the default target, SmolLM2-135M-Instruct)")
+    p.add_argument("--target", "--model", dest="target", default=None,
+                   help="target HF directory (default: the default target, SmolLM2-135M-Instruct; --model, as "
+                        "datagen and hidden-states name it, is the same)")
     add_backend_argument(p)
     p.add_argument("--data", required=True, help="`peagle datagen` output directory (several: comma-separated), "
                    "or a hidden-state cache (`peagle hidden-states`, speculators' hs_{i}.safetensors)")

@@ -3,6 +3,7 @@
 peagle/autok/tune.py)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -26,7 +27,9 @@ def add_parser(sub):
                                    "speculative config with the best K per batch-size range, ready for vLLM "
                                    "(--speculative-config).")
     p.add_argument("model", nargs="?", default=None,
-                   help="target HF directory (default: the default target, SmolLM2-135M-Instruct)")
+                   help="target HF directory (default: the default target, SmolLM2-135M-Instruct; or --model, as "
+                        "the other commands take it)")
+    p.add_argument("--model", dest="model_opt", default=None, help=argparse.SUPPRESS)
     p.add_argument("--speculative-config", required=True,
                    help='the head: {"method": "eagle3", "model": DIR, "num_speculative_tokens": "auto" or K_MAX, '
                         '"parallel_drafting": ...}')
@@ -53,7 +56,11 @@ def run(a) -> int:
         raise PeagleError("--max-num-seqs, --num-prompts and --output-len must be >= 1")
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         raise PeagleError(f"--out {a.out}: its directory does not exist (checked before measuring)")
-    model = a.model or DEFAULT_MODEL
+    if a.out and os.path.isdir(a.out):
+        raise PeagleError(f"--out {a.out} is a directory: give the config file's path (checked before measuring)")
+    if a.model and a.model_opt and a.model != a.model_opt:
+        raise PeagleError(f"two targets: {a.model} and --model {a.model_opt}")
+    model = a.model or a.model_opt or DEFAULT_MODEL
     spec = parse_spec_config(a.speculative_config)
     if spec is None:
         raise PeagleError("--speculative-config names no head")
@@ -101,9 +108,10 @@ def run(a) -> int:
         _print_tree_choice(a, llm, model, spec, k_max, prompts, e, cost)
     text = json.dumps(out)
     if a.out:
+        replaced = " (replacing the file that was there)" if os.path.exists(a.out) else ""
         with open(a.out, "w") as f:
             f.write(text + "\n")
-        print(f"peagle tune: wrote {a.out}; serve with: vllm serve {model} --speculative-config \"$(cat {a.out})\"",
+        print(f"peagle tune: wrote {a.out}{replaced}; serve with: vllm serve {model} --speculative-config \"$(cat {a.out})\"",
               file=sys.stderr)
     else:
         print(text)
