@@ -12,6 +12,7 @@ from ..heads.init import random_head
 from ..paths import missing_hint
 from ..paths import portable_path as rel
 from ..spec_config import DEFAULT_DRAFT_SAMPLING
+from .plots import FILES as PLOT_FILES
 from .report import read_notes, write_all
 from .sweep import run_sweep
 
@@ -129,9 +130,8 @@ def run(a) -> int:
     return 0
 
 
-# every file a bench run may write into --out (report.py, plots.py, trees_report.py)
-OUTPUTS = ("results.json", "report.md", "trees.md", "throughput_vs_concurrency.png", "acceptance_vs_k.png",
-           "drafter_time_vs_k.png", "auto_vs_static.png")
+# every file a bench run may write into --out (report.py, trees_report.py, plots.py)
+OUTPUTS = ("results.json", "report.md", "trees.md") + PLOT_FILES
 
 
 def stale_outputs(out: str, written: list) -> list:

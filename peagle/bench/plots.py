@@ -52,7 +52,12 @@ def _by_concurrency(ax, s, ds, ylabel, legend_size):
     ax.legend(fontsize=legend_size)
 
 
+# every plot's file name (bench --out: command.OUTPUTS names an earlier run's left there)
+FILES = ("throughput_vs_concurrency.png", "acceptance_vs_k.png", "drafter_time_vs_k.png", "auto_vs_static.png")
+
+
 def _save(plt, fig, out, name) -> str:
+    assert name in FILES, name
     fig.tight_layout()
     p = os.path.join(out, name)
     fig.savefig(p, dpi=110)

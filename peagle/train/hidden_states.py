@@ -71,18 +71,18 @@ def extract(target, docs: list, out: str, layer_ids: list[int], max_batch_tokens
     if layer_ids[-1] != L:
         raise PeagleError(f"the last layer id must be the final state {L}, got {layer_ids}")
     os.makedirs(out, exist_ok=True)
+    old = read_config(out) if os.path.isfile(os.path.join(out, CONFIG)) else None
+    kept = (old or {}).get("max_tokens")
+    if None not in (kept, max_tokens) and kept != max_tokens:
+        raise PeagleError(f"{out} holds documents cut to {kept} tokens; this run cuts them to {max_tokens}: resume "
+                          f"with --max-tokens {kept}, or use another directory")
     cfg = {"format": "speculators-hs", "layer_ids": list(layer_ids), "hidden_size": target.cfg.hidden_size,
            "dtype": str(target.dtype).replace("torch.", ""), "num_samples": len(docs), "model": model_name,
-           "model_config": config_identity(getattr(target.cfg, "raw", None) or {}), "max_tokens": max_tokens}
-    old = read_config(out) if os.path.isfile(os.path.join(out, CONFIG)) else None
+           "model_config": config_identity(getattr(target.cfg, "raw", None) or {}),
+           "max_tokens": kept if max_tokens is None else max_tokens}      # a resume that does not say keeps it
     if old is not None and {k: old.get(k) for k in ("layer_ids", "hidden_size", "dtype")} != \
             {k: cfg[k] for k in ("layer_ids", "hidden_size", "dtype")}:
         raise PeagleError(f"{out} holds hidden states of other layers or dtype ({old}); use another directory")
-    if old is not None and None not in (old.get("max_tokens"), max_tokens) and old["max_tokens"] != max_tokens:
-        raise PeagleError(f"{out} holds documents cut to {old['max_tokens']} tokens; this run cuts them to "
-                          f"{max_tokens}: resume with --max-tokens {old['max_tokens']}, or use another directory")
-    if old is not None and max_tokens is None:
-        cfg["max_tokens"] = old.get("max_tokens")      # a resume that does not say keeps what the cache records
     with open(os.path.join(out, CONFIG) + ".tmp", "w") as f:
         json.dump(cfg, f, indent=1)
     os.replace(os.path.join(out, CONFIG) + ".tmp", os.path.join(out, CONFIG))
