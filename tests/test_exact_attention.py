@@ -70,6 +70,40 @@ def test_blocked_attention_paths_agree_bit_for_bit(hd):
 
 
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
+@pytest.mark.parametrize("hd", [64, 128])
+def test_blocked_attention_stops_after_the_last_key_a_task_sees(hd):
+    """The blocked forms skip the keys after the last one any query of a task (8 queries sharing a kv head) sees:
+    a prompt's causal prefill, where each task sees about half the span. The same bits as the generic build (which
+    walks each query's visible keys) where the last key is seen by one query of a task only, by the last query
+    only, after a long run of hidden keys (keys 0 and S-1 only), or by no query; and the long causal prefill of a
+    prompt. Negative control: hiding the one far key changes that query's output."""
+    from peagle.models.layers import causal_block_mask
+    g = torch.Generator().manual_seed(11)
+    B, nh, nkv = 1, 9, 3
+    for T, S in ((40, 40), (7, 300), (16, 57)):
+        k = torch.randn(B, nkv, S, hd, generator=g)
+        v = torch.randn(B, nkv, S, hd, generator=g)
+        q = torch.randn(B, T, nh, hd, generator=g)
+        far = torch.zeros(B, 1, T, S, dtype=torch.bool)
+        far[..., :3] = True
+        far[0, 0, T // 2, S - 1] = True                                 # one query of one task sees the last key
+        ends = torch.zeros(B, 1, T, S, dtype=torch.bool)
+        ends[..., 0] = True
+        ends[0, 0, T - 1, S - 1] = True                                 # the last query: keys 0 and S-1 only
+        blind = torch.zeros(B, 1, T, S, dtype=torch.bool)               # no query sees a key: zeros
+        masks = (causal_block_mask(torch.tensor([S - T]), T, S), far, ends, blind)
+        for mask in masks:
+            ref = Q.attend_exact(q, k, v, mask, 1)
+            for impl in ATT_IMPLS[1:]:
+                assert torch.equal(Q.attend_exact(q, k, v, mask, impl), ref), (T, S, impl)
+        assert not Q.attend_exact(q, k, v, blind, ATT_IMPLS[-1]).any()
+        near = far.clone()
+        near[0, 0, T // 2, S - 1] = False
+        a, b = (Q.attend_exact(q, k, v, m, ATT_IMPLS[-1]).view(T, nh, hd) for m in (far, near))
+        assert not torch.equal(a[T // 2], b[T // 2]) and torch.equal(a[T // 2 + 1:], b[T // 2 + 1:])
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
 def test_a8_target_gives_a_token_the_same_bits_in_any_block(qtarget, summary_note):
     """q4a8 forward: three tokens decoded one at a time as plain decoding does (no mask, s0) give the same
     logits and states, bit for bit, as the same tokens in one 3-token verify block (causal mask), so 8-bit

@@ -90,9 +90,19 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       idx[i] = (b * a.T + t) * a.nh + h;
       mrow[i] = a.mask ? a.mask + b * a.msb + t * a.mst : nullptr;
     }
-    // scores of every key (an invisible key's is computed and never used)
-    for (int64_t j0 = 0; j0 < S; j0 += KC) {
-      const int64_t j1 = j0 + KC < S ? j0 + KC : S;
+    // Se: one past the last key any of the task's queries sees. The keys after it are skipped: a hidden key's
+    // score, e^x and (masked-off) fma change no query's max, l or o, so the bits are the same; a causal block's
+    // queries see about half of its span (a prompt's prefill)
+    int64_t Se = a.mask ? 0 : S;
+    for (int64_t i = 0; a.mask && i < nq; i++)
+      for (int64_t j = S; j > Se; j--)
+        if (mrow[i][j - 1]) {
+          Se = j;
+          break;
+        }
+    // scores of every key below Se (a hidden one among them computed and never used)
+    for (int64_t j0 = 0; j0 < Se; j0 += KC) {
+      const int64_t j1 = j0 + KC < Se ? j0 + KC : Se;
       int64_t i0 = 0;
 #ifdef PEAGLE_ATTEND_AVX512
       for (; i0 + 2 <= nq; i0 += 2) {          // pairs of queries, 8 keys at a time
@@ -124,12 +134,12 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       const float* si = sc.data() + i * S;
       __m512 m16 = _mm512_set1_ps(-INFINITY);
       int64_t j = 0;
-      for (; j + 16 <= S; j += 16) {
+      for (; j + 16 <= Se; j += 16) {
         const __mmask16 k = mrow[i] ? visible16(mrow[i] + j) : (__mmask16)0xffff;
         m16 = _mm512_mask_max_ps(m16, k, _mm512_loadu_ps(si + j), m16);   // a NaN score: m16 kept (as attend_range)
       }
       float m = _mm512_reduce_max_ps(m16);
-      for (; j < S; j++)
+      for (; j < Se; j++)
         if ((!mrow[i] || mrow[i][j]) && si[j] > m) m = si[j];
       mx[i] = m;
     }
@@ -139,7 +149,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       const __m256 ninf = _mm256_set1_ps(-INFINITY);
       __m256 m8 = ninf;
       int64_t j = 0;
-      for (; j + 8 <= S; j += 8) {
+      for (; j + 8 <= Se; j += 8) {
         __m256 v = _mm256_loadu_ps(si + j);
         if (mrow[i]) {
           const __m256i vis = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(mrow[i] + j)));
@@ -151,7 +161,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       _mm256_store_ps(lanes, m8);
       float m = lanes[0];
       for (int c = 1; c < 8; c++) m = lanes[c] > m ? lanes[c] : m;
-      for (; j < S; j++)
+      for (; j < Se; j++)
         if ((!mrow[i] || mrow[i][j]) && si[j] > m) m = si[j];
       mx[i] = m;
     }
@@ -163,18 +173,18 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         int64_t j = 0;                              // argument in range
 #ifdef PEAGLE_ATTEND_AVX512
         const __m512 mv = _mm512_set1_ps(mx[i]);
-        for (; j + 16 <= S; j += 16)
+        for (; j + 16 <= Se; j += 16)
           _mm512_mask_storeu_ps(si + j, (__mmask16)~visible16(mr + j), mv);
 #endif
-        for (; j < S; j++)
+        for (; j < Se; j++)
           if (!mr[j]) si[j] = mx[i];
       }
-      exp_shifted(si, S, mx[i]);
+      exp_shifted(si, Se, mx[i]);
     }
     // o per query, keys chunk by chunk (each chunk's values shared by all the task's queries while in L1)
     std::fill(os.begin(), os.begin() + nq * HD, 0.0f);
-    for (int64_t j0 = 0; j0 < S; j0 += KC) {
-      const int64_t j1 = j0 + KC < S ? j0 + KC : S;
+    for (int64_t j0 = 0; j0 < Se; j0 += KC) {
+      const int64_t j1 = j0 + KC < Se ? j0 + KC : Se;
       for (int64_t i = 0; i < nq; i++) {
         const float* si = sc.data() + i * S;
         const uint8_t* mr = mrow[i];
@@ -263,8 +273,8 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
       }
     }
     for (int64_t i = 0; i < nq; i++) {
-      bool any = S > 0 && !mrow[i];
-      for (int64_t j = 0; mrow[i] && j < S && !any; j++) any = mrow[i][j];
+      bool any = Se > 0 && !mrow[i];
+      for (int64_t j = 0; mrow[i] && j < Se && !any; j++) any = mrow[i][j];
       const float inv = any ? 1.0f / l[i] : 0.0f;
       float* dst = a.out + idx[i] * HD;
       const float* oi = os.data() + i * HD;
