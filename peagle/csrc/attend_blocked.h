@@ -60,27 +60,33 @@ static inline void dot8_pair8(const float* qa, const float* qb, const float* k0,
 // exp_neg, l and o summed over visible keys in ascending order (o: one fma chain per element).
 constexpr int64_t QB = 8, KC = 16;
 
-// Queries per task: QB, or 2 where that would leave fewer than 8 tasks (a decode step of one or two rows: SmolLM2's
-// 3 kv heads gave 3 tasks, 2 : 1 over 2 threads). Per query the same operations either way (the same bits). On a
-// 2-core Intel Xeon (KVM, AVX-512), SmolLM2 q4a8 in the engine, 4 prompts x 128 tokens, median of 5 alternated
-// rounds: plain step 2.956 -> 2.871 ms, P-EAGLE K=1 step 4.514 -> 4.287 ms (its drafter attends the same way).
-inline int64_t task_queries(const AttnArgs& a) {
-  const int64_t nq_all = a.T * (a.nh / a.nkv);
-  return a.B * a.nkv * ((nq_all + QB - 1) / QB) < 8 ? 2 : QB;
+// Tasks: each kv head's (b, g) T x group queries in p blocks of whole pairs (the AVX-512 path's unit), at most QB
+// queries each. Fewer than 8 tasks in all: a pair per task (a decode step of one row: SmolLM2's 3 kv heads gave 3
+// tasks, 2 : 1 over 2 threads; on a 2-core Intel Xeon, SmolLM2 q4a8 in the engine, the plain step 2.956 -> 2.871
+// ms, P-EAGLE K=1 4.514 -> 4.287 ms). An odd count of tasks made one more (9 blocks of 8 for a verify of 8 rows
+// ran 40 : 32 queries over 2 threads; 12 of 6 run 36 : 36). And the tasks are taken zig-zag (first, last, second,
+// next to last, ...), so at::parallel_for's contiguous shares get as much work where it grows along a head's
+// blocks: a causal prefill's later queries see more keys (in head order the second thread's half of a 3-head
+// prefill did 1.75 / 1.25 of the first's). Per query the same operations wherever it runs (the same bits).
+inline int64_t head_blocks(const AttnArgs& a) {
+  const int64_t nq = a.T * (a.nh / a.nkv), pairs = (nq + 1) / 2, heads = a.B * a.nkv;
+  int64_t p = (nq + QB - 1) / QB;
+  if (heads * p < 8) p = pairs;
+  if (heads * p % 2 && p < pairs) p++;
+  return p;
 }
-inline int64_t blocked_tasks(const AttnArgs& a) {
-  const int64_t qb = task_queries(a);
-  return a.B * a.nkv * ((a.T * (a.nh / a.nkv) + qb - 1) / qb);
-}
+inline int64_t blocked_tasks(const AttnArgs& a) { return a.B * a.nkv * head_blocks(a); }
 
 template <int HD>
 static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task1) {
-  const int64_t qb = task_queries(a);
-  const int64_t group = a.nh / a.nkv, nq_all = a.T * group, per = (nq_all + qb - 1) / qb, S = a.S;
+  const int64_t group = a.nh / a.nkv, nq_all = a.T * group, pairs = (nq_all + 1) / 2, p = head_blocks(a);
+  const int64_t n = a.B * a.nkv * p, S = a.S;
   std::vector<float> sc(QB * S), os(QB * HD);
-  for (int64_t task = task0; task < task1; task++) {
-    const int64_t b = task / (a.nkv * per), g = (task / per) % a.nkv, qa = (task % per) * qb;
-    const int64_t nq = nq_all - qa < qb ? nq_all - qa : qb;
+  for (int64_t u = task0; u < task1; u++) {
+    const int64_t task = u % 2 ? n - 1 - u / 2 : u / 2, blk = task % p;   // zig-zag
+    const int64_t b = task / (a.nkv * p), g = (task / p) % a.nkv;
+    // block blk: pairs blk * pairs / p .. (blk + 1) * pairs / p - 1 (at most QB / 2 of them: p >= nq_all / QB)
+    const int64_t qa = 2 * (blk * pairs / p), nq = std::min(nq_all, 2 * ((blk + 1) * pairs / p)) - qa;
     const float* kb = a.k + b * a.ksb + g * a.ksg;
     const float* vb = a.v + b * a.ksb + g * a.ksg;
     int64_t idx[QB];
