@@ -5,14 +5,14 @@ Per precision: the plain step (1 token) and verify(2, 4, 8) on a cache already h
 (min over --rounds of steady-state steps: each timed forward follows an untimed one of the same shape; the
 machine's other load only adds time); the weight bytes one step reads and one read of
 them at this machine's measured read bandwidth (best over the same rounds: the bound a weight-bound step
-approaches); the projections
-alone (every product of a step, 1 row: the kernels' own share); the torch ops one step dispatches; and the
-perplexity of each precision on held-out text (HumanEval's prompts + canonical solutions, none of it in the
-heads' or the target's data here) with its top-1 agreement with float32.
+approaches); the projections alone (every product of a step, 1 row: the kernels' own share); the torch ops one
+step dispatches; a prompt's prefill (--prefill lengths: the wait for a first token); and the perplexity of each
+precision on held-out text (HumanEval's prompts + canonical solutions, none of it in the heads' or the target's
+data here) with its top-1 agreement with float32.
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/cpu_step.py --out docs/benchmarks/cpu-step-results.md
 
-Quick check that it runs (numbers meaningless): --rounds 2 --context 32 --ppl-texts 2 --blocks 1,2.
+Quick check that it runs (numbers meaningless): --rounds 2 --context 32 --ppl-texts 2 --blocks 1,2 --prefill 16.
 """
 from __future__ import annotations
 
@@ -109,6 +109,9 @@ def main(argv=None) -> int:
                          "before peagle's F32 kernel)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--blocks", default="1,2,4,8", help="tokens per forward: 1 = the plain step, more = verify(T)")
+    ap.add_argument("--prefill", default="128,512",
+                    help="prompt lengths whose prefill (one forward from an empty cache, logits at the last token: "
+                         "what a request's first token waits for) is timed in the same rounds ('' : none)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--warm", type=int, default=1,
                     help="untimed forwards of the same shape before each timed one (1: the second forward after the "
@@ -121,6 +124,7 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     blocks = [int(b) for b in a.blocks.split(",")]
+    prefills = [int(n) for n in a.prefill.split(",") if n.strip()]
     configs, load_s = {}, {}
     for q in a.quantizations.split(","):
         t0 = time.perf_counter()
@@ -169,6 +173,14 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 t.forward(toks, caches[key], 0, start, span=a.context + T, s0=a.context)
                 times[(key, T)].append(time.perf_counter() - t0)
+            for n in prefills:                  # a prompt's prefill into an empty cache (after an untimed one)
+                toks = torch.randint(20, 40000, (1, n), generator=gen)
+                pc = t.new_cache(1, n + 8)
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    t.forward(toks, pc, 0, torch.zeros(1, dtype=torch.long), logits_at=torch.full((1,), n - 1),
+                              span=n, s0=0)
+                times.setdefault((key, f"prefill {n}"), []).append(time.perf_counter() - t0)
             if key in proj:                     # the products alone, in the same round (same machine state)
                 proj[key] = min(proj[key], projections_ms(t, 1))
     ops = {key: torch_ops_per_step(t, caches[key], a.context) for key, t in configs.items()}
@@ -204,6 +216,15 @@ def main(argv=None) -> int:
                      + " | ".join(f"{v:.1f}" for v in ver) + (" | " if ver else "")
                      + " | ".join(f"{v / plain:.2f}x" for v in ver) + f" | {ops[key]} | "
                      f"{load_s.get(key.split()[0], 0):.1f} |")
+    if prefills:
+        lines += ["", "Prefill: one forward of a prompt of n random tokens into an empty cache, logits at its last "
+                  "token (the time to a request's first token, less sampling); min over the rounds, each after an "
+                  "untimed prefill of the same length.", "",
+                  "| precision | " + " | ".join(f"prefill {n} (ms) | {n}: prompt tok/s" for n in prefills) + " |",
+                  "|---|" + "---|---|" * len(prefills)]
+        for key in configs:
+            lines.append(f"| {key} | " + " | ".join(
+                f"{ms[(key, f'prefill {n}')]:.1f} | {n / ms[(key, f'prefill {n}')] * 1e3:.0f}" for n in prefills) + " |")
     lines += ["", "One read: the weights' bytes at the best 512 MB read of the run (memory). Warm read: a buffer of the "
               "weights' size read again and again, as a decode loop re-reads its weights (the last-level cache serves "
               "what it holds). With --warm 1 the steps of a round run in order plain, verify(2), (4), (8), each a "
