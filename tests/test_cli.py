@@ -24,7 +24,15 @@ def test_generate_streams_and_matches_api(textmodel):
     from peagle import LLM, SamplingParams
     r = peagle("generate", "--model", textmodel, "--prompt", "def foo(x):", "--max-tokens", "20")
     assert r.returncode == 0, r.stderr
-    assert "tokens/s" in r.stderr
+    # the summary: tokens, seconds, the first token's wait (no longer than the run) and the rate after it
+    import re
+    m = re.search(r"\[(\d+) tokens in ([\d.]+) s: [\d.]+ tokens/s; first token after (\d+) ms \((\d+)-token "
+                  r"prompt\), then [\d.]+ tokens/s; finish_reason=(\w+)\]", r.stderr)
+    assert m, r.stderr
+    n, secs, first_ms, plen, why = m.groups()
+    assert int(n) == 20 and why == "length" and 0 < int(first_ms) <= float(secs) * 1e3 + 5, m.group(0)
+    from transformers import AutoTokenizer
+    assert int(plen) == len(AutoTokenizer.from_pretrained(textmodel)("def foo(x):")["input_ids"])
     want = LLM(textmodel).generate("def foo(x):", SamplingParams(temperature=0, max_tokens=20))[0].outputs[0].text
     assert r.stdout.rstrip("\n") == want
 

@@ -48,7 +48,7 @@ def test_exact_attention_matches_sdpa_and_is_block_invariant(impl):
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
 @pytest.mark.parametrize("hd", [64, 128])
 def test_blocked_attention_paths_agree_bit_for_bit(hd):
-    """hd 64 / 128 take the blocked kernels (queries sharing a kv head in tasks of 8; AVX-512: two queries per
+    """hd 64 / 128 take the blocked kernels (queries sharing a kv head in tasks of up to 8; AVX-512: two queries per
     register, eight keys per fold): the same bits as the generic build, with odd and even query counts per task,
     spans that are not multiples of 8 or 16, no mask, causal blocks and a random tree-like mask (a query that
     sees no key gives zeros). Negative control: one key more changes the output."""

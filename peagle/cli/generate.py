@@ -70,7 +70,11 @@ def run(args) -> int:
     dt = time.perf_counter() - t0
     n = len(req.output_ids)
     sys.stdout.write("\n")
-    print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s, finish_reason={req.finish_reason}]", file=sys.stderr)
+    # the wait for the first token (the prompt's prefill) apart from the decoding rate after it
+    first = req.first_token_time - t0 if req.first_token_time is not None else dt
+    after = f", then {(n - 1) / (dt - first):.1f} tokens/s" if n > 1 and dt > first else ""
+    print(f"[{n} tokens in {dt:.2f} s: {n / dt:.1f} tokens/s; first token after {first * 1e3:.0f} ms "
+          f"({len(ids)}-token prompt){after}; finish_reason={req.finish_reason}]", file=sys.stderr)
     if llm.spec is not None:
         m = llm.get_metrics()
         print(f"[{llm.spec.name} K={llm.spec.k_label}: mean acceptance length "
