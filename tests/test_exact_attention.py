@@ -72,7 +72,7 @@ def test_blocked_attention_paths_agree_bit_for_bit(hd):
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
 @pytest.mark.parametrize("hd", [64, 128])
 def test_blocked_attention_stops_after_the_last_key_a_task_sees(hd):
-    """The blocked forms skip the keys after the last one any query of a task (8 queries sharing a kv head) sees:
+    """The blocked forms skip the keys after the last one any query of a task (up to 8 queries sharing a kv head) sees:
     a prompt's causal prefill, where each task sees about half the span. The same bits as the generic build (which
     walks each query's visible keys) where the last key is seen by one query of a task only, by the last query
     only, after a long run of hidden keys (keys 0 and S-1 only), or by no query; and the long causal prefill of a
