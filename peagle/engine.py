@@ -34,6 +34,7 @@ from .rowstate import RowState
 from .sampling import SamplingParams, greedy, make_generator, unseeded_seed
 from .spec_metrics import SpecMetrics
 from .stops import find_stop
+from .threads import ThreadGovernor
 from .tree import TreeSpec
 from .tree_step import tree_step
 from .verify import SampledRows, verify_greedy, verify_sampled
@@ -121,7 +122,9 @@ class Engine:
         self._sampled: SampledRows | None = None
         self._sampled_stale = True
         self.metrics = SpecMetrics(max(self.k, 1))
-        self.metrics.extra = lambda: {"k_policy": self.k_policy.describe()}
+        self.threads = ThreadGovernor() if self.device.type == "cpu" else None   # fewer threads while others load the CPUs
+        self.metrics.extra = lambda: {"k_policy": self.k_policy.describe()} | (
+            {"threads": self.threads.threads, "thread_switches": self.threads.switches} if self.threads else {})
         self.compiled = compile                 # peagle/compile.py: compiled forwards, no host-keyed fast paths
         if compile:
             compile_step(target, proposer)
@@ -174,12 +177,16 @@ class Engine:
     @torch.no_grad()
     def step(self) -> list[StepOutput]:
         outs: list[StepOutput] = []
+        if self.threads is not None:
+            self.threads.tick()
         if self.waiting and len(self.running) < self.max_num_seqs:
             outs += self._prefill()
             self._compact()
         if self.running:
             outs += self._decode()
         self._compact()
+        if self.threads is not None:
+            self.threads.rest()
         return outs
 
     def release_memory(self) -> bool:
