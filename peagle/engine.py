@@ -123,6 +123,7 @@ class Engine:
         self._sampled_stale = True
         self.metrics = SpecMetrics(max(self.k, 1))
         self.threads = ThreadGovernor() if self.device.type == "cpu" else None   # fewer threads while others load the CPUs
+        self._decoded = None                       # the last decode step's shape (rows, K, tree): the governor's
         self.metrics.extra = lambda: {"k_policy": self.k_policy.describe()} | (
             {"threads": self.threads.threads, "thread_switches": self.threads.switches} if self.threads else {})
         self.compiled = compile                 # peagle/compile.py: compiled forwards, no host-keyed fast paths
@@ -179,14 +180,16 @@ class Engine:
         outs: list[StepOutput] = []
         if self.threads is not None:
             self.threads.tick()
-        if self.waiting and len(self.running) < self.max_num_seqs:
+        self._decoded = None
+        admitted = bool(self.waiting and len(self.running) < self.max_num_seqs)
+        if admitted:
             outs += self._prefill()
             self._compact()
         if self.running:
             outs += self._decode()
         self._compact()
-        if self.threads is not None:
-            self.threads.rest()
+        if self.threads is not None:             # decode steps' times by shape, steps that admitted left out
+            self.threads.rest(None if admitted else self._decoded)
         return outs
 
     def release_memory(self) -> bool:
@@ -297,6 +300,7 @@ class Engine:
             cached = [r.seq_len - 1 for r in rows]           # host: the same, to size the work
             # a greedy batch: one tree per row, unless the K policy chose the chain for this step
             tree = bool(K and self.tree is not None and sampled is None and self.k_policy.wants_tree())
+            self._decoded = (B, K, tree)                     # the step's shape, for the thread governor
             if tree:
                 K, accepted, tokens, aux, draft_s = tree_step(self, K, start, cached)
                 t_phase += draft_s                           # verify_time_s: the step without its drafting

@@ -9,14 +9,17 @@ Why: a step is a few hundred OpenMP parallel regions, each ending at a barrier. 
 share of a core, the thread it displaces holds every barrier it misses for a scheduler slice, and the step slows
 several-fold; one thread fewer leaves the other process a core and the step runs at one-thread speed. Measured
 (lab/measure/shared_cpu.py, docs/benchmarks/shared-cpu.md): on 2 cores a busy process beside SmolLM2's q4a8
-decoding took it from ~250 tok/s to ~45-90 on 2 threads, against ~180 on 1.
+decoding took it from ~270 tok/s to ~60-70 on 2 threads, against ~190-200 on 1 (2-core AMD EPYC, Zen 4).
 
-ThreadGovernor.tick(), once per engine step: every WINDOW seconds it reads how long the CPUs this process may run
-on were busy (/proc/stat) minus this process's own CPU time -- what other processes took -- and steps on
-cores - ceil(others - DOWN) threads (at least 1, at most the count it started from), coming back up only when
-others fall below UP (hysteresis: a fluctuating load does not flip the count every window). Off where there is
-no /proc/stat, on one thread, or with PEAGLE_THREADS=fixed. If the caller changes torch's thread count itself,
-the governor takes the new count as its ceiling."""
+ThreadGovernor.tick() before each engine step and rest(shape) after it: every WINDOW seconds of back-to-back
+steps it reads how long the CPUs this process may run on were busy (/proc/stat) minus this process's own CPU
+time -- what other processes took. Below QUIET of a core taken from the cores it would use, it steps on all its
+threads; from BUSY on, on as many fewer as the others take (choose). In between, the load alone does not say
+which is faster -- 1 thread won beside a process busy half the time in a decoding loop, 2 threads won beside the
+benchmark's own streaming client at 16 requests -- so the governor measures: a window on each of the two counts,
+then the one whose steps of the shapes both ran (rows, K) took less time, the other measured again every PROBE
+seconds. Off where there is no /proc/stat or with PEAGLE_THREADS=fixed. If the caller changes torch's thread
+count itself, the governor takes the new count as its ceiling."""
 from __future__ import annotations
 
 import math
@@ -27,22 +30,22 @@ import time
 import torch
 
 WINDOW = 0.25        # seconds between readings
-DOWN = 0.35          # others' CPUs above which a thread is given up (measured: 0.25 of a core costs nothing)
-UP = 0.2             # ... and below which it is taken back
+QUIET = 0.2          # others' load (CPUs) on this process's cores below which it uses them all
+BUSY = 0.75          # ... from which it gives up as many cores as they take (a core busy half the time: between)
+PROBE = 3.0          # between the two: seconds after which the count not in use is measured again
 IDLE = 0.05          # a pause between steps longer than this starts a new window
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def choose(current: int, others: float, cores: int, ceiling: int) -> int:
-    """The thread count for the next window: fewer as soon as others' load passes DOWN for a core, more only
-    once it is below UP for it."""
-    down = cores - math.ceil(others - DOWN)
-    up = cores - math.ceil(others - UP)
-    if down < current:
-        return max(1, down)
-    if up > current:
-        return min(ceiling, up)
-    return current
+def choose(others: float, cores: int, ceiling: int) -> int | None:
+    """The thread count others' load settles (e: what they take of the `ceiling` cores this process would use),
+    or None where measuring is to settle it, between `ceiling` and one fewer."""
+    e = others - (cores - ceiling)
+    if ceiling == 1 or e < QUIET:
+        return ceiling
+    if e >= BUSY:
+        return max(1, ceiling - math.ceil(e - QUIET))
+    return None
 
 
 def busy_seconds(cpus: set[int]) -> float | None:
@@ -68,9 +71,12 @@ class ThreadGovernor:
         self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
         self.ceiling = self.threads = torch.get_num_threads()
         self.switches = 0
+        self.seen: dict[int, tuple[dict, float]] = {}   # between QUIET and BUSY: count -> (its window's steps, when)
         self.log = log if log is not None else (lambda s: print(s, file=sys.stderr, flush=True))
         self._said = False
         self._last = None                    # the window's first reading: (monotonic s, busy CPU-s, own CPU-s)
+        self._steps: dict = {}               # the window's steps: shape -> (seconds, count)
+        self._started = None                 # when the running step started
         self._rested = None                  # when the last step ended
         self.on = os.environ.get("PEAGLE_THREADS", "adapt") != "fixed" and busy_seconds(self.cpus) is not None
 
@@ -80,38 +86,66 @@ class ThreadGovernor:
 
     def tick(self) -> int:
         """Called before each step; returns the thread count the step runs on."""
+        self._started = None
         if not self.on:
             self._last = None                  # a window spans governed steps only
             return self.threads
         if torch.get_num_threads() != self.threads:          # the caller set a count: it is the new ceiling
             self.ceiling = self.threads = torch.get_num_threads()
+            self.seen.clear()
         now = time.monotonic()
         if self._rested is not None and now - self._rested > IDLE:
             self._last = None                  # what others ran while no step did says nothing of contention
         self._rested = None
         if self._last is None:
-            self._last = self._sample()
-            return self.threads
-        t0, b0, p0 = self._last
-        if now - t0 < WINDOW:
-            return self.threads
+            self._last, self._steps = self._sample(), {}
+        elif now - self._last[0] >= WINDOW:
+            self._close()
+        self._started = time.monotonic()
+        return self.threads
+
+    def _close(self):
         cur = self._sample()
         if cur is None:
             self.on = False
-            return self.threads
-        t1, b1, p1 = self._last = cur
+            return
+        (t0, b0, p0), (t1, b1, p1) = self._last, cur
+        self._last, steps, self._steps = cur, self._steps, {}
         others = max(0.0, (b1 - b0) - (p1 - p0)) / (t1 - t0)
-        n = choose(self.threads, others, len(self.cpus), self.ceiling)
+        n = choose(others, len(self.cpus), self.ceiling)
+        if n is None:
+            n = self.measure(steps, t1)
+        else:
+            self.seen.clear()
         if n != self.threads:
             if not self._said:
                 self.log(f"peagle: other processes keep {others:.1f} of the {len(self.cpus)} CPUs this one runs on "
-                         f"busy: stepping on {n} of {self.ceiling} threads while they do (PEAGLE_THREADS=fixed keeps "
-                         f"{self.ceiling})")
+                         f"busy: stepping on {n} of {self.ceiling} threads while that is faster "
+                         f"(PEAGLE_THREADS=fixed keeps {self.ceiling})")
                 self._said = True
             torch.set_num_threads(n)
             self.threads, self.switches = n, self.switches + 1
-        return self.threads
 
-    def rest(self):
-        """Called after each step: a window spans only time in which steps ran back to back."""
+    def measure(self, steps: dict, now: float) -> int:
+        """Between QUIET and BUSY: `steps` (shape -> (seconds, count)) ran in the window just ended on the current
+        count. The next count: the other of the pair (ceiling, one fewer) where it was not measured in the last
+        PROBE s or ran none of these shapes, else the one whose steps of the shapes both ran cost less."""
+        self.seen[self.threads] = (steps, now)
+        hi, lo = self.ceiling, self.ceiling - 1
+        other = lo if self.threads == hi else hi
+        if other not in self.seen or now - self.seen[other][1] > PROBE or hi not in self.seen:
+            return other
+        a, b = self.seen[hi][0], self.seen[lo][0]
+        common = a.keys() & b.keys()
+        if not common:
+            return other
+        cost = lambda st: sum((a[s][1] + b[s][1]) * st[s][0] / st[s][1] for s in common)
+        return hi if cost(a) <= cost(b) else lo
+
+    def rest(self, shape=None):
+        """Called after each step with its shape (None: not to be compared, e.g. a prefill): a window spans only
+        steps run back to back."""
         self._rested = time.monotonic()
+        if shape is not None and self._started is not None and self.on:
+            t, n = self._steps.get(shape, (0.0, 0))
+            self._steps[shape] = (t + self._rested - self._started, n + 1)

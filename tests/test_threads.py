@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from peagle import LLM, SamplingParams
-from peagle.threads import DOWN, UP, ThreadGovernor, busy_seconds, choose
+from peagle.threads import BUSY, PROBE, QUIET, ThreadGovernor, busy_seconds, choose
 
-BUSY = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 60:\n    pass\n"
+SPIN = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 60:\n    pass\n"
 CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 two_cpus = pytest.mark.skipif(len(CPUS) < 2 or busy_seconds(CPUS) is None, reason="needs 2 CPUs and /proc/stat")
 
@@ -27,19 +27,37 @@ def threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("current,others,cores,ceiling,want", [
-    (2, 0.0, 2, 2, 2), (2, DOWN - 0.01, 2, 2, 2), (2, DOWN + 0.01, 2, 2, 1), (2, 1.0, 2, 2, 1), (2, 1.9, 2, 2, 1),
-    (1, 0.3, 2, 2, 1),                                  # between UP and DOWN: stays
-    (1, UP - 0.01, 2, 2, 2), (1, 0.0, 2, 1, 1),         # back up, never above the ceiling
-    (8, 2.5, 16, 8, 8), (8, 8.5, 16, 8, 7), (7, 8.1, 16, 8, 8), (4, 30.0, 16, 4, 1)])
-def test_choose(current, others, cores, ceiling, want):
-    assert choose(current, others, cores, ceiling) == want
+@pytest.mark.parametrize("others,cores,ceiling,want", [
+    (0.0, 2, 2, 2), (QUIET - 0.01, 2, 2, 2), (QUIET, 2, 2, None), (BUSY - 0.01, 2, 2, None), (BUSY, 2, 2, 1),
+    (1.9, 2, 2, 1), (1.0, 2, 1, 1), (0.5, 2, 1, 1),          # one thread: nothing to choose
+    (8.1, 16, 8, 8), (8.5, 16, 8, None), (9.0, 16, 8, 7), (10.5, 16, 8, 5), (30.0, 16, 4, 1)])
+def test_choose(others, cores, ceiling, want):
+    assert choose(others, cores, ceiling) == want
+
+
+def test_measuring_takes_the_count_whose_steps_cost_less(threads):
+    """Between QUIET and BUSY: a window on each count, then the one whose steps of the shapes both ran cost less
+    (weighted by how often each shape ran), the other measured again after PROBE s or when no shape is shared."""
+    torch.set_num_threads(2)
+    gov = ThreadGovernor(log=lambda s: None)
+    two = {(1, 1, False): (0.40, 100), (1, 0, False): (0.05, 10)}         # 4 ms and 5 ms steps on 2 threads
+    one = {(1, 1, False): (0.30, 100), (16, 1, False): (1.0, 10)}         # 3 ms on 1; a shape 2 threads did not run
+    assert gov.measure(two, 0.0) == 1                       # 1 thread not measured yet: its window next
+    gov.threads = 1
+    assert gov.measure(one, 0.3) == 1                       # the shared shape: 3 ms on 1 against 4 on 2
+    assert gov.measure(one, 0.6) == 1
+    assert gov.measure(one, PROBE + 0.1) == 2               # 2 threads' figure is stale: measured again
+    gov.threads = 2
+    assert gov.measure({(1, 1, False): (0.25, 100)}, PROBE + 0.4) == 2    # now 2 threads win (2.5 ms)
+    assert gov.measure({(1, 1, False): (0.35, 100)}, PROBE + 0.5) == 1    # ... until they fall behind 1's 3 ms
+    gov.threads = 1
+    assert gov.measure({(4, 2, False): (0.3, 10)}, PROBE + 0.6) == 2      # nothing shared with 2's window
 
 
 @two_cpus
 def test_busy_seconds_see_another_process():
     b0, p0, t0 = busy_seconds(CPUS), time.process_time(), time.monotonic()
-    child = subprocess.Popen([sys.executable, "-c", BUSY])
+    child = subprocess.Popen([sys.executable, "-c", SPIN])
     try:
         time.sleep(0.8)
         others = (busy_seconds(CPUS) - b0 - (time.process_time() - p0)) / (time.monotonic() - t0)
@@ -64,7 +82,7 @@ def test_governor_gives_a_thread_up_beside_a_busy_process_and_takes_it_back(thre
         return gov.threads
 
     assert tick_until(1, 1.0) == 2                       # a quiet machine: stays on 2
-    child = subprocess.Popen([sys.executable, "-c", BUSY])
+    child = subprocess.Popen([sys.executable, "-c", SPIN])
     try:
         assert tick_until(1) == 1 and torch.get_num_threads() == 1
         assert len(said) == 1 and "stepping on 1 of 2 threads" in said[0]
@@ -85,7 +103,7 @@ def test_what_others_ran_while_no_step_ran_is_not_counted(threads, monkeypatch):
     gov = ThreadGovernor(log=lambda s: None)
     gov.tick()
     gov.rest()
-    child = subprocess.Popen([sys.executable, "-c", BUSY])
+    child = subprocess.Popen([sys.executable, "-c", SPIN])
     time.sleep(0.6)
     child.kill()
     child.wait()
