@@ -17,9 +17,10 @@ time -- what other processes took. Below QUIET of a core taken from the cores it
 threads; from BUSY on, on as many fewer as the others take (choose). In between, the load alone does not say
 which is faster -- 1 thread won beside a process busy half the time in a decoding loop, 2 threads won beside the
 benchmark's own streaming client at 16 requests -- so the governor measures: a window on each of the two counts,
-then the one whose steps of the shapes both ran (rows, K) took less time, the other measured again every PROBE
-seconds. Off where there is no /proc/stat or with PEAGLE_THREADS=fixed. If the caller changes torch's thread
-count itself, the governor takes the new count as its ceiling."""
+then the one whose steps of the shapes both ran (rows, K) took less time, the other measured again after PROBE
+seconds (twice as long each time it loses again, up to 8 PROBE: a probe on the slower count costs a window).
+Off where there is no /proc/stat or with PEAGLE_THREADS=fixed. If the caller changes torch's thread count
+itself, the governor takes the new count as its ceiling."""
 from __future__ import annotations
 
 import math
@@ -72,6 +73,7 @@ class ThreadGovernor:
         self.ceiling = self.threads = torch.get_num_threads()
         self.switches = 0
         self.seen: dict[int, tuple[dict, float]] = {}   # between QUIET and BUSY: count -> (its window's steps, when)
+        self.every: dict[int, float] = {}    # count -> seconds before it is measured again (PROBE, doubled each loss)
         self.log = log if log is not None else (lambda s: print(s, file=sys.stderr, flush=True))
         self._said = False
         self._last = None                    # the window's first reading: (monotonic s, busy CPU-s, own CPU-s)
@@ -115,8 +117,8 @@ class ThreadGovernor:
         n = choose(others, len(self.cpus), self.ceiling)
         if n is None:
             n = self.measure(steps, t1)
-        else:
-            self.seen.clear()
+        else:                              # the band compares them too: a client that slows with this process
+            self.seen[self.threads] = (steps, t1)        # reads quiet beside its smaller count
         if n != self.threads:
             if not self._said:
                 self.log(f"peagle: other processes keep {others:.1f} of the {len(self.cpus)} CPUs this one runs on "
@@ -128,19 +130,24 @@ class ThreadGovernor:
 
     def measure(self, steps: dict, now: float) -> int:
         """Between QUIET and BUSY: `steps` (shape -> (seconds, count)) ran in the window just ended on the current
-        count. The next count: the other of the pair (ceiling, one fewer) where it was not measured in the last
-        PROBE s or ran none of these shapes, else the one whose steps of the shapes both ran cost less."""
+        count. The next count: the other of the pair (ceiling, one fewer) where it was not measured in its last
+        `every` s (PROBE at first) or ran none of these shapes, else the one whose steps of the shapes both ran
+        cost less. Quiet and busy windows record their steps too."""
         self.seen[self.threads] = (steps, now)
         hi, lo = self.ceiling, self.ceiling - 1
         other = lo if self.threads == hi else hi
-        if other not in self.seen or now - self.seen[other][1] > PROBE or hi not in self.seen:
+        if other not in self.seen or now - self.seen[other][1] > self.every.get(other, PROBE) or hi not in self.seen:
             return other
         a, b = self.seen[hi][0], self.seen[lo][0]
         common = a.keys() & b.keys()
         if not common:
             return other
         cost = lambda st: sum((a[s][1] + b[s][1]) * st[s][0] / st[s][1] for s in common)
-        return hi if cost(a) <= cost(b) else lo
+        best = hi if cost(a) <= cost(b) else lo
+        # a count that keeps losing is measured ever less often (up to 8 PROBE); one that wins, every PROBE
+        self.every[self.threads] = PROBE if best == self.threads else min(8 * PROBE, 2 * self.every.get(
+            self.threads, PROBE))
+        return best
 
     def rest(self, shape=None):
         """Called after each step with its shape (None: not to be compared, e.g. a prefill): a window spans only
