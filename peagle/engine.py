@@ -123,7 +123,7 @@ class Engine:
         self._sampled_stale = True
         self.metrics = SpecMetrics(max(self.k, 1))
         self.threads = ThreadGovernor() if self.device.type == "cpu" else None   # fewer threads while others load the CPUs
-        self._decoded = None                       # the last decode step's shape (rows, K, tree): the governor's
+        self._decoded = None                       # the last decode step's shape (rows, K, tree), for the governor
         self.metrics.extra = lambda: {"k_policy": self.k_policy.describe()} | (
             {"threads": self.threads.threads, "thread_switches": self.threads.switches} if self.threads else {})
         self.compiled = compile                 # peagle/compile.py: compiled forwards, no host-keyed fast paths

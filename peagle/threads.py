@@ -17,7 +17,7 @@ time -- what other processes took. Below QUIET of a core taken from the cores it
 threads; from BUSY on, on as many fewer as the others take (choose). In between, the load alone does not say
 which is faster -- 1 thread won beside a process busy half the time in a decoding loop, 2 threads won beside the
 benchmark's own streaming client at 16 requests -- so the governor measures: a window on each of the two counts,
-then the one whose steps of the shapes both ran (rows, K) took less time, the other measured again after PROBE
+then the one whose steps of the shapes both ran (rows, K, tree) took less time, the other measured again after PROBE
 seconds (twice as long each time it loses again, up to 8 PROBE: a probe on the slower count costs a window).
 Off where there is no /proc/stat or with PEAGLE_THREADS=fixed. If the caller changes torch's thread count
 itself, the governor takes the new count as its ceiling."""
@@ -135,13 +135,13 @@ class ThreadGovernor:
         cost less. Quiet and busy windows record their steps too."""
         self.seen[self.threads] = (steps, now)
         hi, lo = self.ceiling, self.ceiling - 1
-        other = lo if self.threads == hi else hi
-        if other not in self.seen or now - self.seen[other][1] > self.every.get(other, PROBE) or hi not in self.seen:
-            return other
+        for n in (lo, hi) if self.threads == hi else (hi, lo):       # the other count first
+            if n not in self.seen or now - self.seen[n][1] > self.every.get(n, PROBE):
+                return n
         a, b = self.seen[hi][0], self.seen[lo][0]
         common = a.keys() & b.keys()
         if not common:
-            return other
+            return lo if self.threads == hi else hi
         cost = lambda st: sum((a[s][1] + b[s][1]) * st[s][0] / st[s][1] for s in common)
         best = hi if cost(a) <= cost(b) else lo
         # a count that keeps losing is measured ever less often (up to 8 PROBE); one that wins, every PROBE

@@ -62,6 +62,11 @@ def test_measuring_takes_the_count_whose_steps_cost_less(threads):
     assert gov.every[2] == 2 * PROBE and gov.every[1] == PROBE       # the loser is measured half as often
     gov.threads = 1
     assert gov.measure({(4, 2, False): (0.3, 10)}, PROBE + 0.6) == 2      # nothing shared with 2's window
+    torch.set_num_threads(4)                                # a ceiling of 4: the pair is 4 and 3
+    gov = ThreadGovernor(log=lambda s: None)
+    assert gov.measure(two, 0.0) == 3                       # 4 measured, 3 not yet
+    gov.threads = 1                                         # a busy spell took it to 1: 3 is still to measure
+    assert gov.measure(one, 0.3) == 3
 
 
 @two_cpus
