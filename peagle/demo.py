@@ -14,6 +14,7 @@ from .llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
 from .paths import SETUP_COMMAND
 from .sampling import SamplingParams
 from .spec_config import speculative_config
+from .threads import others_busy
 
 PROMPTS = [("chat prompt", "What is the difference between a list and a tuple in Python?"),
            ("code prompt", "Write a Python function that checks whether a string is a palindrome.")]
@@ -36,17 +37,13 @@ def _run(llm, ids, sp, label, repeats=1):
 
 
 def busy_cpus(window: float = 0.5) -> float:
-    """CPUs busy right now: /proc/stat sampled over `window` seconds (Linux), else the 1-minute load average.
-    The load average trails by a minute, so right after `make setup` it still counts pip and the conversion."""
-    def sample():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]                       # total and idle + iowait jiffies
-    try:
-        (t0, i0), _, (t1, i1) = sample(), time.sleep(window), sample()
-        return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1))
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    """CPUs other processes keep busy right now (peagle/threads.py: /proc/stat over `window` seconds, Linux), else
+    the 1-minute load average, which trails by a minute (right after `make setup` it still counts pip and the
+    conversion)."""
+    busy = others_busy(window)
+    if busy is not None:
+        return busy
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
 def main() -> int:

@@ -67,9 +67,25 @@ def busy_seconds(cpus: set[int]) -> float | None:
     return total / _TICK if seen == len(cpus) else None
 
 
+def others_busy(window: float, cpus: set[int] | None = None) -> float | None:
+    """CPUs that other processes kept busy over the next `window` seconds (busy time less this process's own),
+    on `cpus` (default: those this process may run on); None where /proc/stat cannot be read."""
+    cpus = cpus if cpus is not None else _cpus()
+    b0, p0, t0 = busy_seconds(cpus), time.process_time(), time.monotonic()
+    time.sleep(window)
+    b1 = busy_seconds(cpus)
+    if b0 is None or b1 is None:
+        return None
+    return max(0.0, (b1 - b0) - (time.process_time() - p0)) / (time.monotonic() - t0)
+
+
+def _cpus() -> set[int]:
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
 class ThreadGovernor:
     def __init__(self, log=None):
-        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.cpus = _cpus()
         self.ceiling = self.threads = torch.get_num_threads()
         self.switches = 0
         self.seen: dict[int, tuple[dict, float]] = {}   # between QUIET and BUSY: count -> (its window's steps, when)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from peagle import LLM, SamplingParams
-from peagle.threads import BUSY, PROBE, QUIET, ThreadGovernor, busy_seconds, choose
+from peagle.threads import BUSY, PROBE, QUIET, ThreadGovernor, busy_seconds, choose, others_busy
 
 SPIN = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 60:\n    pass\n"
 CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
@@ -21,9 +21,7 @@ two_cpus = pytest.mark.skipif(len(CPUS) < 2 or busy_seconds(CPUS) is None, reaso
 
 def quiet_or_skip(seconds=0.4):
     """These tests read the machine's load: skip (not fail) where other processes keep its CPUs busy."""
-    b0, p0, t0 = busy_seconds(CPUS), time.process_time(), time.monotonic()
-    time.sleep(seconds)
-    others = (busy_seconds(CPUS) - b0 - (time.process_time() - p0)) / (time.monotonic() - t0)
+    others = others_busy(seconds)
     if others > QUIET / 2:
         pytest.skip(f"other processes keep {others:.2f} CPUs busy")
 
@@ -71,11 +69,9 @@ def test_measuring_takes_the_count_whose_steps_cost_less(threads):
 
 @two_cpus
 def test_busy_seconds_see_another_process():
-    b0, p0, t0 = busy_seconds(CPUS), time.process_time(), time.monotonic()
     child = subprocess.Popen([sys.executable, "-c", SPIN])
     try:
-        time.sleep(0.8)
-        others = (busy_seconds(CPUS) - b0 - (time.process_time() - p0)) / (time.monotonic() - t0)
+        others = others_busy(0.8)
     finally:
         child.kill()
     assert others > 0.5                                 # the child's core (it starts in ~0.1 s)
