@@ -149,17 +149,17 @@ def measuring_engines(target, head: DrafterHead, spec: SpecConfig, k: int):
 
 
 def build_engine(model, dtype="auto", seed=0, speculative_config=None, max_num_seqs=128, max_model_len=None,
-                 device="auto", compile=False, target_backend="auto", quantization="auto"):
+                 device="auto", compile=False, target_backend="auto", quantization="auto", kv_cache_dtype="auto"):
     """Target (from the directory `model`), tokenizer and engine on one device and dtype (peagle.device.resolve),
     the engine built by make_engine (compile: peagle/compile.py); the target's implementation per
     target_backend (peagle/models/loader.py); quantization: auto (the default: loader.resolve_quantization) /
     none / q8 / q4 / q8a8 / q4a8 (native target on the CPU: peagle/models/quant.py; the target's `precision`
-    says what runs)."""
+    says what runs); kv_cache_dtype: auto / bfloat16 (loader.load_target)."""
     device, dtype = resolve(device, dtype)
     if quantization not in (None, "none", "auto") and dtype != torch.float32:
         raise PeagleError(f"quantization={quantization!r} runs on float32 (dtype={dtype})")
     torch.manual_seed(seed)
-    target = load_target(model, dtype, target_backend, device, quantization or "auto")
+    target = load_target(model, dtype, target_backend, device, quantization or "auto", kv_cache_dtype or "auto")
     tok = load_tokenizer(model)
     spec = parse_spec_config(speculative_config)
     eng = make_engine(target, tok, spec, max_num_seqs, max_model_len, seed, compile, model_dir=model)
@@ -175,14 +175,15 @@ class LLM:
     def __init__(self, model: str | None = None, dtype: str = "auto", seed: int = 0,
                  speculative_config=None, max_num_seqs: int = 128, max_model_len: int | None = None,
                  device: str = "auto", compile: bool = False, target_backend: str = "auto",
-                 quantization: str | None = None, **kw):
+                 quantization: str | None = None, kv_cache_dtype: str = "auto", **kw):
         model = model or DEFAULT_MODEL
         if kw:
             raise PeagleError(f"unsupported LLM argument(s): {', '.join(kw)}")
         self.model = model
         self.engine, self.tokenizer, self.spec = build_engine(model, dtype, seed, speculative_config,
                                                               max_num_seqs, max_model_len, device, compile,
-                                                              target_backend, quantization or "auto")
+                                                              target_backend, quantization or "auto",
+                                                              kv_cache_dtype)
         self.device, self.dtype = self.engine.device, self.engine.target.dtype
         self._next = 0
 

@@ -10,7 +10,7 @@ from ..detok import IncrementalDetokenizer
 from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import LLM
-from ..models.loader import add_backend_argument, add_quantization_argument
+from ..models.loader import add_backend_argument, add_kv_cache_argument, add_quantization_argument
 from ..sampling import SamplingParams
 from ..spec_config import parse_spec_config
 
@@ -29,6 +29,7 @@ def add_parser(sub):
     add_argument(p)
     add_backend_argument(p)
     add_quantization_argument(p)
+    add_kv_cache_argument(p)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--speculative-config", default=None,
                    help='vLLM JSON, e.g. \'{"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
@@ -45,7 +46,7 @@ def run(args) -> int:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, compile=args.compile, seed=args.seed or 0,
               speculative_config=args.speculative_config, max_num_seqs=1,
               max_model_len=args.max_model_len, target_backend=args.target_backend,
-              quantization=args.quantization)
+              quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     if args.chat:
         ids = llm.apply_chat_template([{"role": "user", "content": args.prompt}])
     else:

@@ -6,7 +6,7 @@ import argparse
 
 from ..compile import add_argument
 from ..device import add_arguments
-from ..models.loader import add_backend_argument, add_quantization_argument
+from ..models.loader import add_backend_argument, add_kv_cache_argument, add_quantization_argument
 from ..server.start import ENV_SPEC, SERVE_K, run
 
 
@@ -40,6 +40,7 @@ def add_parser(sub):
     add_argument(p)
     add_backend_argument(p)
     add_quantization_argument(p)
+    add_kv_cache_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",

@@ -17,8 +17,8 @@ static inline __mmask16 visible16(const uint8_t* m) {
 // sums elements 8i + l by fma in order; the fold 4+4, 2+2, 1+1 done for all 16 at once by shuffles, each add
 // the same pair of values as dot8's), times scale. out_a[j], out_b[j] for j < 8 (the scores stored once: a
 // vector load of scalars or halves just stored would wait for them, no store forwarding across them).
-template <int HD>
-static inline void dot8_pair8(const float* qa, const float* qb, const float* k0, int64_t kstride, float* out_a,
+template <int HD, typename KV>
+static inline void dot8_pair8(const float* qa, const float* qb, const KV* k0, int64_t kstride, float* out_a,
                               float* out_b, float scale) {
   __m512 acc[8];
   #pragma GCC unroll 8
@@ -29,7 +29,7 @@ static inline void dot8_pair8(const float* qa, const float* qb, const float* k0,
                                          _mm256_loadu_ps(qb + 8 * c), 1);
     #pragma GCC unroll 8
     for (int j = 0; j < 8; j++)
-      acc[j] = _mm512_fmadd_ps(qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + j * kstride + 8 * c)), acc[j]);
+      acc[j] = _mm512_fmadd_ps(qv, _mm512_broadcast_f32x8(kv_ld8(k0 + j * kstride + 8 * c)), acc[j]);
   }
   // 128-bit lanes of acc[j]: [a 0-3, a 4-7, b 0-3, b 4-7]; step 1: lanes 0-3 + lanes 4-7 of each half
   __m512 p[4];
@@ -77,7 +77,7 @@ inline int64_t head_blocks(const AttnArgs& a) {
 }
 inline int64_t blocked_tasks(const AttnArgs& a) { return a.B * a.nkv * head_blocks(a); }
 
-template <int HD>
+template <int HD, typename KV>
 static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task1) {
   const int64_t group = a.nh / a.nkv, nq_all = a.T * group, pairs = (nq_all + 1) / 2, p = head_blocks(a);
   const int64_t n = a.B * a.nkv * p, S = a.S;
@@ -87,8 +87,8 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
     const int64_t b = task / (a.nkv * p), g = (task / p) % a.nkv;
     // block blk: pairs blk * pairs / p .. (blk + 1) * pairs / p - 1 (at most QB / 2 of them: p >= nq_all / QB)
     const int64_t qa = 2 * (blk * pairs / p), nq = std::min(nq_all, 2 * ((blk + 1) * pairs / p)) - qa;
-    const float* kb = a.k + b * a.ksb + g * a.ksg;
-    const float* vb = a.v + b * a.ksb + g * a.ksg;
+    const KV* kb = (const KV*)a.k + b * a.ksb + g * a.ksg;
+    const KV* vb = (const KV*)a.v + b * a.ksb + g * a.ksg;
     int64_t idx[QB];
     const uint8_t* mrow[QB];
     for (int64_t i = 0; i < nq; i++) {
@@ -115,7 +115,7 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         const float *qa = a.q + idx[i0] * HD, *qb = a.q + idx[i0 + 1] * HD;
         float *sa = sc.data() + i0 * S, *sb = sa + S;
         int64_t j = j0;
-        for (; j + 8 <= j1; j += 8) dot8_pair8<HD>(qa, qb, kb + j * a.ksj, a.ksj, sa + j, sb + j, a.scale);
+        for (; j + 8 <= j1; j += 8) dot8_pair8<HD, KV>(qa, qb, kb + j * a.ksj, a.ksj, sa + j, sb + j, a.scale);
         for (; j < j1; j++)
           sa[j] = dot8(qa, kb + j * a.ksj, HD) * a.scale, sb[j] = dot8(qb, kb + j * a.ksj, HD) * a.scale;
       }
@@ -225,10 +225,10 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
           la += si[j];
           lb += sj[j];
           const __m512 pa = _mm512_set1_ps(si[j]), pb = _mm512_set1_ps(sj[j]);
-          const float* v = vb + j * ks;
+          const KV* v = vb + j * ks;
           #pragma GCC unroll 8
           for (int c = 0; c < HD / 16; c++) {
-            const __m512 vv = _mm512_loadu_ps(v + 16 * c);
+            const __m512 vv = kv_ld16(v + 16 * c);
             oz[0][c] = _mm512_fmadd_ps(pa, vv, oz[0][c]);
             oz[1][c] = _mm512_fmadd_ps(pb, vv, oz[1][c]);
           }
@@ -236,9 +236,9 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
         for (int64_t j = j0; open && nz == 1 && j < j1; j++) {
           la += si[j];
           const __m512 pa = _mm512_set1_ps(si[j]);
-          const float* v = vb + j * ks;
+          const KV* v = vb + j * ks;
           #pragma GCC unroll 8
-          for (int c = 0; c < HD / 16; c++) oz[0][c] = _mm512_fmadd_ps(pa, _mm512_loadu_ps(v + 16 * c), oz[0][c]);
+          for (int c = 0; c < HD / 16; c++) oz[0][c] = _mm512_fmadd_ps(pa, kv_ld16(v + 16 * c), oz[0][c]);
         }
         for (int64_t j = j0; !open && j < j1; j++) {
           const bool va = !mr || mr[j], vb2 = nz == 2 && (!mj || mj[j]);
@@ -246,10 +246,10 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
           la += va ? si[j] : 0.0f;                  // +0.0f: a sum of non-negative terms unchanged
           lb += vb2 ? sj[j] : 0.0f;
           const __m512 pa = _mm512_set1_ps(si[j]), pb = _mm512_set1_ps(sj[j]);
-          const float* v = vb + j * ks;
+          const KV* v = vb + j * ks;
           #pragma GCC unroll 8
           for (int c = 0; c < HD / 16; c++) {
-            const __m512 vv = _mm512_loadu_ps(v + 16 * c);
+            const __m512 vv = kv_ld16(v + 16 * c);
             oz[0][c] = _mm512_mask3_fmadd_ps(pa, vv, oz[0][c], ka);
             oz[1][c] = _mm512_mask3_fmadd_ps(pb, vv, oz[1][c], kb2);
           }
@@ -270,9 +270,9 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
           if (mr && !mr[j]) continue;
           l[i] += si[j];
           const __m256 pv = _mm256_set1_ps(si[j]);
-          const float* v = vb + j * a.ksj;
+          const KV* v = vb + j * a.ksj;
           #pragma GCC unroll 16
-          for (int c = 0; c < HD / 8; c++) o[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * c), o[c]);
+          for (int c = 0; c < HD / 8; c++) o[c] = _mm256_fmadd_ps(pv, kv_ld8(v + 8 * c), o[c]);
         }
         #pragma GCC unroll 16
         for (int c = 0; c < HD / 8; c++) _mm256_storeu_ps(oi + 8 * c, o[c]);
@@ -295,8 +295,8 @@ static inline void attend_blocked(const AttnArgs& a, int64_t task0, int64_t task
 namespace PEAGLE_ATTEND_NS {
 int64_t tasks(const AttnArgs& a) { return a.hd == 64 || a.hd == 128 ? blocked_tasks(a) : a.B * a.T * a.nh; }
 void attend(const AttnArgs& a, int64_t t0, int64_t t1) {
-  if (a.hd == 64) return attend_blocked<64>(a, t0, t1);
-  if (a.hd == 128) return attend_blocked<128>(a, t0, t1);
+  if (a.hd == 64) return a.kv_bf16 ? attend_blocked<64, bf16w>(a, t0, t1) : attend_blocked<64, float>(a, t0, t1);
+  if (a.hd == 128) return a.kv_bf16 ? attend_blocked<128, bf16w>(a, t0, t1) : attend_blocked<128, float>(a, t0, t1);
   attend_range(a, t0, t1);
 }
 }  // namespace PEAGLE_ATTEND_NS

@@ -35,14 +35,39 @@ namespace peagle_attend {
 
 struct AttnArgs {
   const float* q;        // [B, T, nh, hd] contiguous
-  const float* k;        // k[b, g, j, :] at k + b*ksb + g*ksg + j*ksj
-  const float* v;        // same strides as k
+  const void* k;         // k[b, g, j, :] at k + b*ksb + g*ksg + j*ksj elements: float32, or bfloat16 (kv_bf16)
+  const void* v;         // same strides and type as k
   const uint8_t* mask;   // nullptr: every key < S visible; else key j visible iff mask[b*msb + t*mst + j] != 0
   float* out;            // [B, T, nh * hd]
   int64_t B, T, nh, nkv, hd, S;
   int64_t ksb, ksg, ksj, msb, mst;
   float scale;
+  bool kv_bf16;          // k and v hold bfloat16 words (a bfloat16 KV cache), widened exactly to float32 on load
 };
+
+// A cache element as float32: a float32 one as it is, a bfloat16 word widened exactly (its bits in the high half).
+// Every kernel below reads k and v only through these, so a bfloat16 cache gives the bits a float32 cache holding
+// the same (bfloat16-rounded) values gives.
+using bf16w = uint16_t;
+static inline float kv_at(const float* p, int64_t i) { return p[i]; }
+static inline float kv_at(const bf16w* p, int64_t i) {
+  const uint32_t u = (uint32_t)p[i] << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+#ifdef PEAGLE_ATTEND_AVX2
+static inline __m256 kv_ld8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 kv_ld8(const bf16w* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+#endif
+#ifdef PEAGLE_ATTEND_AVX512
+static inline __m512 kv_ld16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 kv_ld16(const bf16w* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+#endif
 
 // e^x for x <= 0 (clamped below at -87: e^-87 ~ 1.6e-38, the smallest normal scale).
 static inline float exp_neg(float x) { return peagle_exp::exp1_clamped(x > -87.0f ? x : -87.0f); }
@@ -55,17 +80,18 @@ using peagle_exp::exp_neg16;   // exp16_inline.h: exp8_clamped's operations lane
 #endif
 
 // fold8(a . b) over n (a multiple of 8) elements: lane l accumulates elements 8i+l with fma, folded 4+4, 2+2, 1+1.
-static inline float dot8(const float* a, const float* b, int64_t n) {
+template <typename KV>
+static inline float dot8(const float* a, const KV* b, int64_t n) {
 #ifdef PEAGLE_ATTEND_AVX2
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), kv_ld8(b + i), acc);
   const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
   return _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
 #else
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int64_t i = 0; i < n; i += 8)
-    for (int l = 0; l < 8; l++) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+    for (int l = 0; l < 8; l++) acc[l] = std::fma(a[i + l], kv_at(b, i + l), acc[l]);
   float v4[4];
   for (int l = 0; l < 4; l++) v4[l] = acc[l] + acc[l + 4];
   const float v20 = v4[0] + v4[2], v21 = v4[1] + v4[3];
@@ -74,13 +100,14 @@ static inline float dot8(const float* a, const float* b, int64_t n) {
 }
 
 // o[i] = fma(p, v[i], o[i]) for i < n (a multiple of 8).
-static inline void axpy(float p, const float* v, float* o, int64_t n) {
+template <typename KV>
+static inline void axpy(float p, const KV* v, float* o, int64_t n) {
 #ifdef PEAGLE_ATTEND_AVX2
   const __m256 pv = _mm256_set1_ps(p);
   for (int64_t i = 0; i < n; i += 8)
-    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, kv_ld8(v + i), _mm256_loadu_ps(o + i)));
 #else
-  for (int64_t i = 0; i < n; i++) o[i] = std::fma(p, v[i], o[i]);
+  for (int64_t i = 0; i < n; i++) o[i] = std::fma(p, kv_at(v, i), o[i]);
 #endif
 }
 
@@ -101,15 +128,16 @@ static inline void exp_shifted(float* s, int64_t n, float m) {
 #ifdef PEAGLE_ATTEND_AVX2
 // Four keys' dot8 at once (four independent accumulator chains; each key's operations exactly dot8's), times
 // scale.
-static inline void dot8x4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3,
-                          int64_t n, float scale, float* out) {
+template <typename KV>
+static inline void dot8x4(const float* q, const KV* k0, const KV* k1, const KV* k2, const KV* k3, int64_t n,
+                          float scale, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i < n; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+    a0 = _mm256_fmadd_ps(qv, kv_ld8(k0 + i), a0);
+    a1 = _mm256_fmadd_ps(qv, kv_ld8(k1 + i), a1);
+    a2 = _mm256_fmadd_ps(qv, kv_ld8(k2 + i), a2);
+    a3 = _mm256_fmadd_ps(qv, kv_ld8(k3 + i), a3);
   }
   const __m256 acc[4] = {a0, a1, a2, a3};
   for (int c = 0; c < 4; c++) {
@@ -121,7 +149,8 @@ static inline void dot8x4(const float* q, const float* k0, const float* k1, cons
 #endif
 
 // Queries idx0..idx1-1 of the flattened (b, t, h) range.
-static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
+template <typename KV>
+static inline void attend_range_t(const AttnArgs& a, int64_t idx0, int64_t idx1) {
   std::vector<float> s(a.S), o(a.hd);
   std::vector<int32_t> vis(a.S);
   const int64_t group = a.nh / a.nkv;
@@ -129,8 +158,8 @@ static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
     const int64_t h = idx % a.nh, t = (idx / a.nh) % a.T, b = idx / (a.nh * a.T);
     const float* q = a.q + idx * a.hd;
     const int64_t g = h / group;
-    const float* kb = a.k + b * a.ksb + g * a.ksg;
-    const float* vb = a.v + b * a.ksb + g * a.ksg;
+    const KV* kb = (const KV*)a.k + b * a.ksb + g * a.ksg;
+    const KV* vb = (const KV*)a.v + b * a.ksb + g * a.ksg;
     const uint8_t* mrow = a.mask ? a.mask + b * a.msb + t * a.mst : nullptr;
     int64_t n = 0;
     for (int64_t j = 0; j < a.S; j++)
@@ -154,6 +183,10 @@ static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
     const float inv = n ? 1.0f / l : 0.0f;
     for (int64_t i = 0; i < a.hd; i++) dst[i] = o[i] * inv;
   }
+}
+static inline void attend_range(const AttnArgs& a, int64_t idx0, int64_t idx1) {
+  if (a.kv_bf16) attend_range_t<bf16w>(a, idx0, idx1);
+  else attend_range_t<float>(a, idx0, idx1);
 }
 
 }  // namespace peagle_attend

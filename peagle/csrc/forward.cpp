@@ -89,10 +89,12 @@ class LayerStack {
                     sn.numel() == M * hd && p.numel() == M, "forward: cos/sin [B, T, hd], pos [B, T]");
     const int64_t cap = kc[0].size(2);
     for (int64_t i = 0; i < n; i++)
-      TORCH_CHECK(kc[i].scalar_type() == torch::kFloat32 && kc[i].is_contiguous() && vc[i].is_contiguous() &&
+      TORCH_CHECK((kc[i].scalar_type() == torch::kFloat32 || kc[i].scalar_type() == torch::kBFloat16) &&
+                      kc[i].scalar_type() == kc[0].scalar_type() && vc[i].scalar_type() == kc[0].scalar_type() &&
+                      kc[i].is_contiguous() && vc[i].is_contiguous() &&
                       kc[i].sizes() == vc[i].sizes() && kc[i].dim() == 4 && kc[i].size(1) == nkv_ &&
                       kc[i].size(2) == cap && kc[i].size(3) == hd && b0 >= 0 && b0 + B <= kc[i].size(0),
-                  "forward: caches [rows, nkv, cap, hd] float32");
+                  "forward: caches [rows, nkv, cap, hd], all float32 or all bfloat16");
     TORCH_CHECK(S >= 1 && S <= cap, "forward: span ", S, " outside the cache's ", cap);
     const int64_t* pp = p.data_ptr<int64_t>();
     for (int64_t j = 0; j < M; j++)
@@ -153,13 +155,16 @@ class LayerStack {
     a.B = B; a.T = T; a.nh = nh_; a.nkv = nkv_; a.hd = hd; a.S = S;
     a.ksb = nkv_ * cap * hd; a.ksg = cap * hd; a.ksj = hd;
     a.scale = (float)std::pow((double)hd, -0.5);   // Python's hd ** -0.5 (quant.attend_exact)
+    a.kv_bf16 = kc[0].scalar_type() == torch::kBFloat16;
+    const int64_t esize = kc[0].element_size();
     for (int64_t i = 0; i < n; i++) {
       keep(i);
-      float *kp = kc[i].data_ptr<float>(), *vp = vc[i].data_ptr<float>();
+      char *kp = (char*)kc[i].data_ptr(), *vp = (char*)vc[i].data_ptr();
       prod(proj_[4 * i], i == 0 && in0.defined() ? in0.data_ptr<float>() : hp, qkv);
-      po::rope_kv(qkv, c.data_ptr<float>(), sn.data_ptr<float>(), pp, B, T, nh_, nkv_, hd, kp, vp, cap, b0, q);
-      a.k = kp + b0 * a.ksb;
-      a.v = vp + b0 * a.ksb;
+      po::rope_kv(qkv, c.data_ptr<float>(), sn.data_ptr<float>(), pp, B, T, nh_, nkv_, hd, kp, vp, a.kv_bf16, cap, b0,
+                  q);
+      a.k = kp + b0 * a.ksb * esize;
+      a.v = vp + b0 * a.ksb * esize;
       po::attend(a, impl_);
       prod(proj_[4 * i + 1], att, o);
       po::add_rms_norm(xr, o, norms_[2 * i + 1].data_ptr<float>(), M, H, eps_, xr, hp);

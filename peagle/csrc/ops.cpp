@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "exp1_inline.h"
@@ -173,35 +174,52 @@ void silu_mul(const float* gu, int64_t R, int64_t I, float* out, int64_t impl) {
   });
 }
 
+// float32 -> bfloat16 rounded to nearest even, a NaN to 0x7fc0 (c10::BFloat16's conversion, so the bits of a
+// torch copy_ into a bfloat16 tensor).
+static inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
 void rope_kv(const float* qkv, const float* cos, const float* sin, const int64_t* pos, int64_t B, int64_t T,
-             int64_t nh, int64_t nkv, int64_t hd, float* kc, float* vc, int64_t cap, int64_t b0, float* q) {
+             int64_t nh, int64_t nkv, int64_t hd, void* kc, void* vc, bool bf16, int64_t cap, int64_t b0, float* q) {
   const int64_t W = (nh + 2 * nkv) * hd, half = hd / 2;
+  // element e of cache row b's kv head h at position p, from the float32 value f
+  auto put = [&](void* c, int64_t b, int64_t h, int64_t p, int64_t e, float f) {
+    const int64_t at = (((b0 + b) * nkv + h) * cap + p) * hd + e;
+    if (bf16) ((uint16_t*)c)[at] = to_bf16(f);
+    else ((float*)c)[at] = f;
+  };
   at::parallel_for(0, B * T, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> kr(hd);
     for (int64_t bt = r0; bt < r1; bt++) {
       const float *x = qkv + bt * W, *cs = cos + bt * hd, *sv = sin + bt * hd;
       const int64_t b = bt / T;
       for (int64_t h = 0; h < nh + nkv; h++) {
         const float* xh = x + h * hd;
-        float* o = h < nh ? q + (bt * nh + h) * hd : kc + (((b0 + b) * nkv + (h - nh)) * cap + pos[bt]) * hd;
+        float* o = h < nh ? q + (bt * nh + h) * hd : kr.data();
         for (int64_t i = 0; i < half; i++) o[i] = xh[i] * cs[i] + (-xh[i + half]) * sv[i];
         for (int64_t i = half; i < hd; i++) o[i] = xh[i] * cs[i] + xh[i - half] * sv[i];
+        for (int64_t i = 0; h >= nh && i < hd; i++) put(kc, b, h - nh, pos[bt], i, kr[i]);
       }
       for (int64_t h = 0; h < nkv; h++)
-        std::copy(x + (nh + nkv + h) * hd, x + (nh + nkv + h + 1) * hd, vc + (((b0 + b) * nkv + h) * cap + pos[bt]) * hd);
+        for (int64_t i = 0; i < hd; i++) put(vc, b, h, pos[bt], i, x[(nh + nkv + h) * hd + i]);
     }
   });
 }
 
-void compact_kv(float* k, float* v, int64_t nkv, int64_t cap, int64_t hd, int64_t b0, int64_t B,
+void compact_kv(char* k, char* v, int64_t esize, int64_t nkv, int64_t cap, int64_t hd, int64_t b0, int64_t B,
                 const int64_t* start, const int64_t* path, int64_t W) {
-  std::vector<float> tmp(W * hd);
-  for (float* store : {k, v})
+  const int64_t row = hd * esize;   // one position's bytes
+  std::vector<char> tmp(W * row);
+  for (char* store : {k, v})
     for (int64_t b = 0; b < B; b++)
       for (int64_t g = 0; g < nkv; g++) {
-        float* base = store + ((b0 + b) * nkv + g) * cap * hd + start[b] * hd;
-        for (int64_t i = 0; i < W; i++) std::copy(base + path[b * W + i] * hd, base + (path[b * W + i] + 1) * hd,
-                                                  tmp.data() + i * hd);
-        std::copy(tmp.begin(), tmp.end(), base);
+        char* base = store + ((b0 + b) * nkv + g) * cap * row + start[b] * row;
+        for (int64_t i = 0; i < W; i++) std::memcpy(tmp.data() + i * row, base + path[b * W + i] * row, row);
+        std::memcpy(base, tmp.data(), W * row);
       }
 }
 

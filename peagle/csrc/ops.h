@@ -63,13 +63,15 @@ void rms_norm(const float* x, const float* w, int64_t R, int64_t H, float eps, f
 void silu_mul(const float* gu, int64_t R, int64_t I, float* out, int64_t impl = 0);
 
 // RoPE of q and k (rotate-half) and the k/v cache write. qkv [B*T, (nh + 2 nkv) * hd]; cos, sin [B*T, hd];
-// pos [B*T] (< cap, checked by the caller); kc, vc [rows, nkv, cap, hd]; q out [B*T, nh, hd].
+// pos [B*T] (< cap, checked by the caller); kc, vc [rows, nkv, cap, hd], float32 or (bf16) bfloat16 words, each
+// value rounded to nearest even from the float32 one (torch's conversion); q out [B*T, nh, hd].
 void rope_kv(const float* qkv, const float* cos, const float* sin, const int64_t* pos, int64_t B, int64_t T,
-             int64_t nh, int64_t nkv, int64_t hd, float* kc, float* vc, int64_t cap, int64_t b0, float* q);
+             int64_t nh, int64_t nkv, int64_t hd, void* kc, void* vc, bool bf16, int64_t cap, int64_t b0, float* q);
 
 // Per row b < B (cache row b0 + b) and every kv head: the entries at slots start[b] + path[b, i] moved to
-// start[b] + i, i < W (a row's W sources are read before its writes). k, v: one layer's [rows, nkv, cap, hd].
-void compact_kv(float* k, float* v, int64_t nkv, int64_t cap, int64_t hd, int64_t b0, int64_t B,
+// start[b] + i, i < W (a row's W sources are read before its writes). k, v: one layer's [rows, nkv, cap, hd] of
+// elements esize bytes wide.
+void compact_kv(char* k, char* v, int64_t esize, int64_t nkv, int64_t cap, int64_t hd, int64_t b0, int64_t B,
                 const int64_t* start, const int64_t* path, int64_t W);
 
 // attend_impl.h over all of a's queries.

@@ -156,9 +156,10 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
   TORCH_CHECK(qkv.scalar_type() == torch::kFloat32 && qkv.is_contiguous() && qkv.dim() == 3, "rope_kv: qkv");
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = kc.size(3), half = hd / 2, cap = kc.size(2);
   TORCH_CHECK(qkv.size(2) == (nh + 2 * nkv) * hd && hd % 2 == 0, "rope_kv: qkv width");
-  TORCH_CHECK(kc.scalar_type() == torch::kFloat32 && vc.scalar_type() == torch::kFloat32 && kc.is_contiguous() &&
-              vc.is_contiguous() && kc.sizes() == vc.sizes() && kc.dim() == 4 && kc.size(1) == nkv && b0 >= 0 &&
-              b0 + B <= kc.size(0), "rope_kv: caches");
+  const bool bf16 = kc.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || kc.scalar_type() == torch::kFloat32) && vc.scalar_type() == kc.scalar_type() &&
+              kc.is_contiguous() && vc.is_contiguous() && kc.sizes() == vc.sizes() && kc.dim() == 4 &&
+              kc.size(1) == nkv && b0 >= 0 && b0 + B <= kc.size(0), "rope_kv: caches (float32 or bfloat16)");
   auto c = cos.contiguous(), sn = sin.contiguous(), p = pos.to(torch::kLong).contiguous();
   TORCH_CHECK(c.numel() == B * T * hd && sn.numel() == B * T * hd && p.numel() == B * T, "rope_kv: cos/sin/pos");
   auto q = torch::empty({B, T, nh, hd}, qkv.options());
@@ -166,12 +167,12 @@ torch::Tensor rope_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, t
   for (int64_t bt = 0; bt < B * T; bt++)
     TORCH_CHECK(pp[bt] >= 0 && pp[bt] < cap, "rope_kv: position ", pp[bt], " outside the cache's ", cap);
   po::rope_kv(qkv.data_ptr<float>(), c.data_ptr<float>(), sn.data_ptr<float>(), pp, B, T, nh, nkv, hd,
-              kc.data_ptr<float>(), vc.data_ptr<float>(), cap, b0, q.data_ptr<float>());
+              kc.data_ptr(), vc.data_ptr(), bf16, cap, b0, q.data_ptr<float>());
   return q;
 }
 
 // The KV compaction after a tree step (peagle/tree.py, compact_kv) over every layer in one call: per layer k, v
-// [rows, nkv, cap, hd] float32 contiguous; rows b0..b0+B-1; start [B], path [B, W] int64 (slots checked).
+// [rows, nkv, cap, hd] float32 or bfloat16, contiguous; rows b0..b0+B-1; start [B], path [B, W] int64 (slots checked).
 void compact_kv(std::vector<torch::Tensor> ks, std::vector<torch::Tensor> vs, int64_t b0, torch::Tensor start,
                 torch::Tensor path) {
   TORCH_CHECK(ks.size() == vs.size() && path.dim() == 2 && start.dim() == 1 && start.size(0) == path.size(0),
@@ -181,27 +182,30 @@ void compact_kv(std::vector<torch::Tensor> ks, std::vector<torch::Tensor> vs, in
   const int64_t *sp = st.data_ptr<int64_t>(), *pp = pt.data_ptr<int64_t>();
   for (size_t l = 0; l < ks.size(); l++) {
     auto &k = ks[l], &v = vs[l];
-    TORCH_CHECK(k.scalar_type() == torch::kFloat32 && k.is_contiguous() && v.is_contiguous() && k.dim() == 4 &&
-                k.sizes() == v.sizes() && v.scalar_type() == torch::kFloat32 && b0 >= 0 && b0 + B <= k.size(0),
-                "compact_kv: caches [rows, nkv, cap, hd] float32");
+    TORCH_CHECK((k.scalar_type() == torch::kFloat32 || k.scalar_type() == torch::kBFloat16) && k.is_contiguous() &&
+                v.is_contiguous() && k.dim() == 4 && k.sizes() == v.sizes() && v.scalar_type() == k.scalar_type() &&
+                b0 >= 0 && b0 + B <= k.size(0), "compact_kv: caches [rows, nkv, cap, hd] float32 or bfloat16");
     const int64_t cap = k.size(2);
     for (int64_t b = 0; b < B; b++)
       for (int64_t i = 0; i < W; i++)      // compared without overflow: sp + max(i, path) < cap
         TORCH_CHECK(sp[b] >= 0 && pp[b * W + i] >= 0 && pp[b * W + i] < cap && sp[b] < cap - std::max(i, pp[b * W + i]),
                     "compact_kv: slot outside the cache");
-    po::compact_kv(k.data_ptr<float>(), v.data_ptr<float>(), k.size(1), cap, k.size(3), b0, B, sp, pp, W);
+    po::compact_kv((char*)k.data_ptr(), (char*)v.data_ptr(), k.element_size(), k.size(1), cap, k.size(3), b0, B, sp,
+                   pp, W);
   }
 }
 
 // Block- and batch-invariant attention (attend_impl.h): q [B, T, nh, hd]; k, v [B, nkv, S, hd] (any strides but
-// the last); mask None (every key visible) or bool [1 or B, 1, T, S] (True: visible). Returns [B, T, nh * hd].
+// the last; float32, or both bfloat16: a bfloat16 KV cache); mask None (every key visible) or bool [1 or B, 1, T,
+// S] (True: visible). Returns [B, T, nh * hd].
 // impl: 0 = best for this CPU, 1 = generic, 2 = AVX2, 3 or 4 = AVX-512 (two queries per register).
 torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                            double scale, int64_t impl) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "attend_exact: CPU tensors");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
-              v.scalar_type() == torch::kFloat32 && q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "attend_exact: float32 q [B,T,nh,hd], k/v [B,nkv,S,hd]");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 &&
+                  (k.scalar_type() == torch::kFloat32 || k.scalar_type() == torch::kBFloat16) &&
+                  v.scalar_type() == k.scalar_type() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attend_exact: float32 q [B,T,nh,hd], k/v [B,nkv,S,hd] (float32 or bfloat16)");
   auto qc = q.contiguous();
   const int64_t B = qc.size(0), T = qc.size(1), nh = qc.size(2), hd = qc.size(3), nkv = k.size(1), S = k.size(2);
   TORCH_CHECK(k.size(0) == B && k.size(3) == hd && v.sizes() == k.sizes() && k.strides() == v.strides() &&
@@ -221,8 +225,9 @@ torch::Tensor attend_exact(torch::Tensor q, torch::Tensor k, torch::Tensor v, c1
   }
   auto out = torch::empty({B, T, nh * hd}, qc.options());
   a.q = qc.data_ptr<float>();
-  a.k = k.data_ptr<float>();
-  a.v = v.data_ptr<float>();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.kv_bf16 = k.scalar_type() == torch::kBFloat16;
   a.out = out.data_ptr<float>();
   a.B = B; a.T = T; a.nh = nh; a.nkv = nkv; a.hd = hd; a.S = S;
   a.ksb = k.stride(0); a.ksg = k.stride(1); a.ksj = k.stride(2);

@@ -94,8 +94,11 @@ def mask_of(pos: torch.Tensor, keys: torch.Tensor, window: int | None = None) ->
 
 
 def attend(q, k, v, mask):
-    """q [B,T,nh,hd], k/v [B,nkv,S,hd] -> [B,T,nh*hd]. GQA via enable_gqa."""
+    """q [B,T,nh,hd], k/v [B,nkv,S,hd] -> [B,T,nh*hd]. GQA via enable_gqa. k/v of a bfloat16 KV cache under a
+    float32 q are widened (exactly) first."""
     B, T, nh, hd = q.shape
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask,
                                        enable_gqa=(k.shape[1] != nh))
     return o.transpose(1, 2).reshape(B, T, nh * hd)

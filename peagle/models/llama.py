@@ -105,6 +105,7 @@ class Transformer:
         count summed in one order); elsewhere torch's products (layers.Weight)."""
         from . import quant_ext
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.kv_dtype = dtype       # the KV cache's element type (loader.load_target's kv_cache_dtype)
         self.quantization = check_quantization(quantization)
         self.f32_kernel = (self.quantization == "none" and F32_KERNEL and self.device.type == "cpu"
                            and dtype == torch.float32 and quant_ext.get() is not None)
@@ -248,7 +249,8 @@ class Transformer:
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         c = self.cfg
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, rows, self.dtype, self.device)
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_len, rows,
+                       self.kv_dtype, self.device)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, b0: int, start: torch.Tensor,

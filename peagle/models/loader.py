@@ -75,10 +75,16 @@ def resolve_quantization(path: str, quantization: str, kind: str, dtype, device)
                            "measured on AVX2 and AVX-512 CPUs")
 
 
-def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quantization: str = "none"):
+KV_CACHE_DTYPES = ("auto", "bfloat16")
+
+
+def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quantization: str = "none",
+                kv_cache_dtype: str = "auto"):
     """The target for an HF directory (or, native only, a GGUF file); raises PeagleError with the reason when the
     chosen backend cannot run it. quantization: none / q8 / q4 / q8a8 / q4a8 (native only: peagle/models/quant.py)
-    or auto (resolve_quantization; a quantized choice is printed to stderr)."""
+    or auto (resolve_quantization; a quantized choice is printed to stderr). kv_cache_dtype (vLLM's word): auto =
+    the target's dtype; bfloat16 (native only) stores keys and values rounded to bfloat16, half the bytes a
+    float32 step's attention reads (every cache the target makes: plain and speculative decoding alike)."""
     import sys
 
     import torch
@@ -91,15 +97,24 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
         if why:
             print(f"peagle: quantization auto -> {quantization} ({why})", file=sys.stderr, flush=True)
     quantization = check_quantization(quantization)
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise PeagleError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     if kind == "native":
         if path.endswith(".gguf"):
-            return Transformer.from_gguf(path, dtype, device, quantization=quantization)
-        why = native_refusal(path)
-        if why is not None:
-            raise PeagleError(f"{why}; --target-backend transformers runs any transformers causal LM")
-        return Transformer.from_pretrained(path, dtype, device, quantization=quantization)
+            t = Transformer.from_gguf(path, dtype, device, quantization=quantization)
+        else:
+            why = native_refusal(path)
+            if why is not None:
+                raise PeagleError(f"{why}; --target-backend transformers runs any transformers causal LM")
+            t = Transformer.from_pretrained(path, dtype, device, quantization=quantization)
+        if kv_cache_dtype == "bfloat16" and dtype != torch.bfloat16:
+            t.kv_dtype = torch.bfloat16
+            t.precision += ", bfloat16 KV cache"      # what `peagle serve` and the bench reports print
+        return t
     if quantization != "none":
         raise PeagleError(f"--quantization {quantization} needs the native target (Llama family)")
+    if kv_cache_dtype != "auto":
+        raise PeagleError(f"--kv-cache-dtype {kv_cache_dtype} needs the native target (Llama family)")
     return HFTarget.from_pretrained(path, dtype, device)
 
 
@@ -113,6 +128,14 @@ def add_quantization_argument(p, default: str = "auto"):
                         "is a GGUF file's Q4 blocks (the default target) where the C++ kernels run, else none "
                         f"(default: {default})")
 
+
+
+def add_kv_cache_argument(p):
+    """--kv-cache-dtype for the commands that decode (generate, serve, bench, tune)."""
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="the KV cache's element type (vLLM's option): auto = the target's dtype; bfloat16 = keys and "
+                        "values rounded to bfloat16, half the bytes a long context's attention reads (native target; "
+                        "outputs then differ from a float32 cache's; plain and speculative decoding still agree)")
 
 
 def add_backend_argument(p):

@@ -327,8 +327,9 @@ def layer_stack(ws: list, norms: list, nh: int, nkv: int, hd: int, eps: float, i
 
 def runner_takes(stack, cache) -> bool:
     """Whether a layer_stack() runs a block over `cache` (its products take any row count): the
-    cache must be float32 and allocated (its first write is the Python loop's)."""
-    return all(k is not None and k.dtype == torch.float32 for k in cache.k)
+    cache must be allocated (its first write is the Python loop's), all float32 or all bfloat16."""
+    return all(k is not None and k.dtype == cache.k[0].dtype for k in cache.k) and \
+        cache.k[0].dtype in (torch.float32, torch.bfloat16)
 
 
 # ---- fused small ops (the extension's, else torch) ---------------------------------------------------------------
@@ -365,8 +366,9 @@ def attend_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     """q [B,T,nh,hd], k/v [B,nkv,S,hd], mask None or bool [B|1,1,T,S] -> [B,T,nh*hd]: attention with every
     query's sums in one fixed order (peagle/csrc/attend_impl.h), so a query's output has the same bits alone, in a
     verify block of any length, in a tree or next to other rows; SDPA's do not (its blocking follows T and S),
-    which 8-bit activations turn into different tokens. None where the extension is missing (the caller runs
-    SDPA: then outputs agree only up to float rounding)."""
+    which 8-bit activations turn into different tokens. k/v float32 or bfloat16 (a bfloat16 KV cache: each value
+    widened exactly, so the bits of a float32 cache holding the same values). None where the extension is missing
+    (the caller runs SDPA: then outputs agree only up to float rounding)."""
     ext = quant_ext.get()
     if ext is None or not hasattr(ext, "attend_exact") or q.device.type != "cpu" or q.dtype != torch.float32 \
             or q.shape[-1] % 8:
@@ -377,11 +379,12 @@ def attend_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
 def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int, b0: int, pos: torch.Tensor,
             nh: int, nkv: int) -> torch.Tensor | None:
     """RoPE of q and k and the k/v write into `cache` (layer, rows b0.., positions pos [B,T]) in one op: returns q
-    rotated [B,T,nh,hd], the same bits as apply_rope + KVCache.write. None where the extension's op does not apply
+    rotated [B,T,nh,hd], the same bits as apply_rope + KVCache.write (a bfloat16 cache: k and v rounded to nearest
+    even, as torch's copy). None where the extension's op does not apply
     (no extension, not float32 on the CPU): the caller runs the torch ops."""
     ext = quant_ext.get()
     kc, vc = cache.k[layer], cache.v[layer]
     if ext is None or not hasattr(ext, "rope_kv") or qkv.device.type != "cpu" or qkv.dtype != torch.float32 \
-            or kc is None or kc.dtype != torch.float32 or not qkv.is_contiguous():
+            or kc is None or kc.dtype not in (torch.float32, torch.bfloat16) or not qkv.is_contiguous():
         return None
     return ext.rope_kv(qkv, cos, sin, kc, vc, b0, pos, nh, nkv)

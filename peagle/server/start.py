@@ -57,7 +57,7 @@ def resolve_config(model, spec_flag, env=None):
 
 def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, max_waiting=None,
                 max_model_len=None, limits=None, device="auto", api_keys=(), compile=False, target_backend="auto",
-                quantization="none", root=None):
+                quantization="none", root=None, kv_cache_dtype="auto"):
     """root: the model as the user named it (the default target: its name), for /v1/models."""
     from .app import ServerState  # here, not above: fastapi loads only when a server is built, not for every command
     if max_num_seqs < 1:
@@ -69,7 +69,7 @@ def build_state(model_dir, name, spec, dtype="auto", seed=0, max_num_seqs=128, m
         engine, _, spec = thread.submit(build_engine, model_dir, dtype=dtype, seed=seed, speculative_config=spec,
                                         max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
                                         compile=compile, target_backend=target_backend,
-                                        quantization=quantization).result()
+                                        quantization=quantization, kv_cache_dtype=kv_cache_dtype).result()
     except BaseException:
         thread.shutdown()
         raise
@@ -115,7 +115,7 @@ def run(args) -> int:
                             args.max_num_seqs, args.max_waiting, args.max_model_len, limits=limits,
                             device=args.device, api_keys=keys, compile=args.compile,
                             target_backend=args.target_backend, quantization=getattr(args, "quantization", "none"),
-                            root=model or name)
+                            root=model or name, kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
     except KeyboardInterrupt:
         # Ctrl-C while the engine thread is still building (e.g. auto K's first measurement, ~30 s): end now,
         # without waiting for it or unwinding it out of the C++ kernels at interpreter exit (std::terminate)
