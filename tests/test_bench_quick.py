@@ -4,6 +4,7 @@ import os
 import shlex
 
 import pytest
+import torch
 from heads import save_random_head
 
 
@@ -155,6 +156,33 @@ def test_the_reports_command_keeps_the_quantization():
         assert canonical_command(a).split("--quantization ")[1].split()[0] == want
 
 
+def test_the_reports_command_keeps_the_kv_cache_dtype():
+    """A sweep on a bfloat16 KV cache: its command says so (the default, auto, is left out)."""
+    from peagle.bench.command import apply_defaults, canonical_command
+    from peagle.cli import build_parser
+    for argv, want in ((["--kv-cache-dtype", "bfloat16"], True), ([], False)):
+        a = build_parser("bench").parse_args(["bench", "--ks", "1", *argv])
+        apply_defaults(a)
+        assert ("--kv-cache-dtype bfloat16" in canonical_command(a)) == want
+
+
+def test_the_bench_target_takes_the_kv_cache_dtype(bench_run):
+    """Bench(kv_cache_dtype="bfloat16") runs every engine on a bfloat16 cache: its plain and speculative outputs
+    agree, and they are LLM(kv_cache_dtype="bfloat16")'s."""
+    from peagle import LLM, SamplingParams
+    from peagle.bench.runner import Bench
+    from peagle.data.benchmarks import load_dataset
+    _, _, tgt, _, pe = bench_run
+    b = Bench(tgt, {"peagle": pe}, kv_cache_dtype="bfloat16")
+    assert b.target.new_cache(1, 8).k[0].dtype == torch.bfloat16
+    ids = [b.encode(p) for p in load_dataset("humaneval", 2)]
+    sp = SamplingParams(temperature=0, max_tokens=10)
+    base, spec = b.run("baseline", 0, 2, ids, sp, 1024), b.run("peagle", 3, 2, ids, sp, 1024)
+    assert base["_outputs"] == spec["_outputs"]
+    llm = LLM(tgt, kv_cache_dtype="bfloat16", max_num_seqs=2)
+    assert base["_outputs"] == [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": x} for x in ids], sp)]
+
+
 def test_the_reports_command_keeps_the_target_backend():
     """--target-backend transformers was dropped: the printed command reran the sweep on the native backend."""
     from peagle.bench.command import apply_defaults, canonical_command
@@ -177,6 +205,8 @@ def test_online_servers_run_the_offline_settings():
     assert spec_json("baseline", 0, None) is None
     srv = OnlineServer("M", "eagle3", 3, "H", 4, 256, threads=1)
     assert srv.env["OMP_NUM_THREADS"] == "1" and OnlineServer("M", "baseline", 0, None, 4, 256).env is None
+    extra = OnlineServer("M", "baseline", 0, None, 4, 256, kv_cache_dtype="bfloat16").args[3]
+    assert extra[extra.index("--kv-cache-dtype") + 1] == "bfloat16"                 # the offline runs' KV cache
 
 
 def test_peer_rows_take_the_mean_tpot_like_the_peers():

@@ -29,6 +29,7 @@ class _Bench:
     divergence a real mismatch."""
     answer = staticmethod(_same)
     quantization = "none"
+    kv_cache_dtype = "auto"
 
     def __init__(self, model, heads, dtype, seed, max_batch, *args, **kw):
         self.heads_dirs, self.max_batch, self.backend = heads, max_batch, "auto"
@@ -215,6 +216,13 @@ def test_a_quantized_target_runs_no_hf_peer(bench_sweep, monkeypatch):
     monkeypatch.setattr(_Bench, "quantization", "q4")
     res, _, logs = bench_sweep("--peers", "hf")
     assert res["peers"] == [] and _Peer.calls == [] and any("peers hf skipped" in x for x in logs)
+
+
+def test_a_bfloat16_kv_cache_runs_no_hf_peer(bench_sweep, monkeypatch):
+    """A sweep on a bfloat16 KV cache runs no HF peer (transformers' float32 cache could not match its tokens)."""
+    monkeypatch.setattr(_Bench, "kv_cache_dtype", "bfloat16")
+    res, _, logs = bench_sweep("--peers", "hf")
+    assert res["peers"] == [] and _Peer.calls == [] and any("float32 KV cache" in x for x in logs)
 
 
 # ------------------------------------------------------------------ MT-Bench turn 2

@@ -57,6 +57,8 @@ def canonical_command(a) -> str:
               "--seed", str(a.seed)]
     parts += ["--quantization", getattr(a, "quantization", None) or "none",
               "--target-backend", getattr(a, "target_backend", None) or "auto"]
+    if getattr(a, "kv_cache_dtype", "auto") != "auto":
+        parts += ["--kv-cache-dtype", a.kv_cache_dtype]
     if a.threads:
         parts += ["--threads", str(a.threads)]
     if a.compile:

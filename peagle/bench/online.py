@@ -33,12 +33,13 @@ class OnlineServer:
     def __init__(self, model: str, method: str, k: int, head: str | None, max_num_seqs: int, max_model_len: int,
                  dtype: str = "auto", seed: int = 0, device: str = "auto", compile: bool = False,
                  target_backend: str = "auto", quantization: str = "none", threads: int = 0,
-                 draft_sampling: str = DEFAULT_DRAFT_SAMPLING, auto_k=None):
+                 draft_sampling: str = DEFAULT_DRAFT_SAMPLING, auto_k=None, kv_cache_dtype: str = "auto"):
         """threads: the server's torch threads (0: torch's default), as the offline runs' --threads."""
         self.env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
         self.args = (model, spec_json(method, k, head, draft_sampling, auto_k), max_num_seqs,
                      ["--max-model-len", str(max_model_len), "--device", device, "--dtype", dtype, "--seed", str(seed),
                       "--target-backend", target_backend, "--quantization", quantization,
+                      "--kv-cache-dtype", kv_cache_dtype,
                       "--max-waiting", str(4 * max_num_seqs), "--served-model-name", "bench"]
                      + (["--compile"] if compile else []))
         self.proc, self.url = None, None

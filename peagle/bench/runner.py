@@ -71,13 +71,14 @@ class Bench:
     def __init__(self, model: str, heads: dict, dtype: str = "auto", seed: int = 0, max_batch: int = 128,
                  remeasure: bool = False, device: str = "auto", compile: bool = False, target_backend: str = "auto",
                  draft_sampling: str = DEFAULT_DRAFT_SAMPLING, auto_k: AutoKConfig | None = None,
-                 quantization: str = "none"):
+                 quantization: str = "none", kv_cache_dtype: str = "auto"):
         self.draft_sampling = draft_sampling      # the speculative config's "draft_sampling" for every run
         self.auto_k = auto_k                      # its "auto_k" for the runs with K "auto"
         self.device, self.dtype = resolve(device, dtype)
         self.compile = compile
         self.model, self.heads_dirs, self.seed = model, heads, seed
-        self.target = load_target(model, self.dtype, target_backend, self.device, quantization)
+        self.target = load_target(model, self.dtype, target_backend, self.device, quantization, kv_cache_dtype)
+        self.kv_cache_dtype = kv_cache_dtype
         self.quantization = getattr(self.target, "quantization", "none")      # "auto" resolved
         self.backend = target_backend
         self.tok = load_tokenizer(model)

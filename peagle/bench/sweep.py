@@ -78,7 +78,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     bench = Bench(a.model, heads, a.dtype, a.seed, max(a.concurrency), getattr(a, "remeasure", False), a.device,
                   getattr(a, "compile", False), getattr(a, "target_backend", "auto"),
                   getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None),
-                  quantization=getattr(a, "quantization", "none"))
+                  quantization=getattr(a, "quantization", "none"), kv_cache_dtype=getattr(a, "kv_cache_dtype", "auto"))
     log(f"target: {getattr(bench.target, 'precision', str(bench.dtype).replace('torch.', ''))}")
     if getattr(a, "quantization", None) == "auto":        # the report's command names what ran
         a.quantization = bench.quantization
@@ -86,6 +86,10 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     if a.peers and bench.quantization != "none":
         log(f"peers {','.join(a.peers)} skipped: transformers runs float weights, this sweep {bench.quantization} "
             "(their tokens could not be compared; --quantization none runs them)")
+        a.peers = []
+    if a.peers and getattr(bench, "kv_cache_dtype", "auto") != "auto":
+        log(f"peers {','.join(a.peers)} skipped: transformers keeps a float32 KV cache, this sweep "
+            f"{bench.kv_cache_dtype} (their tokens could not be compared)")
         a.peers = []
     methods = list(a.methods)
     if "baseline" not in methods:
@@ -230,7 +234,8 @@ def _online_sweep(a, bench, cfgs, batches, res, log, on_dataset):
         t0 = time.time()
         with OnlineServer(a.model, m, k, bench.heads_dirs.get(m), max(a.concurrency), mlen, a.dtype, a.seed,
                           a.device, getattr(a, "compile", False), bench.backend, bench.quantization, a.threads,
-                          getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None)) as srv:
+                          getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None),
+                          getattr(bench, "kv_cache_dtype", "auto")) as srv:
             log(f"[online] {m} K={k}: peagle serve at {srv.url} (up in {time.time() - t0:.0f}s)")
             run_online(srv, m, k, 1, [batches[next(iter(batches))][0][0][:32]], 8, a.temperature, True)  # warm-up
             for (ds, c), (batch, _) in batches.items():

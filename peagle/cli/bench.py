@@ -12,7 +12,7 @@ from ..data.benchmarks import DATASETS
 from ..device import add_arguments
 from ..errors import PeagleError
 from ..llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD
-from ..models.loader import add_backend_argument, add_quantization_argument
+from ..models.loader import add_backend_argument, add_kv_cache_argument, add_quantization_argument
 from ..spec_config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING, MAX_K
 from . import int_arg
 
@@ -137,6 +137,7 @@ def add_parser(sub):
     add_argument(p)
     add_backend_argument(p)
     add_quantization_argument(p)
+    add_kv_cache_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=_at_least(1), default=None, help="torch threads (default: all cores)")
     p.add_argument("--random-heads", action="store_true",
