@@ -249,6 +249,11 @@ def test_bench_tree_runs_and_report():
            "runs": [run("baseline", 0, 10.0, 1.0), run("peagle", 3, 12.0, 1.8), run("peagle+tree4x8", 3, 15.0, 2.4, 8)]}
     text = render(res)
     assert "| peagle | 3 | 4x8 | 2.40 | 8.0 | 15.0 | 1.25 | 1.50 | 0.50 0.25 0.10 | yes |" in text
+    # repeats: tokens/s is their median (not the first, mean or best), and one diverging repeat makes the row NO
+    bad = run("peagle+tree4x8", 3, 9.0, 2.4, 8)
+    bad["identity"] = {"ok": False}
+    res["runs"] += [run("peagle+tree4x8", 3, 30.0, 2.4, 8), bad]
+    assert "| peagle | 3 | 4x8 | 2.40 | 8.0 | 15.0 | 1.25 | 1.50 | 0.50 0.25 0.10 | NO |" in render(res)
 
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
