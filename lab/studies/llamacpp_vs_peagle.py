@@ -10,7 +10,13 @@ P-EAGLE K=1; llama.cpp runs through its Python package, built from source into `
     .venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts 8 --max-new 64 --threads 2
 
 Rounds alternate the two engines (llama.cpp, peagle plain, peagle P-EAGLE) so machine drift hits all alike; the
-report gives the median of rounds and the fraction of prompts whose tokens agree with peagle's plain output."""
+report gives the median of rounds and the fraction of prompts whose tokens agree with peagle's plain output.
+
+Long contexts: `--context N` gives every engine prompts of N tokens of peagle's own source instead of the dataset's
+(llama.cpp's context sized to fit), and `--kv-bf16` adds peagle q4a8 on a bfloat16 KV cache (llama.cpp's cache is
+float16 by default; peagle's float32 unless told):
+
+    .venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts 2 --context 2048 --kv-bf16 --no-q4 --threads 2"""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +37,7 @@ LLAMA_CODE = r'''
 import json, sys, time
 from llama_cpp import Llama
 a = json.load(sys.stdin)
-m = Llama(model_path=a["gguf"], n_ctx=1024, n_threads=a["threads"], n_threads_batch=a["threads"], verbose=False,
+m = Llama(model_path=a["gguf"], n_ctx=a["n_ctx"], n_threads=a["threads"], n_threads_batch=a["threads"], verbose=False,
           logits_all=False)
 out = []
 for ids in a["prompts"]:
@@ -52,19 +58,37 @@ print(json.dumps(out))
 
 
 def run_llama(gguf: str, prompts: list, max_new: int, threads: int) -> list:
+    n_ctx = max(1024, max(len(p) for p in prompts) + max_new + 8)
     p = subprocess.run([LLAMA_PY, "-c", LLAMA_CODE], input=json.dumps(
-        {"gguf": gguf, "prompts": prompts, "max_new": max_new, "threads": threads}), capture_output=True, text=True,
+        {"gguf": gguf, "prompts": prompts, "max_new": max_new, "threads": threads, "n_ctx": n_ctx}),
+        capture_output=True, text=True,
         env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if p.returncode:
         raise SystemExit(f"llama.cpp run failed: {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_peagle(llm, prompts: list, max_new: int) -> list:
-    """Decode seconds per prompt: the whole generate minus a prefill-only generate (max_tokens=1) of it."""
+def run_peagle(llm, prompts: list, max_new: int, steps: bool = False) -> list:
+    """Decode seconds per prompt: the whole generate minus a prefill-only generate (max_tokens=1) of it; with
+    steps, the engine's steps after the one that prefilled (it also ran the first decode step), timed directly (at
+    long contexts the prefill's own spread would swamp the difference), over the tokens those steps gave
+    ("timed_tokens")."""
     from peagle.sampling import SamplingParams
     out = []
-    for ids in prompts:
+    for i, ids in enumerate(prompts):
+        if steps:
+            eng = llm.engine
+            r = eng.add_request(f"study-{i}-{time.monotonic_ns()}", ids, SamplingParams(temperature=0,
+                                                                                        max_tokens=max_new))
+            t0 = time.perf_counter()
+            eng.step()                                  # admits and prefills it, then a first decode step
+            t1, n1 = time.perf_counter(), len(r.output_ids)
+            while eng.has_unfinished():
+                eng.step()
+            t2 = time.perf_counter()
+            out.append({"ids": list(r.output_ids), "prefill_s": t1 - t0, "decode_s": t2 - t1,
+                        "timed_tokens": len(r.output_ids) - n1})
+            continue
         t0 = time.perf_counter()
         llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1))
         t1 = time.perf_counter()
@@ -88,32 +112,51 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dataset", default="mtbench")
+    ap.add_argument("--context", type=int, default=0,
+                    help="prompts of this many tokens of peagle's own source instead of the dataset's (0: the dataset)")
+    ap.add_argument("--kv-bf16", action="store_true", help="add peagle q4a8 on a bfloat16 KV cache")
+    ap.add_argument("--no-q4", action="store_true", help="leave out peagle q4 (float activations: slow prefill)")
     ap.add_argument("--out", default=None, help="write the Markdown table here")
     a = ap.parse_args(argv)
     if not os.path.isfile(LLAMA_PY):
         raise SystemExit(f"no {LLAMA_PY}: build llama.cpp's Python package first (see this file's docstring)")
     torch.set_num_threads(a.threads)
     gguf = gguf_path()
-    q4 = LLM(DEFAULT_MODEL, quantization="q4", max_num_seqs=1)
     base = LLM(DEFAULT_MODEL, quantization="q4a8", max_num_seqs=1)
     spec = base.with_speculative_config(speculative_config(DEFAULT_PEAGLE_HEAD, 1, True))
     tok = base.get_tokenizer()
-    prompts = [encode_prompt(tok, base.engine.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.prompts)]
-    prompts = [p[-512:] for p in prompts]
-    engines = {"peagle q4, plain": q4, "peagle q4a8, plain": base, "peagle q4a8, P-EAGLE K=1": spec}
+    if a.context:
+        from lab.measure.kv_cache import source_ids
+        src = source_ids(tok)
+        if len(src) < a.prompts * a.context:
+            raise SystemExit(f"peagle's source is {len(src)} tokens, short of {a.prompts} x {a.context}")
+        prompts = [src[i * a.context:(i + 1) * a.context] for i in range(a.prompts)]
+    else:
+        prompts = [encode_prompt(tok, base.engine.target.cfg.vocab_size, p) for p in load_dataset(a.dataset, a.prompts)]
+        prompts = [p[-512:] for p in prompts]
+    engines = {} if a.no_q4 else {"peagle q4, plain": LLM(DEFAULT_MODEL, quantization="q4", max_num_seqs=1)}
+    engines |= {"peagle q4a8, plain": base, "peagle q4a8, P-EAGLE K=1": spec}
+    if a.kv_bf16:
+        b16 = LLM(DEFAULT_MODEL, quantization="q4a8", max_num_seqs=1, kv_cache_dtype="bfloat16")
+        engines |= {"peagle q4a8 bf16 KV, plain": b16,
+                    "peagle q4a8 bf16 KV, P-EAGLE K=1": b16.with_speculative_config(
+                        speculative_config(DEFAULT_PEAGLE_HEAD, 1, True))}
     runs = {"llama.cpp (Q4_1 file)": [], **{name: [] for name in engines}}
     outs = {}
     for _ in range(a.rounds):
         for name in runs:
             res = run_llama(gguf, prompts, a.max_new, a.threads) if name.startswith("llama") else \
-                run_peagle(engines[name], prompts, a.max_new)
-            n = sum(len(r["ids"]) for r in res)
+                run_peagle(engines[name], prompts, a.max_new, steps=bool(a.context))
+            n = sum(r.get("timed_tokens", len(r["ids"])) for r in res)
             runs[name].append(n / sum(r["decode_s"] for r in res))
             outs[name] = res
-    refs = [outs["peagle q4, plain"], outs["peagle q4a8, plain"]]
-    lines = [f"CPU: {cpu_flags()}; {a.threads} threads; {len(prompts)} {a.dataset} prompts, {a.max_new} new tokens, "
+    refs = [outs["peagle q4a8, plain"]] if a.no_q4 else [outs["peagle q4, plain"], outs["peagle q4a8, plain"]]
+    what = (f"{len(prompts)} prompts of {a.context} tokens of peagle's source" if a.context
+            else f"{len(prompts)} {a.dataset} prompts")
+    ref_names = "q4a8" if a.no_q4 else "q4 / q4a8"
+    lines = [f"CPU: {cpu_flags()}; {a.threads} threads; {what}, {a.max_new} new tokens, "
              f"greedy; decode tokens/s, median of {a.rounds} alternating rounds", "",
-             "| engine | decode tok/s | vs llama.cpp | prompts with tokens equal to peagle q4 / q4a8 plain's | mean "
+             f"| engine | decode tok/s | vs llama.cpp | prompts with tokens equal to peagle {ref_names} plain's | mean "
              "common prefix with them (tokens) |", "|---|---|---|---|---|"]
     base_rate = statistics.median(runs["llama.cpp (Q4_1 file)"])
     for name, rates in runs.items():
@@ -122,9 +165,11 @@ def main(argv=None) -> int:
                                        min(len(o["ids"]), len(r["ids"]))) for o, r in zip(outs[name], ref))
                   for ref in refs]
         lines.append(f"| {name} | {statistics.median(rates):.1f} | {statistics.median(rates) / base_rate:.2f}x | "
-                     f"{same[0]} / {same[1]} of {len(prompts)} | {prefix[0]:.1f} / {prefix[1]:.1f} |")
+                     f"{' / '.join(map(str, same))} of {len(prompts)} | {' / '.join(f'{x:.1f}' for x in prefix)} |")
+    extra = (f" --context {a.context}" if a.context else "") + (" --kv-bf16" if a.kv_bf16 else "") + \
+        (" --no-q4" if a.no_q4 else "")
     lines += ["", f"Regenerate: `.venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts {a.prompts} --max-new "
-              f"{a.max_new} --threads {a.threads} --rounds {a.rounds}`"]
+              f"{a.max_new} --threads {a.threads} --rounds {a.rounds}{extra}`"]
     text = "\n".join(lines)
     print(text)
     if a.out:
