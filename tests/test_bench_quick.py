@@ -194,6 +194,33 @@ def test_the_reports_command_keeps_the_target_backend():
     assert again.target_backend == "transformers"
 
 
+def test_the_reports_command_regenerates_every_setting():
+    """The report's command, parsed again, gives the same value for every bench option (each set away from its
+    default here): a flag canonical_command drops would rerun a different sweep. --quick is spelled out as the
+    values it sets; --from-json only re-renders, so no command carries it."""
+    from peagle.bench.command import apply_defaults, canonical_command
+    from peagle.cli import build_parser
+    argv = ["bench", "--model", "M", "--eagle3-head", "E", "--peagle-head", "P", "--datasets", "humaneval,speed",
+            "--methods", "baseline,peagle,eagle3", "--ks", "2,auto", "--trees", "4x8", "--auto-k", '{"margin":0.05}',
+            "--remeasure", "--concurrency", "1,3", "--num-prompts", "3", "--output-len", "7", "--mode", "both",
+            "--temperature", "0.5", "--draft-sampling", "argmax", "--ignore-eos", "--no-fill-concurrency",
+            "--repeats", "2", "--humaneval-format", "chat", "--mtbench-turns", "2", "--max-prompt-len", "99",
+            "--peers", "hf", "--peer-prompts", "3", "--pld-tokens", "4", "--device", "cpu", "--dtype", "float32",
+            "--compile", "--seed", "5", "--quantization", "q8", "--target-backend", "native", "--kv-cache-dtype",
+            "bfloat16", "--threads", "1", "--random-heads", "--mask-token", "3", "--notes", "N.md", "--out", "O"]
+    a = build_parser("bench").parse_args(argv)
+    default = build_parser("bench").parse_args(["bench"])
+    skip = {"command", "func", "from_json", "quick"}
+    assert [k for k in vars(a) if k not in skip and getattr(a, k) == getattr(default, k)] == []
+    apply_defaults(a)
+    b = build_parser("bench").parse_args(shlex.split(canonical_command(a))[1:])
+    apply_defaults(b)
+    for k in vars(a):
+        if k not in skip:
+            x, y = getattr(a, k), getattr(b, k)
+            assert (x.as_dict(), k) == (y.as_dict(), k) if k == "auto_k" else (x, k) == (y, k)
+
+
 def test_online_servers_run_the_offline_settings():
     """The online server got no thread count (torch's default, while the report named --threads), and its
     speculative config dropped --draft-sampling and --auto-k: online and offline runs differed in settings."""
