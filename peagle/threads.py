@@ -67,16 +67,26 @@ def busy_seconds(cpus: set[int]) -> float | None:
     return total / _TICK if seen == len(cpus) else None
 
 
+def _sample(cpus: set[int]):
+    """(monotonic s, busy CPU-s of `cpus`, this process's CPU-s), or None where /proc/stat cannot be read."""
+    b = busy_seconds(cpus)
+    return None if b is None else (time.monotonic(), b, time.process_time())
+
+
+def _others(s0, s1) -> float:
+    """CPUs other processes kept busy between two samples: the busy time less this process's own, per second."""
+    (t0, b0, p0), (t1, b1, p1) = s0, s1
+    return max(0.0, (b1 - b0) - (p1 - p0)) / (t1 - t0)
+
+
 def others_busy(window: float, cpus: set[int] | None = None) -> float | None:
     """CPUs that other processes kept busy over the next `window` seconds (busy time less this process's own),
     on `cpus` (default: those this process may run on); None where /proc/stat cannot be read."""
     cpus = cpus if cpus is not None else _cpus()
-    b0, p0, t0 = busy_seconds(cpus), time.process_time(), time.monotonic()
+    s0 = _sample(cpus)
     time.sleep(window)
-    b1 = busy_seconds(cpus)
-    if b0 is None or b1 is None:
-        return None
-    return max(0.0, (b1 - b0) - (time.process_time() - p0)) / (time.monotonic() - t0)
+    s1 = _sample(cpus)
+    return None if s0 is None or s1 is None else _others(s0, s1)
 
 
 def _cpus() -> set[int]:
@@ -98,10 +108,6 @@ class ThreadGovernor:
         self._rested = None                  # when the last step ended
         self.on = os.environ.get("PEAGLE_THREADS", "adapt") != "fixed" and busy_seconds(self.cpus) is not None
 
-    def _sample(self):
-        b = busy_seconds(self.cpus)
-        return None if b is None else (time.monotonic(), b, time.process_time())
-
     def tick(self) -> int:
         """Called before each step; returns the thread count the step runs on."""
         self._started = None
@@ -116,20 +122,19 @@ class ThreadGovernor:
             self._last = None                  # what others ran while no step did says nothing of contention
         self._rested = None
         if self._last is None:
-            self._last, self._steps = self._sample(), {}
+            self._last, self._steps = _sample(self.cpus), {}
         elif now - self._last[0] >= WINDOW:
             self._close()
         self._started = time.monotonic()
         return self.threads
 
     def _close(self):
-        cur = self._sample()
+        cur = _sample(self.cpus)
         if cur is None:
             self.on = False
             return
-        (t0, b0, p0), (t1, b1, p1) = self._last, cur
+        others, t1 = _others(self._last, cur), cur[0]
         self._last, steps, self._steps = cur, self._steps, {}
-        others = max(0.0, (b1 - b0) - (p1 - p0)) / (t1 - t0)
         n = choose(others, len(self.cpus), self.ceiling)
         if n is None:
             n = self.measure(steps, t1)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import quant_ext
+from .models.quant import EXT_CACHE_DTYPES
 from .sampling import greedy
 
 MAX_NODES = 64
@@ -189,7 +190,7 @@ def compact_kv(cache, b0: int, start: torch.Tensor, path: torch.Tensor):
     ext = quant_ext.get()
     layers = [i for i, t in enumerate(cache.k) if t is not None]
     if ext is not None and hasattr(ext, "compact_kv") and all(
-            cache.k[i].device.type == "cpu" and cache.k[i].dtype in (torch.float32, torch.bfloat16) for i in layers):
+            cache.k[i].device.type == "cpu" and cache.k[i].dtype in EXT_CACHE_DTYPES for i in layers):
         ext.compact_kv([cache.k[i] for i in layers], [cache.v[i] for i in layers], b0, start, path)  # one call
         return
     rows = torch.arange(b0, b0 + B, device=path.device)[:, None]

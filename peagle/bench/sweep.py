@@ -83,13 +83,14 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     if getattr(a, "quantization", None) == "auto":        # the report's command names what ran
         a.quantization = bench.quantization
         a.command = a.command.replace("--quantization auto", f"--quantization {bench.quantization}")
-    if a.peers and bench.quantization != "none":
-        log(f"peers {','.join(a.peers)} skipped: transformers runs float weights, this sweep {bench.quantization} "
-            "(their tokens could not be compared; --quantization none runs them)")
-        a.peers = []
-    if a.peers and getattr(bench, "kv_cache_dtype", "auto") != "auto":
-        log(f"peers {','.join(a.peers)} skipped: transformers keeps a float32 KV cache, this sweep "
-            f"{bench.kv_cache_dtype} (their tokens could not be compared)")
+    # transformers runs float weights and a float32 KV cache: other settings' tokens could not be compared
+    why = None
+    if bench.quantization != "none":
+        why = f"transformers runs float weights, this sweep {bench.quantization} (--quantization none runs them)"
+    elif getattr(bench, "kv_cache_dtype", "auto") != "auto":
+        why = f"transformers keeps a float32 KV cache, this sweep {bench.kv_cache_dtype}"
+    if a.peers and why:
+        log(f"peers {','.join(a.peers)} skipped: {why} (their tokens could not be compared)")
         a.peers = []
     methods = list(a.methods)
     if "baseline" not in methods:

@@ -2,6 +2,7 @@
 #include "ops.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -174,38 +175,34 @@ void silu_mul(const float* gu, int64_t R, int64_t I, float* out, int64_t impl) {
   });
 }
 
-// float32 -> bfloat16 rounded to nearest even, a NaN to 0x7fc0 (c10::BFloat16's conversion, so the bits of a
-// torch copy_ into a bfloat16 tensor).
-static inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (f != f) return 0x7fc0;
-  return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
 void rope_kv(const float* qkv, const float* cos, const float* sin, const int64_t* pos, int64_t B, int64_t T,
              int64_t nh, int64_t nkv, int64_t hd, void* kc, void* vc, bool bf16, int64_t cap, int64_t b0, float* q) {
   const int64_t W = (nh + 2 * nkv) * hd, half = hd / 2;
-  // element e of cache row b's kv head h at position p, from the float32 value f
-  auto put = [&](void* c, int64_t b, int64_t h, int64_t p, int64_t e, float f) {
-    const int64_t at = (((b0 + b) * nkv + h) * cap + p) * hd + e;
-    if (bf16) ((uint16_t*)c)[at] = to_bf16(f);
-    else ((float*)c)[at] = f;
+  // element i of cache c's row at element offset `at`: the float32 value, or it rounded to bfloat16 by torch's
+  // own conversion (c10: nearest even, a NaN to 0x7fc0), so the bits of a copy_ into a bfloat16 tensor
+  auto put = [bf16](void* c, int64_t at, int64_t i, float f) {
+    if (bf16) ((uint16_t*)c)[at + i] = c10::BFloat16(f).x;
+    else ((float*)c)[at + i] = f;
   };
   at::parallel_for(0, B * T, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<float> kr(hd);
     for (int64_t bt = r0; bt < r1; bt++) {
       const float *x = qkv + bt * W, *cs = cos + bt * hd, *sv = sin + bt * hd;
       const int64_t b = bt / T;
       for (int64_t h = 0; h < nh + nkv; h++) {
         const float* xh = x + h * hd;
-        float* o = h < nh ? q + (bt * nh + h) * hd : kr.data();
-        for (int64_t i = 0; i < half; i++) o[i] = xh[i] * cs[i] + (-xh[i + half]) * sv[i];
-        for (int64_t i = half; i < hd; i++) o[i] = xh[i] * cs[i] + xh[i - half] * sv[i];
-        for (int64_t i = 0; h >= nh && i < hd; i++) put(kc, b, h - nh, pos[bt], i, kr[i]);
+        auto rot = [&](int64_t i) {
+          return i < half ? xh[i] * cs[i] + (-xh[i + half]) * sv[i] : xh[i] * cs[i] + xh[i - half] * sv[i];
+        };
+        if (h < nh) {
+          for (int64_t i = 0; i < hd; i++) q[(bt * nh + h) * hd + i] = rot(i);
+        } else {
+          const int64_t at = (((b0 + b) * nkv + (h - nh)) * cap + pos[bt]) * hd;
+          for (int64_t i = 0; i < hd; i++) put(kc, at, i, rot(i));
+        }
       }
       for (int64_t h = 0; h < nkv; h++)
-        for (int64_t i = 0; i < hd; i++) put(vc, b, h, pos[bt], i, x[(nh + nkv + h) * hd + i]);
+        for (int64_t i = 0; i < hd; i++)
+          put(vc, (((b0 + b) * nkv + h) * cap + pos[bt]) * hd, i, x[(nh + nkv + h) * hd + i]);
     }
   });
 }

@@ -131,7 +131,7 @@ def add_quantization_argument(p, default: str = "auto"):
 
 
 def add_kv_cache_argument(p):
-    """--kv-cache-dtype for the commands that decode (generate, serve, bench, tune)."""
+    """--kv-cache-dtype for the commands that decode (generate, serve, bench)."""
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="the KV cache's element type (vLLM's option): auto = the target's dtype; bfloat16 = keys and "
                         "values rounded to bfloat16, half the bytes a long context's attention reads (native target; "

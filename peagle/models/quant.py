@@ -325,11 +325,15 @@ def layer_stack(ws: list, norms: list, nh: int, nkv: int, hd: int, eps: float, i
     return SimpleNamespace(run=run, act8=act8)
 
 
+# the KV cache element types the extension's kernels read and write (a bfloat16 cache: widened exactly on load)
+EXT_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def runner_takes(stack, cache) -> bool:
     """Whether a layer_stack() runs a block over `cache` (its products take any row count): the
     cache must be allocated (its first write is the Python loop's), all float32 or all bfloat16."""
     return all(k is not None and k.dtype == cache.k[0].dtype for k in cache.k) and \
-        cache.k[0].dtype in (torch.float32, torch.bfloat16)
+        cache.k[0].dtype in EXT_CACHE_DTYPES
 
 
 # ---- fused small ops (the extension's, else torch) ---------------------------------------------------------------
@@ -385,6 +389,6 @@ def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, laye
     ext = quant_ext.get()
     kc, vc = cache.k[layer], cache.v[layer]
     if ext is None or not hasattr(ext, "rope_kv") or qkv.device.type != "cpu" or qkv.dtype != torch.float32 \
-            or kc is None or kc.dtype not in (torch.float32, torch.bfloat16) or not qkv.is_contiguous():
+            or kc is None or kc.dtype not in EXT_CACHE_DTYPES or not qkv.is_contiguous():
         return None
     return ext.rope_kv(qkv, cos, sin, kc, vc, b0, pos, nh, nkv)
