@@ -132,6 +132,28 @@ def test_ensure_times_again_for_other_shapes_or_a_broken_file(thresholds_restore
         assert len(said) == n + 2, bad
 
 
+def test_every_row_count_a_verify_block_uses_is_timed():
+    """A row count between two timed ones takes the threshold's path untimed: 5-row verify blocks once ran
+    AVX2 where AVX-512 was 1.25x faster, timed at 4 and 6 rows only."""
+    assert set(range(1, 10)) <= set(KC.ROWS) and list(KC.ROWS) == sorted(set(KC.ROWS))
+
+
+@needs_avx512
+def test_a_choice_timed_on_other_row_counts_is_timed_again(thresholds_restored, timing_home, monkeypatch):
+    said = []
+    monkeypatch.setattr(KC, "ROWS", (1, 2, 4))
+    KC.ensure(small_step(), log=said.append)
+    (old_key, old), = json.loads((timing_home / KC.CACHE_NAME).read_text()).items()
+    assert set(old["ms"]["q4_1a8"]) == {"1", "2", "4"} and old_key.split(" | step ")[0].endswith("rows 1,2,4")
+    KC._applied.clear()
+    monkeypatch.setattr(KC, "ROWS", (1, 2, 3, 4))
+    KC.ensure(small_step(), log=said.append)
+    kept = json.loads((timing_home / KC.CACHE_NAME).read_text())
+    assert len(said) == 4 and len(kept) == 2
+    new_key = KC.cpu_key(torch.get_num_threads()) + " | step " + KC.signature(KC.groups(small_step()))
+    assert set(kept[new_key]["ms"]["q4_1a8"]) == {"1", "2", "3", "4"}
+
+
 def test_nothing_to_choose(tmp_path, monkeypatch):
     monkeypatch.setattr(quant_ext, "BUILD_DIR", str(tmp_path))
     monkeypatch.setenv("PEAGLE_KERNEL_CHOICE", "widest")

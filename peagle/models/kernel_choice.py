@@ -5,11 +5,14 @@ impl 0 (peagle/csrc/ops.h: AVX-512 from `avx512_min_rows` rows, one threshold pe
 kind) may follow whatever measures fastest. The widest path does not win everywhere: on a 2-core AMD EPYC with
 AVX-512 (Zen 4) the AVX2 path's 1-row q4a8 products took 0.71x the AVX-512 path's time, and AVX-512 won from 4
 rows (lab/measure/kernel_paths.py). So where the CPU has AVX-512, a target's own products are timed on both paths
-when it loads (each kind's products inside whole steps, row counts ROWS, interleaved rounds, min per cell; 2-5 s), and
-each kind's threshold is the one whose choices cost least summed over the row counts, each relative to that row
-count's faster path. Kept in the kernels' build directory per CPU, thread count, kernel build and step shapes, so
-a target is timed once per machine (said on stderr). Above the largest row count timed AVX-512 stays (the
-default). PEAGLE_KERNEL_CHOICE=widest keeps AVX-512 at every row count (nothing timed)."""
+when it loads (each kind's products inside whole steps, row counts ROWS, interleaved rounds, min per cell; 3-7 s),
+and each kind's threshold is the one whose choices cost least summed over the row counts, each relative to that
+row count's faster path. Every row count up to 9 is timed: one between two timed counts takes the threshold's
+path unmeasured (timed at 4 and 6 rows only, SmolLM2's q4a8 products went AVX2 below 6 rows on that EPYC, and its
+5-row verify blocks ran AVX2 where AVX-512 was 1.25x faster). Kept in the kernels' build directory per CPU,
+thread count, kernel build, row counts timed and step shapes, so a target is timed once per machine (said on
+stderr). Above the largest row count timed AVX-512 stays (the default). PEAGLE_KERNEL_CHOICE=widest keeps AVX-512
+at every row count (nothing timed)."""
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +29,8 @@ from . import quant_ext
 # (name, GGML type, 8-bit activations): every kind a product of the kernels can be
 KINDS = (("f32", Q.F32, False), ("q4_0", Q.Q4_0, False), ("q4_1", Q.Q4_1, False), ("q8_0", Q.Q8_0, False),
          ("q4_0a8", Q.Q4_0, True), ("q4_1a8", Q.Q4_1, True), ("q8_0a8", Q.Q8_0, True))
-ROWS = (1, 2, 3, 4, 6, 8, 16)                      # row counts timed: decode, verify blocks, small batches
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)        # row counts timed: decode, every verify block of K <= 8 and
+                                                  # 9-position tree, small batches
 ROUNDS = 7
 CACHE_NAME = "kernel-choice.json"
 _applied: dict = {}                                # key -> thresholds set in this process
@@ -38,8 +42,8 @@ def kind_name(qtype: int, act8: bool) -> str:
 
 
 def cpu_key(threads: int) -> str:
-    """The CPU (vendor, name, family / model / stepping: a VM may name every EPYC alike), thread count and kernel
-    build the thresholds hold for."""
+    """The CPU (vendor, name, family / model / stepping: a VM may name every EPYC alike), thread count, kernel
+    build and row counts timed that the thresholds hold for (a choice timed on fewer row counts is timed again)."""
     info = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -53,7 +57,8 @@ def cpu_key(threads: int) -> str:
     import platform
     cpu = " ".join(info.get(k, "?") for k in ("vendor_id", "model name")) if info else platform.processor()
     fms = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
-    return f"{cpu} ({fms}) | {threads} threads | build {quant_ext.source_hash()[:16]}"
+    rows = ",".join(map(str, ROWS))
+    return f"{cpu} ({fms}) | {threads} threads | build {quant_ext.source_hash()[:16]} | rows {rows}"
 
 
 def parts(projections) -> list:
@@ -76,10 +81,11 @@ def signature(by_kind: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def choose(times: dict, rows=ROWS) -> int:
-    """The AVX-512 threshold from {(rows, "avx2" | "avx512"): seconds}: least summed relative cost over `rows`;
-    ties keep the smaller threshold (AVX-512 sooner, the default); AVX2 at every measured count gives the count
-    after the largest (AVX-512 above, where nothing was measured)."""
+def choose(times: dict, rows=None) -> int:
+    """The AVX-512 threshold from {(rows, "avx2" | "avx512"): seconds}: least summed relative cost over `rows`
+    (ROWS unless given); ties keep the smaller threshold (AVX-512 sooner, the default); AVX2 at every measured
+    count gives the count after the largest (AVX-512 above, where nothing was measured)."""
+    rows = rows or ROWS
     best, best_cost = rows[0], None
     for t in (*rows, rows[-1] + 1):
         cost = sum(times[m, "avx512" if m >= t else "avx2"] / min(times[m, "avx2"], times[m, "avx512"])
@@ -89,11 +95,12 @@ def choose(times: dict, rows=ROWS) -> int:
     return best
 
 
-def measure(ext, projections, rounds: int = ROUNDS, rows=ROWS) -> tuple[dict, dict]:
+def measure(ext, projections, rounds: int | None = None, rows=None) -> tuple[dict, dict]:
     """({kind: AVX-512 threshold}, {kind: {rows: [AVX2 ms, AVX-512 ms]}}): each kind's products timed on both
     paths inside whole steps (the other kinds' products run between them untimed, so a kind's weights meet the
     cache as in decoding: a 30 MB LM head alone would stay cached), each timed step after an untimed one (warm, as
-    decoding re-reads them), interleaved rounds, min per cell."""
+    decoding re-reads them), interleaved rounds, min per cell. rounds, rows: ROUNDS, ROWS unless given."""
+    rounds, rows = rounds or ROUNDS, rows or ROWS
     step = [(kind_name(w.qtype, w.act8), w) for w in parts(projections)]
     kinds = list(dict.fromkeys(k for k, _ in step))
     gen = torch.Generator().manual_seed(0)
