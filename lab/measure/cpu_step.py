@@ -107,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-f32", action="store_true",
                     help="also run float32 through torch's MKL / oneDNN products (llama.F32_KERNEL off: the path "
                          "before peagle's F32 kernel)")
+    ap.add_argument("--paths", default="",
+                    help="also run each quantized target with these AVX2 / AVX-512 thresholds instead of the ones "
+                         "timed at load, e.g. q8_0a8=6,q4_1a8=6 (peagle/models/kernel_choice.py)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--blocks", default="1,2,4,8", help="tokens per forward: 1 = the plain step, more = verify(T)")
     ap.add_argument("--prefill", default="128,512",
@@ -141,6 +144,12 @@ def main(argv=None) -> int:
             twin = copy.copy(configs[q])
             twin.runner = False
             configs[q + " op by op"] = twin
+        if a.paths and q != "none":
+            import copy
+            twin = copy.copy(configs[q])
+            twin.kernel_paths = {k: int(v) for k, v in (kv.split("=") for kv in a.paths.split(","))}
+            twin.precision = f"{twin.precision}; this row with AVX2 below {a.paths} rows instead"
+            configs[f"{q} paths {a.paths}"] = twin
         if a.torch_f32 and q == "none":
             from peagle.models import llama
             llama.F32_KERNEL = False

@@ -17,6 +17,7 @@ import argparse
 import copy
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -119,7 +120,8 @@ def write_report(lines: list[str], command: str, argv, out: str | None) -> int:
     """Print a report (its last line: the command that regenerates it, flags as given, paths made portable) and
     write it to `out` when given."""
     lines = lines + ["", f"Regenerate: `{command} " +
-                     " ".join(x if not os.path.isabs(x) else portable_path(x) for x in (argv or sys.argv[1:])) + "`"]
+                     " ".join(shlex.quote(x if not os.path.isabs(x) else portable_path(x))
+                              for x in (argv or sys.argv[1:])) + "`"]
     text = "\n".join(lines) + "\n"
     print(text)
     if out:
