@@ -146,6 +146,29 @@ def test_vector_paths_agree_with_scalar_bit_for_bit(qtype, act8):
                 assert torch.equal(ref, Q.qmm(x, w, impl)), (n, m, impl)
 
 
+@pytest.mark.skipif(EXT is None or not EXT.has_avx512(), reason="needs a CPU with AVX-512 VNNI")
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_avx2_paths_dpbusd_and_maddubs_forms_give_the_scalar_bits(qtype):
+    """Where the CPU has AVX-512 VNNI, the AVX2 path's 8-bit products sum each lane's byte products with dpbusd
+    on ymm (quant_a8_vnni256.cpp; split over several accumulators at 1-3 rows), else with maddubs + madd: the
+    same exact integers, so both forms give the scalar path's bits at every row count of the AVX2 path's tiles
+    (1-4 rows and remainders), 37 outputs (a partial group); codes at their extremes included."""
+    assert EXT.avx2_vnni()                               # the default on such a CPU
+    w = random_blocks(qtype, 37, 256, seed=4, act8=True)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(11, w.k, generator=g)
+    x[0] = 0.0
+    x[1, ::2], x[1, 1::2] = 1e3, -1e3                    # every activation code at +-127
+    try:
+        for vnni in (True, False):
+            EXT.set_avx2_vnni(vnni)
+            assert EXT.avx2_vnni() == vnni
+            for m in (1, 2, 3, 4, 5, 6, 7, 11):
+                assert torch.equal(Q.qmm(x[:m], w, 2), Q.qmm(x[:m], w, 1)), (vnni, m)
+    finally:
+        EXT.set_avx2_vnni(True)
+
+
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")
 @pytest.mark.parametrize("qtype,act8", KTYPES_ACT8)
 def test_threads_split_the_outputs_without_changing_a_bit(qtype, act8):

@@ -81,6 +81,17 @@ void set_avx512_min_rows(int qtype, bool act8, int64_t rows) {
 
 int64_t avx512_min_rows(int qtype, bool act8) { return min_rows_slot(qtype, act8); }
 
+// The AVX2 path's 8-bit-activation products: dpbusd on ymm where the CPU has AVX-512 VNNI (vnni256), else
+// maddubs (same bits); tests switch the VNNI form off to check the other on such a CPU.
+static bool g_avx2_vnni = true;
+
+void set_avx2_vnni(bool on) {
+  TORCH_CHECK(!on || has_avx512(), "this CPU has no AVX-512 VL + VNNI for the AVX2 path's dpbusd");
+  g_avx2_vnni = on;
+}
+
+bool avx2_vnni() { return g_avx2_vnni && has_avx512(); }
+
 int64_t product_impl(int64_t impl, int qtype, bool act8, int64_t M) {
   if (impl != 0 || !has_avx512()) return impl;
   return M < min_rows_slot(qtype, act8) ? 2 : 0;
@@ -117,7 +128,8 @@ void qlinear_a8(const float* x, int64_t M, int64_t K, const uint8_t* w, const ui
   });
   if (vec) {
     auto fn = use_amx(impl, M) ? pq::amx::linear_groups_a8
-              : use_avx512(impl) ? pq::avx512::linear_groups_a8 : pq::avx2::linear_groups_a8;
+              : use_avx512(impl) ? pq::avx512::linear_groups_a8
+              : avx2_vnni() ? pq::vnni256::linear_groups_a8 : pq::avx2::linear_groups_a8;
     at::parallel_for(0, (N + 7) / 8, std::max<int64_t>(1, 2048 / K), [&](int64_t g0, int64_t g1) {
       fn(qtype, packed, s.xq, s.xd, s.xs, M, K, y, N, g0, g1);
     });

@@ -31,6 +31,10 @@ constexpr int64_t AMX_MIN_ROWS = 16;
 // the same bits, so the choice changes only the time.
 void set_avx512_min_rows(int qtype, bool act8, int64_t rows);
 int64_t avx512_min_rows(int qtype, bool act8);
+// The AVX2 path's (impl 2's) 8-bit-activation products through dpbusd on ymm (quant_a8_vnni256.cpp) where the
+// CPU has AVX-512 VNNI, unless switched off (tests: the maddubs form on such a CPU); the same bits either way.
+void set_avx2_vnni(bool on);
+bool avx2_vnni();
 // The path a product of M rows takes: impl as given, except impl 0 on an AVX-512 CPU below its threshold (2).
 int64_t product_impl(int64_t impl, int qtype, bool act8, int64_t M);
 

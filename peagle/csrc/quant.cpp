@@ -258,6 +258,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qtype"), py::arg("act8"), py::arg("rows"));
   m.def("avx512_min_rows", &po::avx512_min_rows, "impl 0's AVX-512 threshold (ops.h)", py::arg("qtype"),
         py::arg("act8"));
+  m.def("set_avx2_vnni", &po::set_avx2_vnni, "the AVX2 path's 8-bit products through dpbusd on ymm (ops.h)",
+        py::arg("on"));
+  m.def("avx2_vnni", &po::avx2_vnni, "whether the AVX2 path's 8-bit products take dpbusd on ymm (ops.h)");
   m.def("product_impl", &po::product_impl, "the path a product of M rows takes (ops.h)", py::arg("impl"),
         py::arg("qtype"), py::arg("act8"), py::arg("M"));
   bind_forward(m);

@@ -1,131 +1,29 @@
-// AVX2 path of the 8-bit-activation products on the packed layout (quant_kernels.h: the arithmetic and the
-// layout; quant_scalar.cpp: the same operations one output at a time on GGUF's own blocks). A vector lane is an
-// output: in a group-block, 4 weight bytes of each of 8 outputs share one 32-byte row, so one maddubs against
-// 4 activation bytes broadcast to every lane gives each output its own pair sums. Q4: the 8 maddubs of a block
-// are summed in 16 bits (|sum| <= 8 * 2 * 15 * 127 < 2^15: exact), then one madd by ones gives each output
+// AVX2 path of the 8-bit-activation products (quant_a8_ymm.h: the kernel at ymm width). Q4: the 8 maddubs of a
+// block are summed in 16 bits (|sum| <= 8 * 2 * 15 * 127 < 2^15: exact), then one madd by ones gives each output
 // its block's integer dot product; Q8_0 (|w| up to 128) widens after every maddubs (sign trick: |w| unsigned,
-// x * sign(w)). Then per block one conversion and one fused multiply-add by d_w * xd for all 8 outputs.
+// x * sign(w)). Also quantize_act, shared by every vector path.
 #include <cfloat>      // before the target pragma: a standard header is not built for AVX2
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
 #include <cstring>
 
-#include "quant_avx2_inline.h"
-#include "quant_kernels.h"
+#include "quant_a8_ymm.h"
 
 namespace peagle_quant {
 namespace avx2 {
 
-static inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-static inline __m256 halves8(const uint8_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
-}
-
-// Every output's integer dot product with NR rows (32 activation bytes each, K apart) over one group-block's
-// weights qs: dots[r] lane o = output o's block sum for row r (each weight vector unpacked once for all rows).
-template <int QT, int NR>
-static inline void block_dots(const uint8_t* qs, const int8_t* x, int64_t K, __m256i* dots) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i s[NR];
-  #pragma GCC unroll 4
-  for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
-  if constexpr (QT == Q8_0) {
-    #pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) {
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c)), u = _mm256_sign_epi8(w, w);
-      #pragma GCC unroll 4
-      for (int r = 0; r < NR; r++) {
-        const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(bcast4(x + r * K + 4 * c), w));
-        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, ones));
-      }
-    }
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) dots[r] = s[r];
-  } else {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
-      const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-      #pragma GCC unroll 4
-      for (int r = 0; r < NR; r++) {
-        s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(lo, bcast4(x + r * K + 4 * c)));
-        s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(hi, bcast4(x + r * K + 16 + 4 * c)));
-      }
-    }
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) dots[r] = _mm256_madd_epi16(s[r], ones);
+struct MaddDot {
+  static constexpr int accumulators(int) { return 1; }
+  static inline void q4(__m256i& s, __m256i w, __m256i x) { s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w, x)); }
+  static inline void q8(__m256i& s, __m256i u, __m256i x) {
+    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
   }
-}
-
-// One group (8 outputs) x NR rows (K apart in xq, nb apart in xd / xs); writes the first `valid` outputs.
-template <int QT, int NR>
-static inline void group(const uint8_t* g, int64_t gs, const int8_t* xq, const float* xd, const float* xs, int64_t K,
-                         float* y, int64_t N, int valid) {
-  constexpr int gb = a8_group_block_bytes(QT), qoff = QT == Q4_1 ? 32 : 16;
-  const int64_t nb = K / 32;
-  __m256 acc[NR];
-  #pragma GCC unroll 4
-  for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* blk = g + b * gb;
-    prefetch_ahead(blk, gs, gb, 1);   // gs: the groups' byte distance
-    const __m256 d = halves8(blk);
-    __m256i dots[NR];
-    block_dots<QT, NR>(blk + qoff, xq + b * 32, K, dots);
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-      const __m256 dd = _mm256_mul_ps(d, _mm256_broadcast_ss(xd + r * nb + b));
-      acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dots[r]), acc[r]);
-    }
+  template <int QT, int NA>
+  static inline __m256i finish(const __m256i* s) {
+    return QT == Q8_0 ? s[0] : _mm256_madd_epi16(s[0], _mm256_set1_epi16(1));
   }
-  // the minimum terms (Q4_1's m, Q4_0's -8 d): per output and row one chain of fma in block order
-  __m256 s[NR];
-  #pragma GCC unroll 4
-  for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_ps();
-  if constexpr (QT != Q8_0) {
-    for (int64_t b = 0; b < nb; b++) {
-      const uint8_t* blk = g + b * gb;
-      const __m256 m = QT == Q4_1 ? halves8(blk + 16) : _mm256_mul_ps(halves8(blk), _mm256_set1_ps(-8.0f));
-      #pragma GCC unroll 4
-      for (int r = 0; r < NR; r++) s[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), s[r]);
-    }
-  }
-  #pragma GCC unroll 4
-  for (int r = 0; r < NR; r++) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, QT == Q8_0 ? acc[r] : _mm256_add_ps(acc[r], s[r]));
-    for (int o = 0; o < valid; o++) y[r * N + o] = out[o];
-  }
-}
-
-// Groups g0..g1-1 of all M rows, rows in tiles of up to 4 (each group-block's weights meet 4 rows per read).
-template <int QT>
-static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* xs, int64_t M, int64_t K,
-                     float* y, int64_t N, int64_t g0, int64_t g1) {
-  const int64_t gstride = K / 32 * a8_group_block_bytes(QT), nb = K / 32;
-  for (int64_t gi = g0; gi < g1; gi++) {
-    const uint8_t* g = p + gi * gstride;
-    const int valid = (int)(N - 8 * gi < 8 ? N - 8 * gi : 8);
-    float* yg = y + 8 * gi;
-    for (int64_t r = 0; r < M; r += 4) {
-      const int64_t nr = M - r < 4 ? M - r : 4;
-      const int8_t* xr = xq + r * K;
-      const float *dr = xd + r * nb, *sr = xs + r * nb;
-      float* yr = yg + r * N;
-      if (nr == 4) group<QT, 4>(g, gstride, xr, dr, sr, K, yr, N, valid);
-      else if (nr == 3) group<QT, 3>(g, gstride, xr, dr, sr, K, yr, N, valid);
-      else if (nr == 2) group<QT, 2>(g, gstride, xr, dr, sr, K, yr, N, valid);
-      else group<QT, 1>(g, gstride, xr, dr, sr, K, yr, N, valid);
-    }
-  }
-}
+};
 
 // quantize_act's operations 8 lanes at a time (the same bits: max and min are exact, the rounding is the
 // current mode's as nearbyint's; a NaN element falls out of amax and clamps to 127 as fmax / fmin make it).
@@ -166,9 +64,10 @@ void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, f
 
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1) {
-  if (qtype == Q4_0) return groups_t<Q4_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
-  if (qtype == Q4_1) return groups_t<Q4_1>(packed, xq, xd, xs, M, K, y, N, g0, g1);
-  return groups_t<Q8_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  using a8ymm::groups_t;
+  if (qtype == Q4_0) return groups_t<MaddDot, Q4_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  if (qtype == Q4_1) return groups_t<MaddDot, Q4_1>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  return groups_t<MaddDot, Q8_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
 }
 
 }  // namespace avx2

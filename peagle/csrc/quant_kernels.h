@@ -106,6 +106,10 @@ void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, f
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
 }  // namespace avx2
+namespace vnni256 {   // the AVX2 path's kernel with dpbusd on ymm (AVX-512 VL + VNNI; same bits)
+void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
+                      int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
+}  // namespace vnni256
 namespace avx512 {   // the same through VNNI's dpbusd (same bits)
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
