@@ -188,3 +188,16 @@ def test_activate_applies_only_when_another_set_was_applied(thresholds_restored)
     assert EXT.avx512_min_rows(Q.Q8_0, True) == 4
     KC.activate(b)
     assert EXT.avx512_min_rows(Q.Q8_0, True) == 6
+
+
+def test_the_summary_names_each_kinds_path():
+    assert KC.summary({"q4_1a8": 1, "f32": 1}) == "AVX-512 at every row count"
+    vnni = EXT is not None and EXT.avx2_vnni()
+    assert KC.summary({"q4_1a8": 5, "f32": 2, "q8_0a8": 1}) == \
+        f"q4_1a8 {'AVX2+VNNI' if vnni else 'AVX2'} below 5 rows, f32 AVX2 below 2 rows"
+    if vnni:
+        try:
+            EXT.set_avx2_vnni(False)             # the maddubs form: plain AVX2
+            assert KC.summary({"q4_1a8": 5}) == "q4_1a8 AVX2 below 5 rows"
+        finally:
+            EXT.set_avx2_vnni(True)

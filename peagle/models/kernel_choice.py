@@ -191,6 +191,11 @@ def ensure(projections, log=None) -> dict | None:
 
 
 def summary(thresholds: dict) -> str:
-    """One phrase: where impl 0 leaves AVX-512 ("AVX-512 at every row count" where it never does)."""
-    below = [f"{n} AVX2 below {t} rows" for n, t in thresholds.items() if t > 1]
+    """One phrase: where impl 0 leaves AVX-512 ("AVX-512 at every row count" where it never does); an 8-bit
+    kind's AVX2 path named "AVX2+VNNI" where it takes vpdpbusd on ymm (ops.h: avx2_vnni)."""
+    ext = quant_ext.get()
+    vnni = ext is not None and hasattr(ext, "avx2_vnni") and ext.avx2_vnni()
+    a8 = {n for n, _, act8 in KINDS if act8}
+    below = [f"{n} {'AVX2+VNNI' if vnni and n in a8 else 'AVX2'} below {t} rows"
+             for n, t in thresholds.items() if t > 1]
     return ", ".join(below) if below else "AVX-512 at every row count"
