@@ -144,7 +144,7 @@ def test_a_choice_timed_on_other_row_counts_is_timed_again(thresholds_restored, 
     monkeypatch.setattr(KC, "ROWS", (1, 2, 4))
     KC.ensure(small_step(), log=said.append)
     (old_key, old), = json.loads((timing_home / KC.CACHE_NAME).read_text()).items()
-    assert set(old["ms"]["q4_1a8"]) == {"1", "2", "4"} and old_key.split(" | step ")[0].endswith("rows 1,2,4")
+    assert set(old["ms"]["q4_1a8"]) == {"1", "2", "4"} and " | rows 1,2,4" in old_key.split(" | step ")[0]
     KC._applied.clear()
     monkeypatch.setattr(KC, "ROWS", (1, 2, 3, 4))
     KC.ensure(small_step(), log=said.append)
@@ -201,3 +201,15 @@ def test_the_summary_names_each_kinds_path():
             assert KC.summary({"q4_1a8": 5}) == "q4_1a8 AVX2 below 5 rows"
         finally:
             EXT.set_avx2_vnni(True)
+
+
+@needs_avx512
+def test_the_key_names_the_avx2_paths_form():
+    on = KC.cpu_key(2)
+    try:
+        EXT.set_avx2_vnni(False)
+        off = KC.cpu_key(2)
+    finally:
+        EXT.set_avx2_vnni(True)
+    assert on.endswith(" | avx2 vnni") and off == on[: -len(" | avx2 vnni")]
+

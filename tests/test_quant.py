@@ -154,19 +154,37 @@ def test_the_avx2_paths_dpbusd_and_maddubs_forms_give_the_scalar_bits(qtype):
     same exact integers, so both forms give the scalar path's bits at every row count of the AVX2 path's tiles
     (1-4 rows and remainders), 37 outputs (a partial group); codes at their extremes included."""
     assert EXT.avx2_vnni()                               # the default on such a CPU
-    w = random_blocks(qtype, 37, 256, seed=4, act8=True)
     g = torch.Generator().manual_seed(8)
-    x = torch.randn(11, w.k, generator=g)
+    x = torch.randn(11, 256, generator=g)
     x[0] = 0.0
-    x[1, ::2], x[1, 1::2] = 1e3, -1e3                    # every activation code at +-127
-    try:
-        for vnni in (True, False):
-            EXT.set_avx2_vnni(vnni)
-            assert EXT.avx2_vnni() == vnni
-            for m in (1, 2, 3, 4, 5, 6, 7, 11):
-                assert torch.equal(Q.qmm(x[:m], w, 2), Q.qmm(x[:m], w, 1)), (vnni, m)
-    finally:
-        EXT.set_avx2_vnni(True)
+    x[1], x[2] = 1e3, -1e3                               # every activation code at +127 / -127
+    x[3, ::2], x[3, 1::2] = 1e3, -1e3
+    for w in (random_blocks(qtype, 37, 256, seed=4, act8=True), extreme_blocks(qtype, 37, 256)):
+        try:
+            for vnni in (True, False):
+                EXT.set_avx2_vnni(vnni)
+                assert EXT.avx2_vnni() == vnni
+                for m in (1, 2, 3, 4, 5, 6, 7, 11):
+                    assert torch.equal(Q.qmm(x[:m], w, 2), Q.qmm(x[:m], w, 1)), (vnni, m)
+        finally:
+            EXT.set_avx2_vnni(True)
+
+
+def extreme_blocks(qtype, n, k, seed=6):
+    """Blocks whose codes sit at the integer sums' limits (8-bit activations): Q4 nibbles all 15 (a 16-bit
+    maddubs sum of 8 x 2 x 15 x 127 = 30,480 against +-127 activations), Q8_0 codes -128 (the sign trick's
+    |w| = 128) in the first half of the outputs and +127 in the rest; random scales."""
+    g = torch.Generator().manual_seed(seed)
+    nb = k // 32
+    d = ((torch.rand(n, nb, 1, generator=g) - 0.5) * 0.2).half().view(torch.uint8).reshape(n, nb, 2)
+    if qtype == Q.Q8_0:
+        q = torch.full((n, nb, 32), 0x7F, dtype=torch.uint8)
+        q[: n // 2] = 0x80
+        body = [d, q]
+    else:
+        m = ((torch.rand(n, nb, 1, generator=g) - 0.5) * 0.5).half().view(torch.uint8).reshape(n, nb, 2)
+        body = [d] + ([m] if qtype == Q.Q4_1 else []) + [torch.full((n, nb, 16), 0xFF, dtype=torch.uint8)]
+    return Q.QuantWeight(torch.cat(body, -1).reshape(n, -1), qtype, n, k, act8=True)
 
 
 @pytest.mark.skipif(EXT is None or not EXT.has_avx2(), reason="needs the built extension on an AVX2 CPU")

@@ -147,7 +147,13 @@ def main(argv=None) -> int:
         if a.paths and q != "none":
             import copy
             twin = copy.copy(configs[q])
-            twin.kernel_paths = {k: int(v) for k, v in (kv.split("=") for kv in a.paths.split(","))}
+            from peagle.models import kernel_choice
+            given = {k: int(v) for k, v in (kv.split("=") for kv in a.paths.split(","))}
+            unknown = set(given) - {n for n, _, _ in kernel_choice.KINDS}
+            if unknown:
+                ap.error(f"--paths: unknown kind(s) {', '.join(sorted(unknown))} (known: "
+                         f"{', '.join(n for n, _, _ in kernel_choice.KINDS)})")
+            twin.kernel_paths = {**(configs[q].kernel_paths or {}), **given}
             twin.precision = f"{twin.precision}; this row with AVX2 below {a.paths} rows instead"
             configs[f"{q} paths {a.paths}"] = twin
         if a.torch_f32 and q == "none":

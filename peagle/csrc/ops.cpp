@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -83,14 +84,14 @@ int64_t avx512_min_rows(int qtype, bool act8) { return min_rows_slot(qtype, act8
 
 // The AVX2 path's 8-bit-activation products: dpbusd on ymm where the CPU has AVX-512 VNNI (vnni256), else
 // maddubs (same bits); tests switch the VNNI form off to check the other on such a CPU.
-static bool g_avx2_vnni = true;
+static std::atomic<bool> g_avx2_vnni{true};   // set by tests while another thread may decode
 
 void set_avx2_vnni(bool on) {
   TORCH_CHECK(!on || has_avx512(), "this CPU has no AVX-512 VL + VNNI for the AVX2 path's dpbusd");
-  g_avx2_vnni = on;
+  g_avx2_vnni.store(on, std::memory_order_relaxed);
 }
 
-bool avx2_vnni() { return g_avx2_vnni && has_avx512(); }
+bool avx2_vnni() { return g_avx2_vnni.load(std::memory_order_relaxed) && has_avx512(); }
 
 int64_t product_impl(int64_t impl, int qtype, bool act8, int64_t M) {
   if (impl != 0 || !has_avx512()) return impl;

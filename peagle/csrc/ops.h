@@ -25,7 +25,7 @@ bool use_amx(int64_t impl, int64_t M);
 constexpr int64_t AMX_MIN_ROWS = 16;
 // impl 0's choice between the AVX2 and AVX-512 paths for a product of M rows: AVX-512 from avx512_min_rows rows,
 // one threshold per weight type (F32, Q4_0, Q4_1, Q8_0) and activation kind (float or 8-bit). The widest path
-// does not win everywhere (a 2-core AMD EPYC with AVX-512, Zen 4: the AVX2 path's 1-row q4a8 products 0.71x the
+// does not win everywhere (a 2-core AMD EPYC with AVX-512, Zen 4: the AVX2 path's 1-row q4a8 products, in their maddubs form, 0.71x the
 // AVX-512 one's time, lab/measure/kernel_paths.py), so peagle/models/kernel_choice.py measures the thresholds on
 // the CPU at hand and sets them; 1 (AVX-512 at every row count, where the CPU has it) until set. Every path gives
 // the same bits, so the choice changes only the time.

@@ -3,9 +3,11 @@
 // instruction instead of maddubs + add (+ madd). The same exact integers, so the same bits. The AVX2 path
 // (impl 2) takes it where the CPU has AVX-512 VNNI: at 2-4 rows, where the AVX2 path's integer work outweighs
 // the weights' read and the AVX-512 path's pairs of groups do not yet pay. A row's dpbusd go round-robin into
-// several accumulators at 1-2 rows: in one they form a chain of 8 dependent dpbusd per block, whose latency
+// several accumulators at 1-3 rows: in one they form a chain of 8 dependent dpbusd per block, whose latency
 // rather than throughput bounds a row.
 #include <cfloat>      // before the target pragma: a standard header is not built for these targets
+#include <cstdint>
+#include <cstring>
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 #include <immintrin.h>
 

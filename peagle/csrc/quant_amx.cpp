@@ -162,8 +162,8 @@ void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const float* 
   }
   bool configured = false;
   for (int64_t gi = g0; gi < g1; gi++) {
-    if (gi + 1 >= g1) {   // a last odd group: the AVX2 path (the same bits)
-      avx2::linear_groups_a8(QT, p, xq, xd, xs, M, K, y, N, gi, gi + 1);
+    if (gi + 1 >= g1) {   // a last odd group: the AVX2 path's VNNI form (the same bits)
+      vnni256::linear_groups_a8(QT, p, xq, xd, xs, M, K, y, N, gi, gi + 1);
       break;
     }
     if (!configured) configure(), configured = true;

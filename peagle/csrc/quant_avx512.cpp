@@ -203,7 +203,7 @@ static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const 
       gi++;
       continue;
     }
-    avx2::linear_groups_a8(QT, p, xq, xd, xs, M, K, y, N, gi, gi + 1);   // a last odd group: the same bits
+    vnni256::linear_groups_a8(QT, p, xq, xd, xs, M, K, y, N, gi, gi + 1);   // a last odd group: the same bits
   }
 }
 

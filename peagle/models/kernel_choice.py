@@ -4,15 +4,16 @@ Invariant: the choice changes only the time. Every path gives a product the same
 impl 0 (peagle/csrc/ops.h: AVX-512 from `avx512_min_rows` rows, one threshold per weight type and activation
 kind) may follow whatever measures fastest. The widest path does not win everywhere: on a 2-core AMD EPYC with
 AVX-512 (Zen 4) the AVX2 path's 1-row q4a8 products took 0.71x the AVX-512 path's time, and AVX-512 won from 4
-rows (lab/measure/kernel_paths.py). So where the CPU has AVX-512, a target's own products are timed on both paths
-when it loads (each kind's products inside whole steps, row counts ROWS, interleaved rounds, min per cell; 3-7 s),
-and each kind's threshold is the one whose choices cost least summed over the row counts, each relative to that
-row count's faster path. Every row count up to 9 is timed: one between two timed counts takes the threshold's
-path unmeasured (timed at 4 and 6 rows only, SmolLM2's q4a8 products went AVX2 below 6 rows on that EPYC, and its
-5-row verify blocks ran AVX2 where AVX-512 was 1.25x faster). Kept in the kernels' build directory per CPU,
-thread count, kernel build, row counts timed and step shapes, so a target is timed once per machine (said on
-stderr). Above the largest row count timed AVX-512 stays (the default). PEAGLE_KERNEL_CHOICE=widest keeps AVX-512
-at every row count (nothing timed)."""
+rows (lab/measure/kernel_paths.py; since the AVX2 path's 8-bit products take vpdpbusd on ymm, from 5). So where
+the CPU has AVX-512, a target's own products are timed on both paths when it loads (each kind's products inside
+whole steps, row counts ROWS, interleaved rounds, min per cell; 3-7 s), and each kind's threshold is the one whose
+choices cost least summed over the row counts, each relative to that row count's faster path. Every row count up
+to 9 is timed: one between two timed counts takes the threshold's path unmeasured (timed at 4 and 6 rows only,
+SmolLM2's q4a8 products went AVX2 below 6 rows on that EPYC, and its 5-row verify blocks ran AVX2 where AVX-512
+was 1.25x faster). Kept in the kernels' build directory per CPU, thread count, kernel build, row counts timed,
+the AVX2 path's form and step shapes, so a target is timed once per machine (said on stderr). Above the largest
+row count timed AVX-512 stays (the default). PEAGLE_KERNEL_CHOICE=widest keeps AVX-512 at every row count
+(nothing timed)."""
 from __future__ import annotations
 
 import hashlib
@@ -43,7 +44,8 @@ def kind_name(qtype: int, act8: bool) -> str:
 
 def cpu_key(threads: int) -> str:
     """The CPU (vendor, name, family / model / stepping: a VM may name every EPYC alike), thread count, kernel
-    build and row counts timed that the thresholds hold for (a choice timed on fewer row counts is timed again)."""
+    build, row counts timed and the AVX2 path's form (vpdpbusd or maddubs) that the thresholds hold for (a choice
+    timed on fewer row counts, or for the other form, is timed again)."""
     info = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -58,7 +60,9 @@ def cpu_key(threads: int) -> str:
     cpu = " ".join(info.get(k, "?") for k in ("vendor_id", "model name")) if info else platform.processor()
     fms = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
     rows = ",".join(map(str, ROWS))
-    return f"{cpu} ({fms}) | {threads} threads | build {quant_ext.source_hash()[:16]} | rows {rows}"
+    ext = quant_ext.get()
+    form = " | avx2 vnni" if ext is not None and hasattr(ext, "avx2_vnni") and ext.avx2_vnni() else ""
+    return f"{cpu} ({fms}) | {threads} threads | build {quant_ext.source_hash()[:16]} | rows {rows}{form}"
 
 
 def parts(projections) -> list:
