@@ -64,10 +64,7 @@ void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, f
 
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1) {
-  using a8ymm::groups_t;
-  if (qtype == Q4_0) return groups_t<MaddDot, Q4_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
-  if (qtype == Q4_1) return groups_t<MaddDot, Q4_1>(packed, xq, xd, xs, M, K, y, N, g0, g1);
-  return groups_t<MaddDot, Q8_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  a8ymm::linear_groups<MaddDot>(qtype, packed, xq, xd, xs, M, K, y, N, g0, g1);
 }
 
 }  // namespace avx2

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "quant_avx2_inline.h"
 #include "quant_kernels.h"
 
 namespace peagle_quant {
@@ -124,6 +123,15 @@ static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const 
       else group<Dot, QT, 1>(g, gstride, xr, dr, sr, K, yr, N, valid);
     }
   }
+}
+
+// Groups g0..g1-1 of every row for a weight type (each translation unit's linear_groups_a8 with its Dot).
+template <class Dot>
+static void linear_groups(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
+                          int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1) {
+  if (qtype == Q4_0) return groups_t<Dot, Q4_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  if (qtype == Q4_1) return groups_t<Dot, Q4_1>(packed, xq, xd, xs, M, K, y, N, g0, g1);
+  return groups_t<Dot, Q8_0>(packed, xq, xd, xs, M, K, y, N, g0, g1);
 }
 
 }  // namespace a8ymm
