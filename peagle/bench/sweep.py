@@ -87,7 +87,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     why = None
     if bench.quantization != "none":
         why = f"transformers runs float weights, this sweep {bench.quantization} (--quantization none runs them)"
-    elif getattr(bench, "kv_cache_dtype", "auto") != "auto":
+    elif bench.kv_cache_dtype != "auto":
         why = f"transformers keeps a float32 KV cache, this sweep {bench.kv_cache_dtype}"
     if a.peers and why:
         log(f"peers {','.join(a.peers)} skipped: {why} (their tokens could not be compared)")
@@ -236,7 +236,7 @@ def _online_sweep(a, bench, cfgs, batches, res, log, on_dataset):
         with OnlineServer(a.model, m, k, bench.heads_dirs.get(m), max(a.concurrency), mlen, a.dtype, a.seed,
                           a.device, getattr(a, "compile", False), bench.backend, bench.quantization, a.threads,
                           getattr(a, "draft_sampling", DEFAULT_DRAFT_SAMPLING), getattr(a, "auto_k", None),
-                          getattr(bench, "kv_cache_dtype", "auto")) as srv:
+                          bench.kv_cache_dtype) as srv:
             log(f"[online] {m} K={k}: peagle serve at {srv.url} (up in {time.time() - t0:.0f}s)")
             run_online(srv, m, k, 1, [batches[next(iter(batches))][0][0][:32]], 8, a.temperature, True)  # warm-up
             for (ds, c), (batch, _) in batches.items():

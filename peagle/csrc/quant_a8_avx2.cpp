@@ -3,10 +3,10 @@
 // its block's integer dot product; Q8_0 (|w| up to 128) widens after every maddubs (sign trick: |w| unsigned,
 // x * sign(w)). Also quantize_act, shared by every vector path.
 #include <cfloat>      // before the target pragma: a standard header is not built for AVX2
+#include <cstdint>
+#include <cstring>
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
-
-#include <cstring>
 
 #include "quant_a8_ymm.h"
 

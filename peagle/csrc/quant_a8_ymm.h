@@ -9,18 +9,13 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "quant_kernels.h"
 
 namespace peagle_quant {
 namespace a8ymm {
 
-static inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
+static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(load4(p)); }
 
 static inline __m256 halves8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));

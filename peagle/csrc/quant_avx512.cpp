@@ -97,11 +97,6 @@ static void linear_rows_f32(const float* w, const float* x, int64_t M, int64_t K
   }
 }
 
-static inline int32_t load4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 // Two groups at once (16 outputs, zmm lanes 0-7 group g's, 8-15 group g+1's; gs: the groups' byte distance):
 // every lane's dots the same integers as avx2::group's (quant_a8_avx2.cpp), twice the outputs per instruction.
 // Q8_0 (signed weights): dpbusd multiplies unsigned bytes, so it takes w + 128 (w ^ 0x80, once per chunk for all

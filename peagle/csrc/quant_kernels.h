@@ -14,6 +14,7 @@
 // same IEEE operations in the same order as the AVX2 path, so both give bit-identical results.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 namespace peagle_quant {
 
@@ -88,6 +89,14 @@ struct PrefetchShare {
 // Intel Xeon (KVM, AVX-512), SmolLM2 q4a8 decoding: plain step 3.58 -> 2.93 ms, a 2-row verify step 4.9 -> 3.2 ms
 // (the hardware prefetcher alone did not keep the ~150 short streams of a step at the memory's bandwidth).
 constexpr int64_t A8_PREFETCH_GROUPS = 2;
+
+// 4 activation bytes as one 32-bit word (the 8-bit kernels broadcast it to every lane).
+static inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
 // The `bytes` of the block at blk in the `groups` groups (1, or 2 for a pair) A8_PREFETCH_GROUPS groups of gs bytes
 // further on. static: each translation unit keeps its own copy, built for its own target pragma.
 static inline void prefetch_ahead(const uint8_t* blk, int64_t gs, int bytes, int groups) {

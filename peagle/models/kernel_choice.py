@@ -42,6 +42,12 @@ def kind_name(qtype: int, act8: bool) -> str:
     return next(n for n, q, a in KINDS if q == qtype and a == act8)
 
 
+def avx2_vnni() -> bool:
+    """Whether the AVX2 path's 8-bit products take vpdpbusd on ymm (ops.h: avx2_vnni); False without kernels."""
+    ext = quant_ext.get()
+    return ext is not None and hasattr(ext, "avx2_vnni") and ext.avx2_vnni()
+
+
 def cpu_key(threads: int) -> str:
     """The CPU (vendor, name, family / model / stepping: a VM may name every EPYC alike), thread count, kernel
     build, row counts timed and the AVX2 path's form (vpdpbusd or maddubs) that the thresholds hold for (a choice
@@ -60,8 +66,7 @@ def cpu_key(threads: int) -> str:
     cpu = " ".join(info.get(k, "?") for k in ("vendor_id", "model name")) if info else platform.processor()
     fms = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
     rows = ",".join(map(str, ROWS))
-    ext = quant_ext.get()
-    form = " | avx2 vnni" if ext is not None and hasattr(ext, "avx2_vnni") and ext.avx2_vnni() else ""
+    form = " | avx2 vnni" if avx2_vnni() else ""
     return f"{cpu} ({fms}) | {threads} threads | build {quant_ext.source_hash()[:16]} | rows {rows}{form}"
 
 
@@ -197,8 +202,7 @@ def ensure(projections, log=None) -> dict | None:
 def summary(thresholds: dict) -> str:
     """One phrase: where impl 0 leaves AVX-512 ("AVX-512 at every row count" where it never does); an 8-bit
     kind's AVX2 path named "AVX2+VNNI" where it takes vpdpbusd on ymm (ops.h: avx2_vnni)."""
-    ext = quant_ext.get()
-    vnni = ext is not None and hasattr(ext, "avx2_vnni") and ext.avx2_vnni()
+    vnni = avx2_vnni()
     a8 = {n for n, _, act8 in KINDS if act8}
     below = [f"{n} {'AVX2+VNNI' if vnni and n in a8 else 'AVX2'} below {t} rows"
              for n, t in thresholds.items() if t > 1]
