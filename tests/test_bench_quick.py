@@ -41,8 +41,8 @@ def test_figures_consistent(bench_run):
     _, res, *_ = bench_run
     assert set(res["datasets"]) == {"mtbench", "humaneval", "speed"}
     runs = res["runs"]
-    # 3 datasets x 2 concurrencies x (baseline + 2 methods x 2 K)
-    assert len(runs) == 3 * 2 * 5
+    # 3 datasets x 2 concurrencies x (baseline + 2 methods x 2 K + the baseline again: --ref-every 4)
+    assert len(runs) == 3 * 2 * 6
     for r in runs:
         m = r["metrics"]
         assert r["output_tokens"] == sum(q["output_len"] for q in r["requests"])
@@ -204,7 +204,7 @@ def test_the_reports_command_regenerates_every_setting():
             "--methods", "baseline,peagle,eagle3", "--ks", "2,auto", "--trees", "4x8", "--auto-k", '{"margin":0.05}',
             "--remeasure", "--concurrency", "1,3", "--num-prompts", "3", "--output-len", "7", "--mode", "both",
             "--temperature", "0.5", "--draft-sampling", "argmax", "--ignore-eos", "--no-fill-concurrency",
-            "--repeats", "2", "--humaneval-format", "chat", "--mtbench-turns", "2", "--max-prompt-len", "99",
+            "--repeats", "2", "--ref-every", "3", "--humaneval-format", "chat", "--mtbench-turns", "2", "--max-prompt-len", "99",
             "--peers", "hf", "--peer-prompts", "3", "--pld-tokens", "4", "--device", "cpu", "--dtype", "float32",
             "--compile", "--seed", "5", "--quantization", "q8", "--target-backend", "native", "--kv-cache-dtype",
             "bfloat16", "--threads", "1", "--random-heads", "--mask-token", "3", "--notes", "N.md", "--out", "O"]

@@ -181,10 +181,25 @@ def test_online_md_shows_the_online_figures_and_counts_request_errors():
 
 
 def test_runs_md_lists_each_run_under_its_columns():
-    """The all-runs table puts c, repeat, wall time and tokens/s each under its own header."""
-    rows = _lines(runs_md(_res([_run("peagle", 3, 10.0, c=4, rep=1, wall_s=2.5)])))
-    assert rows[0].startswith("| dataset | method | K | c | rep | reqs | out tok | wall s | tok/s | TTFT ms |")
-    assert rows[2] == "| humaneval | peagle | 3 | 4 | 1 | 2 | 20 | 2.5 | 10.0 | 10 | 2.0 | 1.50 | 1.00 | 4.00 | 2/2 |"
+    """The all-runs table puts c, repeat, wall time, tokens/s and paced tokens/s each under its own header (paced:
+    a baseline of 20 tok/s at t=0 and 10 at t=2 is 17.5 at t=0.5, its median 15: 10 x 15 / 17.5)."""
+    runs = [_run("baseline", 0, 20.0, c=4, rep=1, t_mid=0.0), _run("peagle", 3, 10.0, c=4, rep=1, wall_s=2.5, t_mid=0.5),
+            _run("baseline", 0, 10.0, c=4, rep=1, t_mid=2.0)]
+    rows = _lines(runs_md(_res(runs)))
+    assert rows[0].startswith("| dataset | method | K | c | rep | reqs | out tok | wall s | tok/s | paced tok/s | TTFT ms |")
+    assert rows[3] == "| humaneval | peagle | 3 | 4 | 1 | 2 | 20 | 2.5 | 10.0 | 8.6 | 10 | 2.0 | 1.50 | 1.00 | 4.00 | 2/2 |"
+
+
+def test_report_md_says_how_its_tokens_per_second_are_paced():
+    """With run times: the pacing and where the baseline ran (--ref-every); without: raw medians."""
+    res = _full(ref_every=4)
+    assert "Tokens/s are medians over repeats as measured" in report_md(res, [])
+    for r in res["runs"]:
+        r["t_mid"] = 1.0
+    md = report_md(res, [])
+    assert "at the baseline's pace" in md and "first, after every 4 runs and last" in md
+    assert "which runs first)" in report_md(dict(res, meta=dict(res["meta"], settings=dict(
+        res["meta"]["settings"], ref_every=0))), [])
 
 
 # ------------------------------------------------------------------ the whole page

@@ -10,7 +10,7 @@ import torch
 
 from peagle.bench.goals import goals_md, needed_md, same_k_md, why_md
 from peagle.bench.runner import Bench, out_hash, stats_ms
-from peagle.bench.summary import AUTO, aggregate, percentile, summarize
+from peagle.bench.summary import AUTO, aggregate, paced, percentile, summarize
 
 
 def _run(ds, method, k, tok_s, c=1, **kw):
@@ -67,6 +67,29 @@ def test_aggregate_takes_the_median_over_repeats():
     assert a["tok_s"] == 40.0 and a["ttft_ms"] == 7.0 and a["n_repeats"] == 3
     assert a["step_ms"] == pytest.approx(50.0) and a["draft_ms"] is None
     assert a["identical"] == 3 and a["n"] == 3
+
+
+def test_ratios_compare_runs_at_the_baselines_pace_where_the_machine_drifts():
+    """A machine that slows 10 % of its speed per time unit during a repeat: baseline 100 tok/s at t=0 and 70 at
+    t=3, EAGLE-3 (truly 1.1x baseline) at t=1, P-EAGLE (1.3x) at t=2. Divided by the baseline interpolated at
+    their times, the ratios are the true ones, where the raw figures give P-EAGLE 1.05x EAGLE-3; the baseline
+    itself, and runs without a midpoint, keep their own figures; a run past the last baseline takes it."""
+    def at(t, m, k, x):
+        return _run("humaneval", m, k, x * (1 - 0.1 * t), t_mid=float(t))
+    runs = [at(0, "baseline", 0, 100.0), at(1, "eagle3", 1, 110.0), at(2, "peagle", 1, 130.0), at(3, "baseline", 0, 100.0)]
+    s = summarize({"datasets": ["humaneval"], "runs": runs})
+    sp = s["speed"][("humaneval", 1)]
+    assert sp["peagle_vs_eagle3"] == pytest.approx(130 / 110) and sp["peagle_vs_baseline"] == pytest.approx(1.3)
+    assert sp["eagle3_vs_baseline"] == pytest.approx(1.1)
+    agg = s["agg"]
+    assert agg[("humaneval", "peagle", 1, 1)]["tok_s_raw"] / agg[("humaneval", "eagle3", 1, 1)]["tok_s_raw"] == \
+        pytest.approx(104 / 99)                                             # what the raw medians said
+    assert agg[("humaneval", "baseline", 0, 1)]["tok_s"] == pytest.approx(85.0)
+    late = at(4, "peagle", 3, 130.0)
+    pace = paced(runs + [late, _run("humaneval", "peagle", 5, 42.0)])
+    assert pace[id(late)] == pytest.approx(130 * 0.6 / 70 * 85) and 42.0 in pace.values()
+    other_repeat = dict(at(1, "eagle3", 1, 110.0), repeat=1)              # baselines of another repeat: not used
+    assert paced(runs + [other_repeat])[id(other_repeat)] == pytest.approx(99.0)
 
 
 def test_best_k_is_the_fastest_static_k_and_the_ratios_divide_the_right_way():

@@ -61,7 +61,7 @@ class _Bench:
 
 
 def _figures(method, k, c, batch):
-    return {"method": method, "k": k, "concurrency": c, "n_requests": len(batch), "output_tok_s": 1.0,
+    return {"method": method, "k": k, "concurrency": c, "n_requests": len(batch), "output_tok_s": 1.0, "wall_s": 1.0,
             "metrics": {"mean_acceptance_length": 1.0}, "ttft_ms": {"mean": 1.0}, "tpot_ms": {"mean": 1.0},
             "timing": {"draft_ms_per_step": 0.0, "verify_ms_per_step": 0.0}, "errors": []}
 
@@ -142,9 +142,10 @@ def test_configs_are_baseline_then_each_drafters_chains_then_its_trees():
 
 
 def test_repeats_alternate_direction_per_repeat_and_concurrency_after_the_baseline(bench_sweep):
-    """Baseline first, the rest alternating direction per (c index + repeat); repeats recorded; warm-ups; max c."""
+    """Baseline first, the rest alternating direction per (c index + repeat); repeats recorded; warm-ups; max c
+    (--ref-every 0: the baseline once per repeat)."""
     res, bench, _ = bench_sweep("--methods", "baseline,eagle3,peagle", "--ks", "1,3", "--concurrency", "1,2",
-                                "--repeats", "2")
+                                "--repeats", "2", "--ref-every", "0")
     fwd = [("baseline", 0), ("eagle3", 1), ("eagle3", 3), ("peagle", 1), ("peagle", 3)]
     back = fwd[:1] + fwd[:0:-1]
     want = [(m, k, c, rep) for c, rep, order in ((1, 0, fwd), (1, 1, back), (2, 0, back), (2, 1, fwd))
@@ -155,10 +156,30 @@ def test_repeats_alternate_direction_per_repeat_and_concurrency_after_the_baseli
     assert bench.calls[:len(warm)] == warm and bench.max_batch == 2
 
 
+def test_baseline_again_after_every_ref_every_runs_and_at_the_end_of_each_repeat(bench_sweep, monkeypatch):
+    """--ref-every 2: in each repeat (directions still alternating) the baseline runs first, after every two
+    other runs and last, so every run has baselines close in time; each run records its midpoint (its end less
+    half its wall time, from the sweep's start: here a clock that ticks 1 s per reading, runs of 1 s)."""
+    ticks = iter(range(1000))
+    monkeypatch.setattr(sweep, "time", types.SimpleNamespace(time=lambda: 0.0, perf_counter=lambda: float(next(ticks))))
+    res, _, _ = bench_sweep("--methods", "baseline,eagle3,peagle", "--ks", "1,3,5", "--repeats", "2",
+                            "--ref-every", "2")
+    b, e, p = "baseline", "eagle3", "peagle"
+    fwd = [(e, 1), (e, 3), (e, 5), (p, 1), (p, 3), (p, 5)]
+    want = [(b, 0, 0), *[(m, k, 0) for m, k in fwd[:2]], (b, 0, 0), *[(m, k, 0) for m, k in fwd[2:4]], (b, 0, 0),
+            *[(m, k, 0) for m, k in fwd[4:]], (b, 0, 0),
+            (b, 0, 1), *[(m, k, 1) for m, k in fwd[:3:-1]], (b, 0, 1), *[(m, k, 1) for m, k in fwd[3:1:-1]], (b, 0, 1),
+            *[(m, k, 1) for m, k in fwd[1::-1]], (b, 0, 1)]
+    assert [(r["method"], r["k"], r["repeat"]) for r in res["runs"]] == want
+    assert [r["t_mid"] for r in res["runs"]] == [i + 0.5 for i in range(len(want))]
+    assert sweep.run_order([(b, 0), (e, 1), (e, 3)], False, 5) == [(b, 0), (e, 1), (e, 3), (b, 0)]
+
+
 def test_baseline_runs_even_when_not_asked_for(bench_sweep):
-    """--methods peagle still runs the baseline first (identity reference, speedups); only P-EAGLE's head described."""
+    """--methods peagle still runs the baseline first (identity reference, speedups), and again after it (the
+    reference in time, --ref-every); only P-EAGLE's head described."""
     res, _, _ = bench_sweep("--methods", "peagle")
-    assert [r["method"] for r in res["runs"]] == ["baseline", "peagle"]
+    assert [r["method"] for r in res["runs"]] == ["baseline", "peagle", "baseline"]
     assert list(res["meta"]["head_configs"]) == ["peagle"]
 
 
@@ -181,7 +202,7 @@ def test_a_concurrency_above_the_prompt_count_repeats_prompts_unless_told_not_to
     data = dict(DATA, humaneval=DATA["humaneval"][:2])
     ab, ef = [ord(x) for x in "abcd"], [ord(x) for x in "efgh"]
     for flag, want in (("--fill-concurrency", [ab, ef, ab]), ("--no-fill-concurrency", [ab, ef])):
-        res, bench, _ = bench_sweep("--concurrency", "1,3", flag, data=data)
+        res, bench, _ = bench_sweep("--concurrency", "1,3", flag, "--ref-every", "0", data=data)
         assert [x["batch"] for x in _timed(bench) if x["c"] == 3] == [want] * 3     # 3 configs
         assert [r["n_requests"] for r in res["runs"] if r["concurrency"] == 3] == [len(want)] * 3
 
@@ -191,7 +212,8 @@ def test_the_first_baselines_outputs_are_the_reference_for_every_repeat(bench_sw
     """Repeat 0's baseline is the identity reference for later repeats (and the samples); mismatch len is [run, ref]."""
     def answer(method, k, c, nth, ids):
         return ids[-1:] if (method, nth) == ("baseline", 1) else ids[-2:]
-    res, _, _ = bench_sweep("--methods", "baseline,peagle", "--repeats", "2", "--num-prompts", "2", answer=answer)
+    res, _, _ = bench_sweep("--methods", "baseline,peagle", "--repeats", "2", "--num-prompts", "2", "--ref-every", "0",
+                            answer=answer)
     idt = {(r["method"], r["repeat"]): r["identity"] for r in res["runs"]}
     assert idt[("baseline", 0)]["identical"] == 2 and idt[("peagle", 0)]["identical"] == 2
     assert idt[("baseline", 1)]["identical"] == 0 and idt[("baseline", 1)]["mismatches"][0]["len"] == [1, 2]

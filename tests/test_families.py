@@ -88,7 +88,8 @@ def test_bench_and_export(trained, tmp_path):
            "--datasets", "humaneval", "--num-prompts", 2, "--output-len", 8, "--ks", 3, "--concurrency", 2,
            "--peers", "hf", "--peer-prompts", 1, "--threads", 1, "--out", out)
     res = json.loads((out / "results.json").read_text())
-    assert len(res["runs"]) == 3 and all(r["identity"]["ok"] for r in res["runs"])
+    # baseline, EAGLE-3, P-EAGLE, and the baseline again at the repeat's end (--ref-every)
+    assert len(res["runs"]) == 4 and all(r["identity"]["ok"] for r in res["runs"])
     assert res["peers"] and all(p["identity"]["ok"] for p in res["peers"])   # transformers' generate agrees
     for method, h in heads.items():
         peagle("export", h, tmp_path / method, "--target", target)

@@ -254,6 +254,12 @@ def test_bench_tree_runs_and_report():
     bad["identity"] = {"ok": False}
     res["runs"] += [run("peagle+tree4x8", 3, 30.0, 2.4, 8), bad]
     assert "| peagle | 3 | 4x8 | 2.40 | 8.0 | 15.0 | 1.25 | 1.50 | 0.50 0.25 0.10 | NO |" in render(res)
+    # with run times, tokens/s at the baseline's pace (summary.paced): the baseline 10 -> 5 tok/s over t = 0..3
+    # puts the chain at 12 x 7.5 / (25/3), the tree at 15 x 7.5 / (20/3): 1.56x the chain, 2.25x plain
+    timed = [dict(r, t_mid=t) for r, t in zip([run("baseline", 0, 10.0, 1.0), run("peagle", 3, 12.0, 1.8),
+                                              run("peagle+tree4x8", 3, 15.0, 2.4, 8), run("baseline", 0, 5.0, 1.0)],
+                                             (0.0, 1.0, 2.0, 3.0))]
+    assert "| peagle | 3 | 4x8 | 2.40 | 8.0 | 16.9 | 1.56 | 2.25 |" in render(dict(res, runs=timed))
 
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])

@@ -51,10 +51,11 @@ def canonical_command(a) -> str:
         parts.append("--ignore-eos")
     if not a.fill_concurrency:
         parts.append("--no-fill-concurrency")
-    parts += ["--repeats", str(a.repeats), "--humaneval-format", a.humaneval_format, "--mtbench-turns",
-              str(a.mtbench_turns), "--max-prompt-len", str(a.max_prompt_len), "--peers", ",".join(a.peers),
-              "--peer-prompts", str(a.peer_prompts), "--pld-tokens", str(a.pld_tokens), "--device", a.device, "--dtype", a.dtype,
-              "--seed", str(a.seed)]
+    parts += ["--repeats", str(a.repeats), "--ref-every", str(getattr(a, "ref_every", 0)),
+              "--humaneval-format", a.humaneval_format, "--mtbench-turns", str(a.mtbench_turns),
+              "--max-prompt-len", str(a.max_prompt_len), "--peers", ",".join(a.peers),
+              "--peer-prompts", str(a.peer_prompts), "--pld-tokens", str(a.pld_tokens),
+              "--device", a.device, "--dtype", a.dtype, "--seed", str(a.seed)]
     parts += ["--quantization", getattr(a, "quantization", None) or "none",
               "--target-backend", getattr(a, "target_backend", None) or "auto"]
     if getattr(a, "kv_cache_dtype", "auto") != "auto":

@@ -9,7 +9,7 @@ from ..errors import PeagleError
 from .autok_report import auto_md
 from .goals import goals_md
 from .plots import write_plots
-from .summary import DS_NAMES, NAMES, _f, _med, _table, korder, main_runs, summarize
+from .summary import DS_NAMES, NAMES, _f, _med, _table, korder, main_runs, paced, summarize
 
 
 def headline(s) -> str:
@@ -193,14 +193,31 @@ def online_md(res) -> str:
 
 def runs_md(res) -> str:
     rows = []
-    for r in main_runs(res):
+    runs = main_runs(res)
+    pace = paced(runs)
+    for r in runs:
         m, t = r["metrics"], r.get("timing", {})
         rows.append([r["dataset"], r["method"], r["k"], r["concurrency"], r.get("repeat", 0), r["n_requests"],
-                     r["output_tokens"], _f(r["wall_s"], 1), _f(r["output_tok_s"], 1), _f(r["ttft_ms"]["mean"], 0),
+                     r["output_tokens"], _f(r["wall_s"], 1), _f(r["output_tok_s"], 1), _f(pace[id(r)], 1),
+                     _f(r["ttft_ms"]["mean"], 0),
                      _f(r["tpot_ms"]["mean"], 1), _f(m["mean_acceptance_length"]), _f(t.get("draft_ms_per_step")),
                      _f(t.get("verify_ms_per_step")), f"{r['identity'].get('identical', '–')}/{r['identity'].get('n', '–')}"])
-    return _table(["dataset", "method", "K", "c", "rep", "reqs", "out tok", "wall s", "tok/s", "TTFT ms", "TPOT ms",
+    return _table(["dataset", "method", "K", "c", "rep", "reqs", "out tok", "wall s", "tok/s", "paced tok/s", "TTFT ms",
+                   "TPOT ms",
                    "AL", "draft ms/step", "verify ms/step", "same"], rows)
+
+
+def pace_md(res) -> str:
+    """How the report's tokens/s are paced (summary.paced), or that they are raw medians."""
+    st = res["meta"]["settings"]
+    if not any(r.get("t_mid") is not None for r in res["runs"]):
+        return "Tokens/s are medians over repeats as measured (the runs carry no times to pace them by).\n"
+    every = st.get("ref_every") or 0
+    when = f"first, after every {every} runs and last" if every else "first"
+    return ("Tokens/s are at the baseline's pace: each run's tokens/s ÷ the baseline's at the run's time "
+            f"(interpolated between the baseline runs of its repeat, which runs {when}) × the baseline's median, "
+            "then the median over repeats, so the machine's drift during the sweep cancels in every ratio; the "
+            "runs' own figures are in the last table.\n")
 
 
 def report_md(res, pngs, notes: str | None = None) -> str:
@@ -231,6 +248,7 @@ def report_md(res, pngs, notes: str | None = None) -> str:
              + ", at most c requests in flight; output tokens/s = all output "
                "tokens ÷ wall time; TTFT/TPOT are per-request means; acceptance length = 1 + accepted ÷ drafts "
                "(vLLM's definition).\n",
+             pace_md(res),
              "## Headline\n", headline(s),
              *(["\n## Choosing K per step (auto)\n", auto_md(s)] if s.get("auto") else []),
              "\n## Goals\n", goals_md(s, res),

@@ -30,15 +30,51 @@ def _med(xs):
     return statistics.median(xs) if xs else None
 
 
+def paced(runs) -> dict:
+    """id(run) -> its tokens/s at the baseline's pace: the run's tokens/s divided by the baseline's at the run's
+    time (linear between the baseline runs of its dataset, concurrency and repeat that bracket its midpoint
+    t_mid; the nearest one past either end), times the median of every baseline run of its dataset and
+    concurrency. A machine whose speed drifts during a sweep slows a run and the baselines around it alike, so
+    ratios of these figures compare methods as if they had run at the same moment. Runs without t_mid (online
+    runs, sweeps before it was recorded) and baseline runs keep their own tokens/s."""
+    base: dict = {}
+    for r in runs:
+        if r["method"] == "baseline" and r.get("t_mid") is not None and r["output_tok_s"]:
+            base.setdefault((r["dataset"], r["concurrency"], r.get("repeat", 0)), []).append(
+                (r["t_mid"], r["output_tok_s"]))
+    median = {}
+    for (ds, c, _), pts in base.items():
+        median.setdefault((ds, c), []).extend(v for _, v in pts)
+    out = {}
+    for r in runs:
+        pts = sorted(base.get((r["dataset"], r["concurrency"], r.get("repeat", 0)), []))
+        t = r.get("t_mid")
+        if r["method"] == "baseline" or t is None or not pts or not r["output_tok_s"]:
+            out[id(r)] = r["output_tok_s"]
+            continue
+        before = [p for p in pts if p[0] <= t]
+        after = [p for p in pts if p[0] > t]
+        if before and after:
+            (t0, v0), (t1, v1) = before[-1], after[0]
+            here = v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+        else:
+            here = (before[-1] if before else after[0])[1]
+        out[id(r)] = r["output_tok_s"] / here * statistics.median(median[(r["dataset"], r["concurrency"])])
+    return out
+
+
 def aggregate(runs) -> dict:
-    """(dataset, method, k, c) -> median figures over repeats."""
+    """(dataset, method, k, c) -> median figures over repeats; tok_s at the baseline's pace (paced), tok_s_raw
+    as measured."""
+    pace = paced(runs)
     groups: dict = {}
     for r in runs:
         groups.setdefault((r["dataset"], r["method"], r["k"], r["concurrency"]), []).append(r)
     agg = {}
     for key, rs in groups.items():
         m = rs[0]["metrics"]
-        agg[key] = {"tok_s": _med([r["output_tok_s"] for r in rs]), "n_repeats": len(rs),
+        agg[key] = {"tok_s": _med([pace[id(r)] for r in rs]), "tok_s_raw": _med([r["output_tok_s"] for r in rs]),
+                    "n_repeats": len(rs),
                     "ttft_ms": _med([r["ttft_ms"]["mean"] for r in rs]), "tpot_ms": _med([r["tpot_ms"]["mean"] for r in rs]),
                     "al": m["mean_acceptance_length"], "per_pos": m["acceptance_rate_per_pos"],
                     "draft_ms": _med([r.get("timing", {}).get("draft_ms_per_step") for r in rs]),

@@ -70,10 +70,23 @@ def configs(methods, ks, trees=()):
     return out
 
 
+def run_order(cfgs, reverse: bool, ref_every: int) -> list:
+    """One repeat's runs: the baseline first (the identity reference), the others in order or reversed
+    (repeats alternate, spreading drift), and with ref_every > 0 the baseline again after every ref_every of
+    them and at the end, so every run has baseline runs close in time (summary.paced)."""
+    rest = cfgs[:0:-1] if reverse else cfgs[1:]
+    if ref_every <= 0:
+        return cfgs[:1] + rest
+    out = cfgs[:1]
+    for i in range(0, len(rest), ref_every):
+        out += rest[i:i + ref_every] + cfgs[:1]
+    return out
+
+
 def run_sweep(a, log=print, on_dataset=None) -> dict:
     """a: the parsed CLI namespace (see cli.py). Returns the results dict (JSON-ready); on_dataset(res) is
     called after each dataset (the CLI writes partial results there)."""
-    t_start = time.time()
+    t_start, t_origin = time.time(), time.perf_counter()
     heads = {"eagle3": a.eagle3_head, "peagle": a.peagle_head}
     bench = Bench(a.model, heads, a.dtype, a.seed, max(a.concurrency), getattr(a, "remeasure", False), a.device,
                   getattr(a, "compile", False), getattr(a, "target_backend", "auto"),
@@ -153,11 +166,10 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
                 continue
             ref = None
             for rep in range(a.repeats):
-                # baseline first (the identity reference); the others alternate direction to spread drift
-                order = cfgs[:1] + (cfgs[1:] if (ci + rep) % 2 == 0 else cfgs[:0:-1])
-                for m, k in order:
+                for m, k in run_order(cfgs, (ci + rep) % 2 == 1, getattr(a, "ref_every", 0)):
                     t0 = time.time()
                     r = bench.run(m, k, c, batch, params, mlen)
+                    r["t_mid"] = round(time.perf_counter() - r["wall_s"] / 2 - t_origin, 3)   # for summary.paced
                     outs = r.pop("_outputs")
                     if m == "baseline" and ref is None:
                         ref = outs

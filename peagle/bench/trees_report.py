@@ -10,6 +10,7 @@ import json
 import statistics
 
 from .runner import split_method
+from .summary import paced
 
 
 def _f(x, d=2):
@@ -17,9 +18,12 @@ def _f(x, d=2):
 
 
 def rows(res: dict) -> list[dict]:
-    """One row per (dataset, c, method label, K): medians over repeats."""
+    """One row per (dataset, c, method label, K): medians over repeats (tokens/s at the baseline's pace:
+    summary.paced)."""
+    runs = res.get("runs", [])
+    pace = paced(runs)
     groups: dict = {}
-    for r in res.get("runs", []):
+    for r in runs:
         groups.setdefault((r["dataset"], r["concurrency"], r["method"], r["k"]), []).append(r)
     out = []
     for (ds, c, label, k), rs in groups.items():
@@ -33,7 +37,7 @@ def rows(res: dict) -> list[dict]:
         out.append({"dataset": ds, "c": c, "method": method, "label": label, "k": k,
                     "tree": "chain" if tree is None else f"{tree[0]}x{tree[1]}",
                     "al": m.get("mean_acceptance_length"), "nodes": nodes,
-                    "tok_s": statistics.median(x["output_tok_s"] for x in rs),
+                    "tok_s": statistics.median(pace[id(x)] for x in rs),
                     "per_depth": (m.get("acceptance_rate_per_pos") or [])[:max(k_int, 0)],
                     "identical": None if None in ok else all(ok)})
     return out

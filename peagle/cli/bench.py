@@ -126,6 +126,10 @@ def add_parser(sub):
     p.add_argument("--fill-concurrency", action=argparse.BooleanOptionalAction, default=True,
                    help="at concurrency c > prompts, repeat prompts so c requests are in flight (default on)")
     p.add_argument("--repeats", type=_at_least(1), default=1, help="interleaved repeats of every run (median reported)")
+    p.add_argument("--ref-every", type=_at_least(0), default=4, metavar="N",
+                   help="run the baseline again after every N runs of a repeat (and at its end), so each run is "
+                        "compared with baselines close in time: ratios cancel the machine's drift (default 4; "
+                        "0: once per repeat)")
     p.add_argument("--humaneval-format", choices=["raw", "chat"], default="raw")
     p.add_argument("--mtbench-turns", type=int, choices=[1, 2], default=1)
     p.add_argument("--max-prompt-len", type=_at_least(1), default=1024, help="skip longer prompts (tokens; default 1024)")
