@@ -198,6 +198,10 @@ def test_report_md_says_how_its_tokens_per_second_are_paced():
         r["t_mid"] = 1.0
     md = report_md(res, [])
     assert "at the baseline's pace" in md and "first, after every 4 runs and last" in md
+    assert "adjacent in time" not in md                      # one baseline run: no neighbour to compare
+    res["runs"].append(dict(res["runs"][0], output_tok_s=80.0, t_mid=2.0))
+    assert "differed by a median of 20.0 % (HumanEval) at c=1" in report_md(res, [])
+    res["runs"].pop()
     assert "which runs first)" in report_md(dict(res, meta=dict(res["meta"], settings=dict(
         res["meta"]["settings"], ref_every=0))), [])
 

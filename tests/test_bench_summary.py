@@ -10,7 +10,7 @@ import torch
 
 from peagle.bench.goals import goals_md, needed_md, same_k_md, why_md
 from peagle.bench.runner import Bench, out_hash, stats_ms
-from peagle.bench.summary import AUTO, aggregate, paced, percentile, summarize
+from peagle.bench.summary import AUTO, aggregate, baseline_noise, paced, percentile, summarize
 
 
 def _run(ds, method, k, tok_s, c=1, **kw):
@@ -90,6 +90,18 @@ def test_ratios_compare_runs_at_the_baselines_pace_where_the_machine_drifts():
     assert pace[id(late)] == pytest.approx(130 * 0.6 / 70 * 85) and 42.0 in pace.values()
     other_repeat = dict(at(1, "eagle3", 1, 110.0), repeat=1)              # baselines of another repeat: not used
     assert paced(runs + [other_repeat])[id(other_repeat)] == pytest.approx(99.0)
+
+
+def test_baseline_noise_is_the_median_gap_between_baseline_runs_adjacent_in_time():
+    """Adjacent in time within a repeat, in time order (not list order): 100 -> 110 -> 88 is 10 % and 20 %, the
+    next repeat's 200 -> 260 30 % (its 200 is no neighbour of the 88): median 20 %; a lone baseline or runs without
+    t_mid give nothing."""
+    def b(t, x, rep=0, c=1):
+        return _run("humaneval", "baseline", 0, x, c=c, t_mid=t, repeat=rep)
+    runs = [b(2.0, 88.0), b(0.0, 100.0), b(1.0, 110.0), b(5.0, 200.0, rep=1), b(6.0, 260.0, rep=1), b(0.0, 50.0, c=4),
+            _run("humaneval", "peagle", 1, 500.0, t_mid=1.5), _run("mtbench", "baseline", 0, 10.0)]
+    noise = baseline_noise(runs)
+    assert set(noise) == {("humaneval", 1)} and noise[("humaneval", 1)] == pytest.approx(0.20)
 
 
 def test_best_k_is_the_fastest_static_k_and_the_ratios_divide_the_right_way():

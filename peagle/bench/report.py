@@ -9,7 +9,7 @@ from ..errors import PeagleError
 from .autok_report import auto_md
 from .goals import goals_md
 from .plots import write_plots
-from .summary import DS_NAMES, NAMES, _f, _med, _table, korder, main_runs, paced, summarize
+from .summary import DS_NAMES, NAMES, _f, _med, _table, baseline_noise, korder, main_runs, paced, summarize
 
 
 def headline(s) -> str:
@@ -214,10 +214,16 @@ def pace_md(res) -> str:
         return "Tokens/s are medians over repeats as measured (the runs carry no times to pace them by).\n"
     every = st.get("ref_every") or 0
     when = f"first, after every {every} runs and last" if every else "first"
+    noise = baseline_noise(res["runs"])
+    c1 = min((c for _, c in noise), default=None)
+    said = [f"{100 * v:.1f} % ({DS_NAMES.get(ds, ds)})" for (ds, c), v in noise.items() if c == c1]
     return ("Tokens/s are at the baseline's pace: each run's tokens/s ÷ the baseline's at the run's time "
             f"(interpolated between the baseline runs of its repeat, which runs {when}) × the baseline's median, "
             "then the median over repeats, so the machine's drift during the sweep cancels in every ratio; the "
-            "runs' own figures are in the last table.\n")
+            "runs' own figures are in the last table."
+            + (f" Baseline runs adjacent in time (the same command seconds apart) differed by a median of "
+               f"{', '.join(said)} at c={c1}: a ratio closer to 1 than that is within this machine's noise."
+               if said else "") + "\n")
 
 
 def report_md(res, pngs, notes: str | None = None) -> str:

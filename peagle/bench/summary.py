@@ -63,6 +63,21 @@ def paced(runs) -> dict:
     return out
 
 
+def baseline_noise(runs) -> dict:
+    """(dataset, c) -> the median relative difference between baseline runs adjacent in time (the same command
+    seconds apart, in one repeat): how far apart two runs of one setting land on this machine; ratios closer to
+    1 than that are within its noise. Only sweeps that record t_mid, with two baseline runs in a repeat."""
+    by: dict = {}
+    for r in runs:
+        if r["method"] == "baseline" and r.get("t_mid") is not None and r["output_tok_s"]:
+            by.setdefault((r["dataset"], r["concurrency"], r.get("repeat", 0)), []).append((r["t_mid"], r["output_tok_s"]))
+    diffs: dict = {}
+    for (ds, c, _), pts in by.items():
+        pts.sort()
+        diffs.setdefault((ds, c), []).extend(abs(b / a - 1) for (_, a), (_, b) in zip(pts, pts[1:]))
+    return {k: statistics.median(v) for k, v in diffs.items() if v}
+
+
 def aggregate(runs) -> dict:
     """(dataset, method, k, c) -> median figures over repeats; tok_s at the baseline's pace (paced), tok_s_raw
     as measured."""
