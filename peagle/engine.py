@@ -37,7 +37,7 @@ from .stops import find_stop
 from .threads import ThreadGovernor
 from .tree import TreeSpec
 from .tree_step import tree_step
-from .verify import SampledRows, verify_greedy, verify_sampled
+from .verify import SampledRows, verify_greedy, verify_greedy_advance, verify_sampled
 
 
 def cache_len(max_model_len: int, k: int, tree: TreeSpec | None = None) -> int:
@@ -304,6 +304,7 @@ class Engine:
             if tree:
                 K, accepted, tokens, aux, draft_s = tree_step(self, K, start, cached)
                 t_phase += draft_s                           # verify_time_s: the step without its drafting
+                host = self._advance(B, K, accepted, tokens, aux)
             else:
                 if K:
                     drafts, q = proposer.draft(rows, K, start, cached, self._shape, sampled)
@@ -317,8 +318,13 @@ class Engine:
                     drafts = block[:, :0]
                 logits, aux = self.target.forward(block, self.cache, 0, start, self.aux_ids,
                                                   **self._shape(max(cached) + K + 1, cached[0] if B == 1 else None))
-                accepted, tokens = self._verify(logits, drafts, sampled, q)
-            host = self._advance(B, K, accepted, tokens, aux)
+                if sampled is None:                          # a greedy batch: verified and advanced in one call
+                    both = verify_greedy_advance(logits, drafts, self.state.last, self.cache.lens)   # [B,K+2]
+                    host = self._to_host(both)
+                    if proposer is not None:
+                        proposer.advance(K, both[:, 0], both[:, 1:], aux, [h[0] for h in host])
+                else:
+                    host = self._advance(B, K, *self._verify(logits, drafts, sampled, q), aux)
         except Exception as e:
             raise DecodeError(f"decode step failed: {type(e).__name__}: {e}", [r.request_id for r in rows]) from e
         outs = []

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .models import quant_ext
 from .sampling import exponential_noise, greedy, probs_from_logits
 
 
@@ -37,6 +38,23 @@ def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor):
     match = (drafts == target[:, :K]).long()
     accepted = match.cumprod(1).sum(1)               # length of the agreeing prefix
     return accepted, target                           # target[:, :a] == drafts[:, :a]; target[:, a] = correction/bonus
+
+
+def verify_greedy_advance(logits: torch.Tensor, drafts: torch.Tensor, last: torch.Tensor, lens: torch.Tensor,
+                          impl: int = 0) -> torch.Tensor:
+    """verify_greedy and the rows' advance in one: logits [B,K+1,V], drafts [B,K] -> [B,K+2] (accepted, then the
+    K+1 target tokens); in place, for b < B: last[b] = the token after the accepted drafts, lens[b] += accepted
+    + 1. On the CPU in float32 one call of the extension (peagle/csrc/argmax.cpp: greedy's argmax, so the same
+    tokens), which after a step's weight stream saves the cache misses of ~8 torch ops; elsewhere those ops.
+    impl (tests): the extension's paths (peagle/csrc/ops.h), -1 the torch ops."""
+    ext = quant_ext.get() if impl >= 0 else None
+    if ext is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 and lens.dtype == torch.long:
+        return ext.verify_greedy_advance(logits, drafts, last, lens, impl)
+    accepted, tokens = verify_greedy(logits, drafts)
+    B = tokens.shape[0]
+    last[:B] = tokens.gather(1, accepted[:, None])[:, 0]
+    lens[:B] += accepted + 1
+    return torch.cat([accepted[:, None], tokens], 1)
 
 
 @dataclass

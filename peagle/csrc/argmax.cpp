@@ -139,9 +139,54 @@ torch::Tensor argmax_last(torch::Tensor x, int64_t impl) {
   return out;
 }
 
+// Greedy verification and the rows' advance in one call (peagle/verify.py verify_greedy_advance): per row b,
+// target = the argmax of each of its K+1 positions, accepted = the length of the prefix where drafts[b] agrees
+// with it; last[b] = target[b, accepted], lens[b] += accepted + 1 (in place). Returns [B, K+2]: accepted, then
+// the K+1 targets. A decode step's few torch ops here were one call: after a step's weight stream has evicted
+// the caches, each torch op pays its misses (lab/measure/step_glue.py).
+torch::Tensor verify_greedy_advance(torch::Tensor logits, torch::Tensor drafts, torch::Tensor last, torch::Tensor lens,
+                                    int64_t impl) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32 && logits.dim() == 3 &&
+                  logits.size(2) > 0, "verify_greedy_advance: logits [B, K+1, V] float32 on the CPU");
+  const int64_t B = logits.size(0), K1 = logits.size(1), V = logits.size(2);
+  TORCH_CHECK(V < INT_MAX - 64 && K1 >= 1, "verify_greedy_advance: rows of at most 2^31 - 64 logits, K+1 >= 1");
+  TORCH_CHECK(drafts.scalar_type() == torch::kLong && drafts.dim() == 2 && drafts.size(0) == B &&
+                  drafts.size(1) == K1 - 1, "verify_greedy_advance: drafts [B, K] int64");
+  for (const auto& t : {last, lens})
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kLong && t.dim() == 1 && t.is_contiguous() &&
+                    t.size(0) >= B, "verify_greedy_advance: last and lens [rows >= B] contiguous int64");
+  const bool avx512 = po::use_avx512(impl), avx2 = po::use_avx2(impl);
+  auto xc = logits.contiguous();
+  auto dc = drafts.contiguous();
+  auto out = torch::empty({B, K1 + 1}, xc.options().dtype(torch::kLong));
+  const float* px = xc.data_ptr<float>();
+  const int64_t* pd = dc.data_ptr<int64_t>();
+  int64_t *po_ = out.data_ptr<int64_t>(), *pl = last.data_ptr<int64_t>(), *pn = lens.data_ptr<int64_t>();
+  at::parallel_for(0, B * K1, 3, [&](int64_t r0, int64_t r1) {   // argmax_last's split
+    for (int64_t r = r0; r < r1; r++) {
+      const float* row = px + r * V;
+      po_[r / K1 * (K1 + 1) + 1 + r % K1] = avx512 ? argmax_avx512(row, V) : avx2 ? argmax_avx2(row, V)
+                                                                                   : argmax_scalar(row, V);
+    }
+  });
+  for (int64_t b = 0; b < B; b++) {
+    int64_t* o = po_ + b * (K1 + 1);
+    int64_t a = 0;
+    while (a < K1 - 1 && pd[b * (K1 - 1) + a] == o[1 + a]) a++;
+    o[0] = a;
+    pl[b] = o[1 + a];
+    pn[b] += a + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_argmax(py::module& m) {
   m.def("argmax_last", &argmax_last, "each row's argmax as torch's max(-1).indices (first maximum; NaN wins)",
         py::arg("x"), py::arg("impl") = 0);
+  m.def("verify_greedy_advance", &verify_greedy_advance,
+        "greedy verification of [B, K+1, V] logits against drafts [B, K], advancing last / lens in place; "
+        "-> [B, K+2] (accepted, targets)", py::arg("logits"), py::arg("drafts"), py::arg("last"), py::arg("lens"),
+        py::arg("impl") = 0);
 }
