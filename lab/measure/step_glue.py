@@ -1,0 +1,205 @@
+"""Where a decode step's time goes outside the C++ calls, and why that part costs what it does.
+
+Greedy decoding of one request on the default target (q4a8 unless --quantization says otherwise): plain, P-EAGLE
+and EAGLE-3 at --ks. Per engine step, the wall time split into the C++ calls that carry the weights (the target's
+layers in one call, its LM head; the drafter's layers, its fc and LM head) and the rest (Python and torch's small
+ops: positions, masks, embedding, verification, bookkeeping): timers wrap those calls in the running engine, so
+the split sums to the step. Then the cost of one such small-op sequence (verify_greedy on a 2-position block,
+5 torch ops) warm in a loop against right after a plain step, when the step's weight stream (~96 MB for
+SmolLM2 q4a8) has evicted the caches; and, in the running engine, the step's greedy verification and advance as
+one extension call (peagle/verify.py verify_greedy_advance) against the same as torch ops (its impl=-1 form, the
+ops the engine ran before). Configurations alternate over --rounds; medians.
+
+    OMP_NUM_THREADS=2 .venv/bin/python lab/measure/step_glue.py --out docs/benchmarks/step-glue.md
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import peagle.engine as engine_mod
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from lab.measure.precision import cpu_flags, write_report
+from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
+from peagle.models import layers as layers_mod
+from peagle.sampling import SamplingParams
+from peagle.verify import verify_greedy, verify_greedy_advance
+
+PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
+
+
+class _TimedRun:
+    """A layer stack's runner whose forward adds its wall time to acc[name]."""
+
+    def __init__(self, run, acc: dict, name: str):
+        self.run, self.acc, self.name = run, acc, name
+
+    def forward(self, *args):
+        t0 = time.perf_counter()
+        out = self.run.forward(*args)
+        self.acc[self.name] = self.acc.get(self.name, 0.0) + time.perf_counter() - t0
+        return out
+
+
+def instrument(llm: LLM, acc: dict) -> None:
+    """Timers around the engine's C++ calls: layer runners (target, drafter) and every quantized product made
+    through layers.qmm (the LM heads, the drafter's fc)."""
+    eng = llm.engine
+    stack = eng.target._layer_stack()
+    if stack is None:
+        raise SystemExit("the target has no C++ layer runner here (no kernels, or a float target without them)")
+    heads = [] if eng.proposer is None else [getattr(eng.proposer.head, "_stack", None)]
+    for st, name in [(stack, "target layers")] + [(h, "drafter layers") for h in heads if h is not None]:
+        if not isinstance(st.run, _TimedRun):          # engines share the target (and may share a head)
+            st.run = _TimedRun(st.run, acc, name)
+
+
+def timed_qmm(acc: dict, vocab: int):
+    qmm = layers_mod.qmm
+
+    def run(x, w, impl=0):
+        t0 = time.perf_counter()
+        out = qmm(x, w, impl)
+        name = "target LM head" if vocab in tuple(w.shape) else "drafter fc / LM head"
+        acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
+        return out
+    return run
+
+
+def decode_split(llm: LLM, ids: list, tokens: int, acc: dict) -> dict:
+    """One request decoded after 8 warm steps: ms per step, in total and per timed call; 'other' the rest."""
+    eng = llm.engine
+    eng.add_request(f"r{time.perf_counter_ns()}", ids, SamplingParams(temperature=0.0, max_tokens=tokens,
+                                                                        ignore_eos=True))
+    for _ in range(8):
+        eng.step()
+    acc.clear()
+    n, t0 = 0, time.perf_counter()
+    while eng.has_unfinished():
+        eng.step()
+        n += 1
+    wall = (time.perf_counter() - t0) / n * 1e3
+    out = {k: v / n * 1e3 for k, v in acc.items()}
+    out["other"] = wall - sum(out.values())
+    out["step"] = wall
+    return out
+
+
+def cold_vs_warm(llm: LLM, ids: list, reps: int) -> tuple[float, float]:
+    """verify_greedy on a [1, 2, V] block: microseconds warm (a loop of it) and right after a plain step."""
+    eng = llm.engine
+    V = eng.target.cfg.vocab_size
+    logits, drafts = torch.randn(1, 2, V), torch.randint(0, V, (1, 1))
+    eng.add_request(f"c{time.perf_counter_ns()}", ids, SamplingParams(temperature=0.0, max_tokens=reps + 8,
+                                                                        ignore_eos=True))
+    for _ in range(8):
+        eng.step()
+    cold = 0.0
+    for _ in range(reps):
+        eng.step()
+        t0 = time.perf_counter()
+        verify_greedy(logits, drafts)
+        cold += time.perf_counter() - t0
+    while eng.has_unfinished():
+        eng.step()
+    for _ in range(50):
+        verify_greedy(logits, drafts)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        verify_greedy(logits, drafts)
+    return (time.perf_counter() - t0) / reps * 1e6, cold / reps * 1e6
+
+
+def verify_advance_us(llm: LLM, ids: list, tokens: int, impl: int) -> float:
+    """Microseconds per engine step in verify_greedy_advance (and the host copy of its result) in the given
+    form, while the engine decodes one request."""
+    spent = [0.0]
+
+    def timed(logits, drafts, last, lens):
+        t0 = time.perf_counter()
+        out = verify_greedy_advance(logits, drafts, last, lens, impl)
+        out.tolist()
+        spent[0] += time.perf_counter() - t0
+        return out
+    engine_mod.verify_greedy_advance = timed
+    try:
+        eng = llm.engine
+        eng.add_request(f"v{time.perf_counter_ns()}", ids, SamplingParams(temperature=0.0, max_tokens=tokens,
+                                                                            ignore_eos=True))
+        for _ in range(8):
+            eng.step()
+        spent[0], n = 0.0, 0
+        while eng.has_unfinished():
+            eng.step()
+            n += 1
+    finally:
+        engine_mod.verify_greedy_advance = verify_greedy_advance
+    return spent[0] / n * 1e6
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--quantization", default="auto")
+    p.add_argument("--ks", default="1,3", help="K values for P-EAGLE (EAGLE-3 runs the first)")
+    p.add_argument("--tokens", type=int, default=200, help="tokens decoded per measurement")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    base = LLM(model=a.model, quantization=a.quantization)
+    ids = base.get_tokenizer()(PROMPT)["input_ids"]
+    ks = [int(k) for k in a.ks.split(",")]
+    runs = {"plain": base}
+    for k in ks:
+        runs[f"P-EAGLE K={k}"] = base.with_speculative_config({"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD,
+                                                               "num_speculative_tokens": k, "parallel_drafting": True})
+    runs[f"EAGLE-3 K={ks[0]}"] = base.with_speculative_config({"method": "eagle3", "model": DEFAULT_EAGLE3_HEAD,
+                                                               "num_speculative_tokens": ks[0]})
+    acc: dict = {}
+    for llm in runs.values():
+        instrument(llm, acc)
+    layers_mod.qmm = timed_qmm(acc, base.engine.target.cfg.vocab_size)
+    splits: dict = {name: [] for name in runs}
+    glue: list = []
+    one: dict = {}
+    for r in range(a.rounds):
+        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            splits[name].append(decode_split(runs[name], ids, a.tokens, acc))
+        glue.append(cold_vs_warm(base, ids, 100))
+        for name in ("plain", f"P-EAGLE K={ks[0]}"):
+            for impl in ((0, -1) if r % 2 == 0 else (-1, 0)):
+                one.setdefault((name, impl), []).append(verify_advance_us(runs[name], ids, a.tokens, impl))
+    parts = ["target layers", "target LM head", "drafter layers", "drafter fc / LM head", "other"]
+    lines = [f"# Where a decode step's time goes ({os.path.basename(a.model.rstrip('/'))}, "
+             f"{base.engine.target.precision})", "",
+             f"CPU: {cpu_flags()}; torch {torch.__version__}, {torch.get_num_threads()} threads; one request, "
+             f"{a.tokens} greedy tokens per measurement after a {len(ids)}-token prompt; medians of {a.rounds} "
+             "alternating rounds (ms per engine step).", "",
+             "| decoding | step | " + " | ".join(parts) + " | other ÷ step |",
+             "|---|---|" + "---|" * (len(parts) + 1)]
+    for name, ss in splits.items():
+        med = {k: statistics.median(s.get(k, 0.0) for s in ss) for k in parts + ["step"]}
+        lines.append(f"| {name} | {med['step']:.3f} | " + " | ".join(f"{med[k]:.3f}" for k in parts) +
+                     f" | {100 * med['other'] / med['step']:.0f} % |")
+    warm, cold = statistics.median(w for w, _ in glue), statistics.median(c for _, c in glue)
+    lines += ["", f"verify_greedy on a 2-position block (5 torch ops): **{warm:.1f} µs warm** in a loop, **{cold:.1f} µs "
+              f"right after a plain step** ({cold / warm:.1f}×): the step's weight stream has evicted the code and "
+              "data the small ops run on, so each op outside the C++ calls pays cache misses."]
+    lines += ["", "Greedy verification and the rows' advance per step (µs, with the host copy), as one extension call "
+              "(`verify_greedy_advance`) against the same as torch ops:", "",
+              "| decoding | torch ops | one call |", "|---|---|---|"]
+    for name in ("plain", f"P-EAGLE K={ks[0]}"):
+        lines.append(f"| {name} | {statistics.median(one[(name, -1)]):.0f} | {statistics.median(one[(name, 0)]):.0f} |")
+    return write_report(lines, ".venv/bin/python lab/measure/step_glue.py", argv, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
