@@ -48,7 +48,8 @@ def verify_greedy_advance(logits: torch.Tensor, drafts: torch.Tensor, last: torc
     tokens), which after a step's weight stream saves the cache misses of ~8 torch ops; elsewhere those ops.
     impl (tests): the extension's paths (peagle/csrc/ops.h), -1 the torch ops."""
     ext = quant_ext.get() if impl >= 0 else None
-    if ext is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 and lens.dtype == torch.long:
+    if (ext is not None and hasattr(ext, "verify_greedy_advance") and logits.device.type == "cpu"
+            and logits.dtype == torch.float32 and lens.dtype == torch.long):
         return ext.verify_greedy_advance(logits, drafts, last, lens, impl)
     accepted, tokens = verify_greedy(logits, drafts)
     B = tokens.shape[0]
