@@ -93,3 +93,33 @@ def test_a_loose_span_hides_stale_keys_past_a_one_token_step(tiny_dirs, kernel, 
         return m.forward(tok, c, 0, torch.tensor([20]), span=span, s0=20)[0]
     exact, loose = step(21), step(26)
     assert torch.allclose(loose, exact, atol=1e-5), (loose - exact).abs().max()
+
+
+@pytest.mark.parametrize("B,T,span,s0,limit,window", [
+    (1, 1, 41, 40, None, None),       # a plain step: no mask
+    (1, 2, 42, 40, None, None),       # a 2-token verify
+    (3, 4, 30, None, None, None),     # rows at other starts
+    (2, 3, 70, None, 64, None),       # positions past the cache's end: clamped
+    (2, 5, 50, None, None, 8),        # a sliding window
+])
+def test_block_ctx_in_one_call_equals_the_torch_ops(B, T, span, s0, limit, window, monkeypatch):
+    """BlockCtx's positions, rope rows and mask from the extension's one call (block_ctx) are those of the torch
+    ops, in every case BlockCtx distinguishes; the torch ops' mask itself is checked against the rule (a mask that
+    hid the query's own key, or showed the next, would differ)."""
+    from peagle.models import quant_ext
+    if quant_ext.get() is None or not hasattr(quant_ext.get(), "block_ctx"):
+        pytest.skip("the C++ extension is not built (make setup)")
+    rope = layers.Rope(16, 10000.0, None, 128)
+    start = torch.tensor([62 if limit else 40, 25, 7][:B]) if s0 is None else torch.full((B,), s0)
+    one = layers.BlockCtx(rope, start, T, 0, span, s0, limit, window)
+    monkeypatch.setattr(quant_ext, "get", lambda: None)
+    ops = layers.BlockCtx(rope, start, T, 0, span, s0, limit, window)
+    for name in ("pos", "pos_w", "cos", "sin"):
+        assert torch.equal(getattr(one, name), getattr(ops, name)), name
+    assert (one.mask is None) == (ops.mask is None) == (B == 1 and T == 1)
+    assert one.S == ops.S and (limit is None or (one.pos_w < limit).all() and (one.pos >= limit).any())
+    if ops.mask is not None:
+        assert torch.equal(one.mask, ops.mask)
+        keys, q = torch.arange(one.S), one.pos[..., None]
+        want = (keys <= q) & ((keys > q - window) if window else True)
+        assert torch.equal(ops.mask[:, 0], want)

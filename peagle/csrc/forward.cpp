@@ -186,9 +186,57 @@ class LayerStack {
   bool act8_;
 };
 
+// peagle/models/layers.py BlockCtx's per-forward facts in one call (each a torch op before, and after a step's
+// weight stream each op pays its cache misses: lab/measure/step_glue.py): pos [B, T] = start[b] + i; pos_w, pos
+// clamped to clamp_at (< 0: pos itself); cos / sin [B, T, 1, hd], the tables' rows at pos_w; with `masked`, the
+// mask [B, 1, T, span]: key j visible to query i iff j <= pos and (window < 0 or j > pos - window). Integer
+// facts and copied rows: the same values as the torch ops.
+std::vector<torch::Tensor> block_ctx(torch::Tensor start, int64_t T, int64_t span, int64_t clamp_at, int64_t window,
+                                     bool masked, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(start.device().is_cpu() && start.scalar_type() == torch::kLong && start.dim() == 1 && T >= 1 && span >= 1,
+              "block_ctx: start [B] int64 on the CPU, T >= 1, span >= 1");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.dim() == 3 &&
+                  cos.sizes() == sin.sizes() && cos.is_contiguous() && sin.is_contiguous(),
+              "block_ctx: rope tables [n, 1, hd] float32, contiguous");
+  const int64_t B = start.size(0), n = cos.size(0), hd = cos.size(2);
+  auto st = start.contiguous();
+  const int64_t* ps = st.data_ptr<int64_t>();
+  auto pos = torch::empty({B, T}, st.options());
+  int64_t* pp = pos.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t i = 0; i < T; i++) pp[b * T + i] = ps[b] + i;
+  auto pos_w = pos;
+  if (clamp_at >= 0) {
+    pos_w = torch::empty({B, T}, st.options());
+    int64_t* pw = pos_w.data_ptr<int64_t>();
+    for (int64_t j = 0; j < B * T; j++) pw[j] = std::min(pp[j], clamp_at);
+  }
+  const int64_t* pw = pos_w.data_ptr<int64_t>();
+  auto c = torch::empty({B, T, 1, hd}, cos.options()), sn = torch::empty({B, T, 1, hd}, sin.options());
+  const float *tc = cos.data_ptr<float>(), *ts = sin.data_ptr<float>();
+  float *oc = c.data_ptr<float>(), *os = sn.data_ptr<float>();
+  for (int64_t j = 0; j < B * T; j++) {
+    TORCH_CHECK(pw[j] >= 0 && pw[j] < n, "block_ctx: position ", pw[j], " outside the rope tables' ", n);
+    std::copy(tc + pw[j] * hd, tc + (pw[j] + 1) * hd, oc + j * hd);
+    std::copy(ts + pw[j] * hd, ts + (pw[j] + 1) * hd, os + j * hd);
+  }
+  std::vector<torch::Tensor> out{pos, pos_w, c, sn};
+  if (masked) {
+    auto m = torch::empty({B, 1, T, span}, st.options().dtype(torch::kBool));
+    bool* pm = m.data_ptr<bool>();
+    for (int64_t j = 0; j < B * T; j++)
+      for (int64_t k = 0; k < span; k++) pm[j * span + k] = k <= pp[j] && (window < 0 || k > pp[j] - window);
+    out.push_back(m);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_forward(py::module& m) {
+  m.def("block_ctx", &block_ctx, "a forward's positions, rope rows and mask (peagle/models/layers.py BlockCtx)",
+        py::arg("start"), py::arg("T"), py::arg("span"), py::arg("clamp_at"), py::arg("window"), py::arg("masked"),
+        py::arg("cos"), py::arg("sin"));
   py::class_<LayerStack>(m, "LayerStack")
       .def(py::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<int64_t>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>())

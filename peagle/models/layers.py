@@ -6,6 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import quant_ext
 from .quant import attend_exact, qmm, rope_kv
 
 
@@ -130,14 +131,21 @@ class BlockCtx:
         if clamp:
             span = limit
         rope.ensure(max(span, T))
-        self.pos = start[:, None] + rope.ar[:T]
-        self.pos_w = self.pos.clamp(max=limit - 1) if clamp else self.pos
         self.S, self.s0 = span, s0
-        self.cos, self.sin = rope(self.pos_w)
         if window is not None and span <= window:
             window = None                                # no query has a key outside its window yet
-        self.mask = (None if (s0 is not None and T == 1 and span == s0 + 1 and window is None)
-                     else mask_of(self.pos, rope.ar[:span], window))
+        masked = not (s0 is not None and T == 1 and span == s0 + 1 and window is None)
+        ext = quant_ext.get()
+        if (ext is not None and hasattr(ext, "block_ctx") and start.device.type == "cpu" and start.dtype == torch.long
+                and rope.cos.dtype == torch.float32):      # one call: after a step's weight stream ops are dear
+            self.pos, self.pos_w, self.cos, self.sin, *mask = ext.block_ctx(
+                start, T, span, limit - 1 if clamp else -1, -1 if window is None else window, masked, rope.cos, rope.sin)
+            self.mask = mask[0] if masked else None
+            return
+        self.pos = start[:, None] + rope.ar[:T]
+        self.pos_w = self.pos.clamp(max=limit - 1) if clamp else self.pos
+        self.cos, self.sin = rope(self.pos_w)
+        self.mask = mask_of(self.pos, rope.ar[:span], window) if masked else None
 
 
 def cached_attention(ctx: BlockCtx, cache, layer: int, qkv: torch.Tensor, nh: int, nkv: int, hd: int,
