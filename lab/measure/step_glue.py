@@ -6,19 +6,22 @@ layers in one call, its LM head; the drafter's layers, its fc and LM head) and t
 ops: positions, masks, embedding, verification, bookkeeping): timers wrap those calls in the running engine, so
 the split sums to the step. Then the cost of one such small-op sequence (verify_greedy on a 2-position block,
 5 torch ops) warm in a loop against right after a plain step, when the step's weight stream (~96 MB for
-SmolLM2 q4a8) has evicted the caches; and, in the running engine, the step's greedy verification and advance as
-one extension call (peagle/verify.py verify_greedy_advance) against the same as torch ops (its impl=-1 form, the
-ops the engine ran before). Configurations alternate over --rounds; medians.
+SmolLM2 q4a8) has evicted the caches; and the part outside the C++ calls with two sequences of small ops as one
+extension call each or as torch ops (the engine's greedy verification and advance, verify_greedy_advance's
+impl=-1 form; BlockCtx's facts without the extension's block_ctx). Configurations alternate over --rounds;
+medians.
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/step_glue.py --out docs/benchmarks/step-glue.md
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import time
+import types
 
 import torch
 
@@ -29,9 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from lab.measure.precision import cpu_flags, write_report
 from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
 from peagle.models import layers as layers_mod
+from peagle.models import quant_ext
 from peagle.sampling import SamplingParams
 from peagle.verify import verify_greedy, verify_greedy_advance
 
+FORMS = ("both as torch ops", "verify one call", "both one call")
+FORMS_AS = {"both as torch ops": (False, False), "verify one call": (True, False), "both one call": (True, True)}
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
 
@@ -117,31 +123,26 @@ def cold_vs_warm(llm: LLM, ids: list, reps: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / reps * 1e6, cold / reps * 1e6
 
 
-def verify_advance_us(llm: LLM, ids: list, tokens: int, impl: int) -> float:
-    """Microseconds per engine step in verify_greedy_advance (and the host copy of its result) in the given
-    form, while the engine decodes one request."""
-    spent = [0.0]
+class _NoBlockCtx:
+    """The extension without block_ctx: BlockCtx then builds its facts with torch ops (as before that call)."""
 
-    def timed(logits, drafts, last, lens):
-        t0 = time.perf_counter()
-        out = verify_greedy_advance(logits, drafts, last, lens, impl)
-        out.tolist()
-        spent[0] += time.perf_counter() - t0
-        return out
-    engine_mod.verify_greedy_advance = timed
-    try:
-        eng = llm.engine
-        eng.add_request(f"v{time.perf_counter_ns()}", ids, SamplingParams(temperature=0.0, max_tokens=tokens,
-                                                                            ignore_eos=True))
-        for _ in range(8):
-            eng.step()
-        spent[0], n = 0.0, 0
-        while eng.has_unfinished():
-            eng.step()
-            n += 1
-    finally:
-        engine_mod.verify_greedy_advance = verify_greedy_advance
-    return spent[0] / n * 1e6
+    def __init__(self, ext):
+        self.ext = ext
+
+    def __getattr__(self, name):
+        if name == "block_ctx":
+            raise AttributeError(name)
+        return getattr(self.ext, name)
+
+
+def use_forms(verify_one_call: bool, block_ctx_one_call: bool) -> None:
+    """The step's greedy verification and advance, and BlockCtx's facts: one extension call each, or torch ops
+    (verify_greedy_advance's impl=-1 form; BlockCtx without the extension's block_ctx)."""
+    engine_mod.verify_greedy_advance = (verify_greedy_advance if verify_one_call
+                                        else functools.partial(verify_greedy_advance, impl=-1))
+    ext = quant_ext.get()
+    layers_mod.quant_ext = quant_ext if block_ctx_one_call or ext is None else types.SimpleNamespace(
+        get=lambda: _NoBlockCtx(ext))
 
 
 def main(argv=None) -> int:
@@ -175,8 +176,10 @@ def main(argv=None) -> int:
             splits[name].append(decode_split(runs[name], ids, a.tokens, acc))
         glue.append(cold_vs_warm(base, ids, 100))
         for name in ("plain", f"P-EAGLE K={ks[0]}"):
-            for impl in ((0, -1) if r % 2 == 0 else (-1, 0)):
-                one.setdefault((name, impl), []).append(verify_advance_us(runs[name], ids, a.tokens, impl))
+            for form in (FORMS if r % 2 == 0 else FORMS[::-1]):
+                use_forms(*FORMS_AS[form])
+                one.setdefault((name, form), []).append(decode_split(runs[name], ids, a.tokens, acc))
+            use_forms(True, True)
     parts = ["target layers", "target LM head", "drafter layers", "drafter fc / LM head", "other"]
     lines = [f"# Where a decode step's time goes ({os.path.basename(a.model.rstrip('/'))}, "
              f"{base.engine.target.precision})", "",
@@ -193,11 +196,14 @@ def main(argv=None) -> int:
     lines += ["", f"verify_greedy on a 2-position block (5 torch ops): **{warm:.1f} µs warm** in a loop, **{cold:.1f} µs "
               f"right after a plain step** ({cold / warm:.1f}×): the step's weight stream has evicted the code and "
               "data the small ops run on, so each op outside the C++ calls pays cache misses."]
-    lines += ["", "Greedy verification and the rows' advance per step (µs, with the host copy), as one extension call "
-              "(`verify_greedy_advance`) against the same as torch ops:", "",
-              "| decoding | torch ops | one call |", "|---|---|---|"]
+    lines += ["", "The part outside the C++ calls per step (ms, medians; the step's in brackets) with the greedy "
+              "verification and advance (`verify_greedy_advance`) and BlockCtx's positions, rope rows and mask "
+              "(`block_ctx`) each as one extension call or as torch ops:", "",
+              "| decoding | " + " | ".join(FORMS) + " |", "|---|" + "---|" * len(FORMS)]
     for name in ("plain", f"P-EAGLE K={ks[0]}"):
-        lines.append(f"| {name} | {statistics.median(one[(name, -1)]):.0f} | {statistics.median(one[(name, 0)]):.0f} |")
+        cells = [f"{statistics.median(x['other'] for x in one[(name, f)]):.3f} "
+                 f"({statistics.median(x['step'] for x in one[(name, f)]):.3f})" for f in FORMS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return write_report(lines, ".venv/bin/python lab/measure/step_glue.py", argv, a.out)
 
 
