@@ -30,6 +30,15 @@ def _med(xs):
     return statistics.median(xs) if xs else None
 
 
+def _baseline_points(runs) -> dict:
+    """(dataset, c, repeat) -> its baseline runs' (t_mid, tokens/s), in time order (runs that record t_mid)."""
+    by: dict = {}
+    for r in runs:
+        if r["method"] == "baseline" and r.get("t_mid") is not None and r["output_tok_s"]:
+            by.setdefault((r["dataset"], r["concurrency"], r.get("repeat", 0)), []).append((r["t_mid"], r["output_tok_s"]))
+    return {k: sorted(v) for k, v in by.items()}
+
+
 def paced(runs) -> dict:
     """id(run) -> its tokens/s at the baseline's pace: the run's tokens/s divided by the baseline's at the run's
     time (linear between the baseline runs of its dataset, concurrency and repeat that bracket its midpoint
@@ -37,17 +46,14 @@ def paced(runs) -> dict:
     concurrency. A machine whose speed drifts during a sweep slows a run and the baselines around it alike, so
     ratios of these figures compare methods as if they had run at the same moment. Runs without t_mid (online
     runs, sweeps before it was recorded) and baseline runs keep their own tokens/s."""
-    base: dict = {}
-    for r in runs:
-        if r["method"] == "baseline" and r.get("t_mid") is not None and r["output_tok_s"]:
-            base.setdefault((r["dataset"], r["concurrency"], r.get("repeat", 0)), []).append(
-                (r["t_mid"], r["output_tok_s"]))
-    median = {}
+    base = _baseline_points(runs)
+    pooled: dict = {}
     for (ds, c, _), pts in base.items():
-        median.setdefault((ds, c), []).extend(v for _, v in pts)
+        pooled.setdefault((ds, c), []).extend(v for _, v in pts)
+    median = {k: statistics.median(v) for k, v in pooled.items()}
     out = {}
     for r in runs:
-        pts = sorted(base.get((r["dataset"], r["concurrency"], r.get("repeat", 0)), []))
+        pts = base.get((r["dataset"], r["concurrency"], r.get("repeat", 0)), [])
         t = r.get("t_mid")
         if r["method"] == "baseline" or t is None or not pts or not r["output_tok_s"]:
             out[id(r)] = r["output_tok_s"]
@@ -59,7 +65,7 @@ def paced(runs) -> dict:
             here = v0 + (v1 - v0) * (t - t0) / (t1 - t0)
         else:
             here = (before[-1] if before else after[0])[1]
-        out[id(r)] = r["output_tok_s"] / here * statistics.median(median[(r["dataset"], r["concurrency"])])
+        out[id(r)] = r["output_tok_s"] / here * median[(r["dataset"], r["concurrency"])]
     return out
 
 
@@ -67,13 +73,8 @@ def baseline_noise(runs) -> dict:
     """(dataset, c) -> the median relative difference between baseline runs adjacent in time (the same command
     seconds apart, in one repeat): how far apart two runs of one setting land on this machine; ratios closer to
     1 than that are within its noise. Only sweeps that record t_mid, with two baseline runs in a repeat."""
-    by: dict = {}
-    for r in runs:
-        if r["method"] == "baseline" and r.get("t_mid") is not None and r["output_tok_s"]:
-            by.setdefault((r["dataset"], r["concurrency"], r.get("repeat", 0)), []).append((r["t_mid"], r["output_tok_s"]))
     diffs: dict = {}
-    for (ds, c, _), pts in by.items():
-        pts.sort()
+    for (ds, c, _), pts in _baseline_points(runs).items():
         diffs.setdefault((ds, c), []).extend(abs(b / a - 1) for (_, a), (_, b) in zip(pts, pts[1:]))
     return {k: statistics.median(v) for k, v in diffs.items() if v}
 
