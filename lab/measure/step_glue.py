@@ -2,14 +2,15 @@
 
 Greedy decoding of one request on the default target (q4a8 unless --quantization says otherwise): plain, P-EAGLE
 and EAGLE-3 at --ks. Per engine step, the wall time split into the C++ calls that carry the weights (the target's
-layers in one call, its LM head; the drafter's layers, its fc and LM head) and the rest (Python and torch's small
+layers in one call, its LM head; the drafter's layers, its fc and LM head, or its whole greedy pass in one call) and
+the rest (Python and torch's small
 ops: positions, masks, embedding, verification, bookkeeping): timers wrap those calls in the running engine, so
 the split sums to the step. Then the cost of one such small-op sequence (verify_greedy on a 2-position block,
 5 torch ops) warm in a loop against right after a plain step, when the step's weight stream (~96 MB for
-SmolLM2 q4a8) has evicted the caches; and the part outside the C++ calls with two sequences of small ops as one
+SmolLM2 q4a8) has evicted the caches; and the part outside the C++ calls with three sequences of small ops as one
 extension call each or as torch ops (the engine's greedy verification and advance, verify_greedy_advance's
-impl=-1 form; BlockCtx's facts without the extension's block_ctx). Configurations alternate over --rounds;
-medians.
+impl=-1 form; BlockCtx's facts without the extension's block_ctx; a drafter pass, its LM head and argmax,
+DrafterHead.greedy_pass, or the head's Python path). Configurations alternate over --rounds; medians.
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/step_glue.py --out docs/benchmarks/step-glue.md
 """
@@ -36,8 +37,11 @@ from peagle.models import quant_ext
 from peagle.sampling import SamplingParams
 from peagle.verify import verify_greedy, verify_greedy_advance
 
-FORMS = ("both as torch ops", "verify one call", "both one call")
-FORMS_AS = {"both as torch ops": (False, False), "verify one call": (True, False), "both one call": (True, True)}
+FORMS = ("all as torch ops", "verify one call", "+ BlockCtx one call", "+ drafter pass one call")
+FORMS_AS = {"all as torch ops": (False, False, False), "verify one call": (True, False, False),
+            "+ BlockCtx one call": (True, True, False), "+ drafter pass one call": (True, True, True)}
+PASS = "drafter pass (one call)"
+_passes: dict = {}                 # head -> its timed one-call pass (use_forms switches it on and off)
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
 
@@ -54,9 +58,23 @@ class _TimedRun:
         return out
 
 
+class _TimedPass:
+    """A head's one-call greedy pass (DrafterHead.greedy_pass) whose pass_ adds its wall time to acc[PASS]; the
+    layer runner it is handed goes to the extension unwrapped."""
+
+    def __init__(self, dp, acc: dict):
+        self.dp, self.acc = dp, acc
+
+    def pass_(self, run, *args):
+        t0 = time.perf_counter()
+        out = self.dp.pass_(run.run if isinstance(run, _TimedRun) else run, *args)
+        self.acc[PASS] = self.acc.get(PASS, 0.0) + time.perf_counter() - t0
+        return out
+
+
 def instrument(llm: LLM, acc: dict) -> None:
-    """Timers around the engine's C++ calls: layer runners (target, drafter) and every quantized product made
-    through layers.qmm (the LM heads, the drafter's fc)."""
+    """Timers around the engine's C++ calls: layer runners (target, drafter), the drafter's one-call pass and
+    every quantized product made through layers.qmm (the LM heads, the drafter's fc)."""
     eng = llm.engine
     stack = eng.target._layer_stack()
     if stack is None:
@@ -65,6 +83,9 @@ def instrument(llm: LLM, acc: dict) -> None:
     for st, name in [(stack, "target layers")] + [(h, "drafter layers") for h in heads if h is not None]:
         if not isinstance(st.run, _TimedRun):          # engines share the target (and may share a head)
             st.run = _TimedRun(st.run, acc, name)
+    head = None if eng.proposer is None else eng.proposer.head
+    if head is not None and getattr(head, "_pass", None) is not None and not isinstance(head._pass, _TimedPass):
+        head._pass = _passes[head] = _TimedPass(head._pass, acc)
 
 
 def timed_qmm(acc: dict, vocab: int):
@@ -135,9 +156,12 @@ class _NoBlockCtx:
         return getattr(self.ext, name)
 
 
-def use_forms(verify_one_call: bool, block_ctx_one_call: bool) -> None:
-    """The step's greedy verification and advance, and BlockCtx's facts: one extension call each, or torch ops
-    (verify_greedy_advance's impl=-1 form; BlockCtx without the extension's block_ctx)."""
+def use_forms(verify_one_call: bool, block_ctx_one_call: bool, draft_pass_one_call: bool = True) -> None:
+    """The step's greedy verification and advance, BlockCtx's facts and a drafter pass with its LM head and argmax:
+    one extension call each, or torch ops (verify_greedy_advance's impl=-1 form; BlockCtx without the extension's
+    block_ctx; the head's Python path)."""
+    for head, dp in _passes.items():
+        head._pass = dp if draft_pass_one_call else None
     engine_mod.verify_greedy_advance = (verify_greedy_advance if verify_one_call
                                         else functools.partial(verify_greedy_advance, impl=-1))
     ext = quant_ext.get()
@@ -179,8 +203,8 @@ def main(argv=None) -> int:
             for form in (FORMS if r % 2 == 0 else FORMS[::-1]):
                 use_forms(*FORMS_AS[form])
                 one.setdefault((name, form), []).append(decode_split(runs[name], ids, a.tokens, acc))
-            use_forms(True, True)
-    parts = ["target layers", "target LM head", "drafter layers", "drafter fc / LM head", "other"]
+            use_forms(True, True, True)
+    parts = ["target layers", "target LM head", "drafter layers", "drafter fc / LM head", PASS, "other"]
     lines = [f"# Where a decode step's time goes ({os.path.basename(a.model.rstrip('/'))}, "
              f"{base.engine.target.precision})", "",
              f"CPU: {cpu_flags()}; torch {torch.__version__}, {torch.get_num_threads()} threads; one request, "
@@ -197,8 +221,9 @@ def main(argv=None) -> int:
               f"right after a plain step** ({cold / warm:.1f}×): the step's weight stream has evicted the code and "
               "data the small ops run on, so each op outside the C++ calls pays cache misses."]
     lines += ["", "The part outside the C++ calls per step (ms, medians; the step's in brackets) with the greedy "
-              "verification and advance (`verify_greedy_advance`) and BlockCtx's positions, rope rows and mask "
-              "(`block_ctx`) each as one extension call or as torch ops:", "",
+              "verification and advance (`verify_greedy_advance`), BlockCtx's positions, rope rows and mask "
+              "(`block_ctx`) and a drafter pass with its fc, norms, LM head and argmax (`greedy_pass`) each as one "
+              "extension call or as torch ops:", "",
               "| decoding | " + " | ".join(FORMS) + " |", "|---|" + "---|" * len(FORMS)]
     for name in ("plain", f"P-EAGLE K={ks[0]}"):
         cells = [f"{statistics.median(x['other'] for x in one[(name, f)]):.3f} "

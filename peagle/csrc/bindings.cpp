@@ -5,6 +5,7 @@
 #include "quant.cpp"
 #include "forward.cpp"
 #include "argmax.cpp"
+#include "draft_pass.cpp"
 #include "draft_kl.cpp"
 #include "train_attn.cpp"
 #include "train_ops.cpp"

@@ -76,6 +76,8 @@ class LayerStack {
     I_ = proj_[2].N / 2;
   }
 
+  int64_t layers() const { return (int64_t)proj_.size() / 4; }
+
   std::vector<torch::Tensor> forward(torch::Tensor x, std::vector<torch::Tensor> kc, std::vector<torch::Tensor> vc,
                                      torch::Tensor cos, torch::Tensor sin, torch::Tensor pos,
                                      c10::optional<torch::Tensor> mask, int64_t b0, int64_t S,

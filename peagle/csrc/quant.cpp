@@ -22,6 +22,7 @@ void bind_train_attn(py::module& m);  // train_attn.cpp
 void bind_transpose(py::module& m);   // transpose.cpp
 void bind_train_ops(py::module& m);   // train_ops.cpp
 void bind_argmax(py::module& m);      // argmax.cpp
+void bind_draft_pass(py::module& m);  // draft_pass.cpp
 
 // F32 (qtype 0, packed by 8) is a weight of the float-activation product (qlinear) only.
 static void check_weight(const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool f32_ok = true) {
@@ -265,6 +266,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qtype"), py::arg("act8"), py::arg("M"));
   bind_forward(m);
   bind_argmax(m);
+  bind_draft_pass(m);
   bind_draft_kl(m);
   bind_train_attn(m);
   bind_transpose(m);

@@ -180,6 +180,10 @@ class Proposer:
         behind = self.context.behind[:batch_size] if self.context is not None else []
         return batch_size * max(0, max(behind, default=0) - steady)
 
+    def samples(self, batch: DraftBatch) -> bool:
+        """Whether this step draws some rows' drafts from q (else every draft is its row's argmax)."""
+        return batch.sampled is not None and self.draft_sampling == "sample"
+
     def pick(self, normed: torch.Tensor, sampled: "SampledRows | None"):
         """normed [B,J,H] (J draft slots per row) -> (draft ids [B,J] in the target vocabulary, q [S,J,V] or None).
         Every row's argmax; in "sample" mode the sampled rows' slots are drawn from their q instead (all slots

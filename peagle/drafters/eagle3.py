@@ -18,6 +18,11 @@ class Eagle3Proposer(Proposer):
     @torch.no_grad()
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
         h, (B, T), K = self.head, batch.ids.shape, k or self.k
+        if B == 1 and batch.s0 is not None and not self.samples(batch):
+            drafts = self._greedy_row(batch, K)
+            if drafts is not None:
+                batch.q = None
+                return drafts
         rows = torch.arange(B, device=batch.ids.device)
         normed, pre = h(batch.ids, h.combine(batch.aux), None, cache=self.cache, b0=batch.b0, start=batch.start,
                         span=batch.span, s0=batch.s0)
@@ -37,6 +42,22 @@ class Eagle3Proposer(Proposer):
             p = p + 1
         batch.q = None if qs[0] is None else torch.cat(qs, 1)            # [S,K,V]
         return torch.cat(drafts, 1)                                      # [B,K]
+
+    def _greedy_row(self, batch: DraftBatch, K: int) -> torch.Tensor | None:
+        """The engine's one greedy row: each pass, its LM head and argmax in one extension call (None where that
+        call does not apply: propose's passes run instead)."""
+        h, T = self.head, batch.ids.shape[1]
+        out = h.greedy_pass(batch.ids, batch.aux, 0, self.cache, batch.b0, batch.start, batch.span, batch.s0, T - 1)
+        if out is None:
+            return None
+        tok, pre = out
+        drafts, g, p = [tok], pre[:, T - 1:], batch.start + T          # p: position of the first draft
+        for j in range(1, K):
+            span = None if batch.span is None else batch.span + j
+            tok, g = h.greedy_pass(tok, g, 0, self.cache, batch.b0, p, span, batch.s0 + T + j - 1, 0, fc=False)
+            drafts.append(tok)
+            p = p + 1
+        return torch.cat(drafts, 1)                                      # [1,K]
 
     @torch.no_grad()
     def propose_tree(self, batch: DraftBatch, k: int, topk: int, nodes: int):

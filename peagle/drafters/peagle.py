@@ -27,7 +27,16 @@ class PEagleProposer(Proposer):
 
     @torch.no_grad()
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
-        drafts, batch.q = self.pick(self.slots(batch, k or self.k), batch.sampled)   # [B,K], [S,K,V] | None
+        K = k or self.k
+        if batch.ids.shape[0] == 1 and batch.s0 is not None and not self.samples(batch):
+            # the engine's one greedy row: the pass, its LM head and argmax in one extension call where it applies
+            span = None if batch.span is None else batch.span + K - 1
+            out = self.head.greedy_pass(batch.ids, batch.aux, K - 1, self.cache, batch.b0, batch.start, span,
+                                        batch.s0, batch.ids.shape[1] - 1)
+            if out is not None:
+                batch.q = None
+                return out[0]                                                 # [1,K]
+        drafts, batch.q = self.pick(self.slots(batch, K), batch.sampled)   # [B,K], [S,K,V] | None
         return drafts
 
     @torch.no_grad()

@@ -190,7 +190,39 @@ class DrafterHead(nn.Module):
                                                                              L.post_attention_layernorm)]
                                     + [self.norm.weight], c.num_attention_heads, c.num_key_value_heads,
                                     c.head_dim, c.rms_norm_eps) if self._fused_ops else None
+        self._pass = self._draft_pass(quant_ext.get()) if self._stack is not None else None
         return self
+
+    def _draft_pass(self, ext):
+        """The extension's one-call greedy pass (peagle/csrc/draft_pass.cpp) over this head's fused weights, or None
+        where it does not apply (an older build, fc or the LM head not in GGUF blocks, an embedding not float32)."""
+        fc, lm, emb = self._fc_t, self._lm_head_t, self.embed_tokens.weight
+        if not hasattr(ext, "DraftHead") or not all(isinstance(w, Q.QuantWeight) for w in (fc, lm)) \
+                or emb.dtype != torch.float32 or emb.device.type != "cpu":
+            return None
+        L0, none = self.layers[0], torch.empty(0, dtype=torch.uint8)
+        mask_h = self.combine(self.mask_hidden.reshape(1, -1))[0] if self.parallel else torch.empty(0)
+        return ext.DraftHead(fc.data, fc.packed_a8(ext) if fc.act8 else none, fc.qtype, fc.k,
+                             lm.data, lm.packed_a8(ext) if lm.act8 else none, lm.qtype, lm.n,
+                             emb.detach().contiguous(), L0.input_layernorm.weight.detach().float(),
+                             L0.hidden_norm.weight.detach().float(), self.config.rms_norm_eps,
+                             bool(L0.norm_before_residual), mask_h.detach().float(),
+                             -1 if self.mask_token_id is None else int(self.mask_token_id), self.d2t)
+
+    @torch.no_grad()
+    def greedy_pass(self, ids, hidden, n_mask, cache, b0, start, span, s0, first, fc=True):
+        """One row's greedy drafter pass in one extension call: ids [1,T], hidden [1,T,3T] (fc false: [1,T,H], the
+        drafter's own prenorm) and n_mask mask rows after them -> (drafts [1, W - first] in the target vocabulary, the
+        argmax of the rows from `first` on; prenorm [1,W,H]), the same as _forward_cached + draft_logits + greedy +
+        to_target; None where that call does not apply (the caller runs those)."""
+        dp, stack = getattr(self, "_pass", None), getattr(self, "_stack", None)
+        if dp is None or stack is None or not Q.runner_takes(stack, cache) or ids.device.type != "cpu":
+            return None
+        ctx = BlockCtx(self._rope(hidden.device, hidden.dtype), start, ids.shape[1] + n_mask, b0, span, s0,
+                       cache.max_len)
+        cache.reserve(ctx.S)
+        return tuple(dp.pass_(stack.run, ids, hidden, n_mask, cache.k, cache.v, ctx.cos, ctx.sin, ctx.pos_w, ctx.mask,
+                              ctx.b0, ctx.S, first, fc))
 
     @torch.no_grad()
     def _forward_cached(self, ids, hidden, cache, b0, start, span=None, s0=None, tree=None):

@@ -23,8 +23,8 @@ SOURCES = ("bindings.cpp", "ops.cpp", "quant_scalar.cpp", "quant_avx2.cpp", "qua
            "attend_avx512.cpp", "draft_kl_avx2.cpp", "draft_kl_avx512.cpp", "train_attn_avx512.cpp",
            "train_scores_amx.cpp", "transpose_avx512.cpp", "train_ops_avx512.cpp")
 # compiled inside bindings.cpp (one translation unit for the files that include torch's headers), and headers
-BINDING_SOURCES = ("quant.cpp", "forward.cpp", "argmax.cpp", "draft_kl.cpp", "train_attn.cpp", "train_ops.cpp",
-                   "transpose.cpp")
+BINDING_SOURCES = ("quant.cpp", "forward.cpp", "argmax.cpp", "draft_pass.cpp", "draft_kl.cpp", "train_attn.cpp",
+                   "train_ops.cpp", "transpose.cpp")
 HEADERS = BINDING_SOURCES + (
     "ops.h", "quant_kernels.h", "quant_avx2_inline.h", "quant_a8_ymm.h", "quant_avx512_inline.h", "attend_impl.h",
     "attend_blocked.h",
