@@ -115,6 +115,11 @@ __attribute__((target("avx2,fma"))) int64_t argmax_avx2(const float* x, int64_t 
   return scan_tail(x, i, V, mx, best);
 }
 
+// One row's argmax on the widest path allowed (use_avx512 / use_avx2 of the call's impl): the same index on each.
+int64_t argmax_row(const float* row, int64_t V, bool avx512, bool avx2) {
+  return avx512 ? argmax_avx512(row, V) : avx2 ? argmax_avx2(row, V) : argmax_scalar(row, V);
+}
+
 // x [..., V] float32 -> int64 [...]: impl 0 = best for this CPU, 1 = scalar, 2 = AVX2, 3 = AVX-512 (ops.h's).
 torch::Tensor argmax_last(torch::Tensor x, int64_t impl) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() >= 1 && x.size(-1) > 0,
@@ -133,7 +138,7 @@ torch::Tensor argmax_last(torch::Tensor x, int64_t impl) {
   at::parallel_for(0, R, 3, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       const float* row = px + r * V;
-      po_[r] = avx512 ? argmax_avx512(row, V) : avx2 ? argmax_avx2(row, V) : argmax_scalar(row, V);
+      po_[r] = argmax_row(row, V, avx512, avx2);
     }
   });
   return out;
@@ -165,8 +170,7 @@ torch::Tensor verify_greedy_advance(torch::Tensor logits, torch::Tensor drafts, 
   at::parallel_for(0, B * K1, 3, [&](int64_t r0, int64_t r1) {   // argmax_last's split
     for (int64_t r = r0; r < r1; r++) {
       const float* row = px + r * V;
-      po_[r / K1 * (K1 + 1) + 1 + r % K1] = avx512 ? argmax_avx512(row, V) : avx2 ? argmax_avx2(row, V)
-                                                                                   : argmax_scalar(row, V);
+      po_[r / K1 * (K1 + 1) + 1 + r % K1] = argmax_row(row, V, avx512, avx2);
     }
   });
   for (int64_t b = 0; b < B; b++) {

@@ -11,24 +11,9 @@
 // argmax(normed[first:] @ lm^T) + d2t[.]. Returns (drafts [1, W - first] int64, prenorm [1, W, H]).
 namespace {
 
-// One product's weight: GGUF blocks, with pack_a8 of them for 8-bit activations (else weight-only).
-struct DraftLinear {
-  torch::Tensor w, packed;
-  int qtype;
-  int64_t N, K;
-  void run(const float* x, int64_t M, float* y) const {
-    if (packed.defined()) {
-      std::vector<int8_t> xq(M * K);
-      std::vector<float> xd(M * K / 32), xs(M * K / 32);
-      po::qlinear_a8(x, M, K, w.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), qtype, N, 0,
-                     {xq.data(), xd.data(), xs.data()}, y);
-    } else {
-      po::qlinear(x, M, K, w.data_ptr<uint8_t>(), qtype, N, 0, y);
-    }
-  }
-};
-
-DraftLinear draft_linear(torch::Tensor w, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K) {
+// A product's weight (forward.cpp's Proj): GGUF blocks, with pack_a8 of them for 8-bit activations (an empty
+// packed: weight-only), checked as qlinear / qlinear_a8 check theirs.
+Proj draft_linear(torch::Tensor w, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K) {
   const bool act8 = packed.defined() && packed.numel() > 0;
   check_weight(w, qtype, N, K, !act8);
   if (act8)
@@ -36,6 +21,13 @@ DraftLinear draft_linear(torch::Tensor w, torch::Tensor packed, int64_t qtype, i
                     packed.numel() == (N + 7) / 8 * (K / 32) * pq::a8_group_block_bytes((int)qtype),
                 "DraftHead: packed is not pack_a8 of its weight");
   return {w, act8 ? packed : torch::Tensor(), (int)qtype, N, K};
+}
+
+// p's product of M rows at impl 0, with its own scratch for the 8-bit activations.
+void run_proj(const Proj& p, const float* x, int64_t M, float* y) {
+  std::vector<int8_t> xq(M * p.K);
+  std::vector<float> xd(M * p.K / 32), xs(M * p.K / 32);
+  p.run(x, M, y, 0, {xq.data(), xd.data(), xs.data()});
 }
 
 class DraftHead {
@@ -77,7 +69,7 @@ class DraftHead {
                 "pass: hidden [1, T, fc inputs or H] float32");
     auto x = torch::empty({1, W, H}, hc.options()), h0 = torch::empty({1, W, 2 * H}, hc.options());
     float *px = x.data_ptr<float>(), *ph0 = h0.data_ptr<float>();
-    if (fc) fc_.run(hc.data_ptr<float>(), T, px);
+    if (fc) run_proj(fc_, hc.data_ptr<float>(), T, px);
     else std::copy(hc.data_ptr<float>(), hc.data_ptr<float>() + T * H, px);
     for (int64_t r = T; r < W; r++) std::copy(mask_h_.data_ptr<float>(), mask_h_.data_ptr<float>() + H, px + r * H);
     auto ic = ids.contiguous();
@@ -104,20 +96,19 @@ class DraftHead {
     auto out = stack.forward(resid, kc, vc, cos, sin, pos, mask, b0, S, {n}, h0);   // (normed h, prenorm)
     const int64_t J = W - first, Vd = lm_.N;
     std::vector<float> logits(J * Vd);
-    lm_.run(out[0].data_ptr<float>() + first * H, J, logits.data());
+    run_proj(lm_, out[0].data_ptr<float>() + first * H, J, logits.data());
     auto drafts = torch::empty({1, J}, ids.options());
     int64_t* pd = drafts.data_ptr<int64_t>();
     const bool avx512 = po::use_avx512(0), avx2 = po::use_avx2(0);
     for (int64_t j = 0; j < J; j++) {
-      const float* row = logits.data() + j * Vd;
-      const int64_t a = avx512 ? argmax_avx512(row, Vd) : avx2 ? argmax_avx2(row, Vd) : argmax_scalar(row, Vd);
+      const int64_t a = argmax_row(logits.data() + j * Vd, Vd, avx512, avx2);
       pd[j] = d2t_.numel() ? a + d2t_.data_ptr<int64_t>()[a] : a;
     }
     return {drafts, out[1]};
   }
 
  private:
-  DraftLinear fc_, lm_;
+  Proj fc_, lm_;
   torch::Tensor embed_, emb_norm_, hid_norm_, mask_h_, d2t_;
   int64_t H_ = 0;
   float eps_;

@@ -23,9 +23,17 @@ namespace po = peagle_ops;
 namespace {
 
 struct Proj {
-  torch::Tensor w, packed;   // GGUF blocks [N, K/32 * block bytes]; pack_a8 of them (a8 only)
+  torch::Tensor w, packed;   // GGUF blocks [N, K/32 * block bytes]; pack_a8 of them (a8 only, else undefined)
   int qtype;
   int64_t N, K;
+  // out[M, N] = in[M, K] @ W^T: 8-bit activations (s8: scratch for M rows of at least K) where packed, else
+  // float ones.
+  void run(const float* in, int64_t M, float* out, int64_t impl, const po::Act8& s8) const {
+    if (packed.defined())
+      po::qlinear_a8(in, M, K, w.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), qtype, N, impl, s8, out);
+    else
+      po::qlinear(in, M, K, w.data_ptr<uint8_t>(), qtype, N, impl, out);
+  }
 };
 
 class LayerStack {
@@ -137,13 +145,7 @@ class LayerStack {
     std::vector<float> xd(M * Kmax / 32), xs(M * Kmax / 32);
     const po::Act8 s8{xq.data(), xd.data(), xs.data()};
     float *xr = res.data_ptr<float>(), *hp = h.data_ptr<float>(), *ap = aux.data_ptr<float>();
-    auto prod = [&](const Proj& w, const float* in, float* out) {
-      if (act8_)
-        po::qlinear_a8(in, M, w.K, w.w.data_ptr<uint8_t>(), w.packed.data_ptr<uint8_t>(), w.qtype, w.N, impl_, s8,
-                       out);
-      else
-        po::qlinear(in, M, w.K, w.w.data_ptr<uint8_t>(), w.qtype, w.N, impl_, out);
-    };
+    auto prod = [&](const Proj& w, const float* in, float* out) { w.run(in, M, out, impl_, s8); };
     int64_t slot = 0;
     auto keep = [&](int64_t i) {   // the residual entering layer i into its aux slot
       if (!want[i]) return;

@@ -180,9 +180,11 @@ class Proposer:
         behind = self.context.behind[:batch_size] if self.context is not None else []
         return batch_size * max(0, max(behind, default=0) - steady)
 
-    def samples(self, batch: DraftBatch) -> bool:
-        """Whether this step draws some rows' drafts from q (else every draft is its row's argmax)."""
-        return batch.sampled is not None and self.draft_sampling == "sample"
+    def one_greedy_row(self, batch: DraftBatch) -> bool:
+        """The engine's one row (s0 given: all its entries real) with argmax drafts (no row drawn from q): where
+        the head's one-call pass (DrafterHead.greedy_pass) may run."""
+        return batch.ids.shape[0] == 1 and batch.s0 is not None and not (
+            batch.sampled is not None and self.draft_sampling == "sample")
 
     def pick(self, normed: torch.Tensor, sampled: "SampledRows | None"):
         """normed [B,J,H] (J draft slots per row) -> (draft ids [B,J] in the target vocabulary, q [S,J,V] or None).

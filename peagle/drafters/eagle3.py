@@ -18,7 +18,7 @@ class Eagle3Proposer(Proposer):
     @torch.no_grad()
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
         h, (B, T), K = self.head, batch.ids.shape, k or self.k
-        if B == 1 and batch.s0 is not None and not self.samples(batch):
+        if self.one_greedy_row(batch):
             drafts = self._greedy_row(batch, K)
             if drafts is not None:
                 batch.q = None

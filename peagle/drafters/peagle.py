@@ -22,13 +22,12 @@ class PEagleProposer(Proposer):
         super().__init__(head, k, max_len, rows, draft_sampling, dual, quantization)
         if not head.parallel:
             raise ValueError("this head has no mask token / mask_hidden: it was not trained for parallel drafting")
-        with torch.no_grad():
-            self.mask_h = head.combine(head.mask_hidden.reshape(1, -1))[0]   # fc(mask_hidden), [H]
+        self.mask_h = head.mask_h                                             # fc(mask_hidden), [H]
 
     @torch.no_grad()
     def propose(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
         K = k or self.k
-        if batch.ids.shape[0] == 1 and batch.s0 is not None and not self.samples(batch):
+        if self.one_greedy_row(batch):
             # the engine's one greedy row: the pass, its LM head and argmax in one extension call where it applies
             span = None if batch.span is None else batch.span + K - 1
             out = self.head.greedy_pass(batch.ids, batch.aux, K - 1, self.cache, batch.b0, batch.start, span,

@@ -190,6 +190,8 @@ class DrafterHead(nn.Module):
                                                                              L.post_attention_layernorm)]
                                     + [self.norm.weight], c.num_attention_heads, c.num_key_value_heads,
                                     c.head_dim, c.rms_norm_eps) if self._fused_ops else None
+        # fc(mask_hidden) [H], the mask rows' hidden of every P-EAGLE pass (proposer and one-call pass alike)
+        self.mask_h = self.combine(self.mask_hidden.reshape(1, -1))[0] if self.parallel else None
         self._pass = self._draft_pass(quant_ext.get()) if self._stack is not None else None
         return self
 
@@ -201,7 +203,7 @@ class DrafterHead(nn.Module):
                 or emb.dtype != torch.float32 or emb.device.type != "cpu":
             return None
         L0, none = self.layers[0], torch.empty(0, dtype=torch.uint8)
-        mask_h = self.combine(self.mask_hidden.reshape(1, -1))[0] if self.parallel else torch.empty(0)
+        mask_h = self.mask_h if self.parallel else torch.empty(0)
         return ext.DraftHead(fc.data, fc.packed_a8(ext) if fc.act8 else none, fc.qtype, fc.k,
                              lm.data, lm.packed_a8(ext) if lm.act8 else none, lm.qtype, lm.n,
                              emb.detach().contiguous(), L0.input_layernorm.weight.detach().float(),
