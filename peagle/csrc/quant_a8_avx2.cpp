@@ -15,9 +15,13 @@ namespace avx2 {
 
 struct MaddDot {
   static constexpr int accumulators(int) { return 1; }
-  static inline void q4(__m256i& s, __m256i w, __m256i x) { s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w, x)); }
+  static inline void q4(__m256i& s, __m256i w, __m256i x) {
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w, x));
+    __asm__("" : "+x"(s));   // summed in the order written: GCC reassociated the sums into trees that spilled
+  }                          // registers from 2 rows on (the same integers either way)
   static inline void q8(__m256i& s, __m256i u, __m256i x) {
     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+    __asm__("" : "+x"(s));   // as q4
   }
   template <int QT, int NA>
   static inline __m256i finish(const __m256i* s) {

@@ -36,7 +36,9 @@ static inline void block_dots(const uint8_t* qs, const int8_t* x, int64_t K, __m
   if constexpr (QT == Q8_0) {
     #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c)), u = _mm256_sign_epi8(w, w);
+      __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+      __asm__("" : "+x"(w));   // one load in a register: GCC would fold a second load into a sign
+      const __m256i u = _mm256_sign_epi8(w, w);
       #pragma GCC unroll 4
       for (int r = 0; r < NR; r++) Dot::q8(s[r][c % NA], u, _mm256_sign_epi8(bcast4(x + r * K + 4 * c), w));
     }
@@ -44,7 +46,8 @@ static inline void block_dots(const uint8_t* qs, const int8_t* x, int64_t K, __m
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-      const __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+      __m256i w = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+      __asm__("" : "+x"(w));   // one load: GCC would fold a second one into the mask
       const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
       #pragma GCC unroll 4
       for (int r = 0; r < NR; r++) {
@@ -63,9 +66,9 @@ static inline void group(const uint8_t* g, int64_t gs, const int8_t* xq, const f
                          float* y, int64_t N, int valid) {
   constexpr int gb = a8_group_block_bytes(QT), qoff = QT == Q4_1 ? 32 : 16;
   const int64_t nb = K / 32;
-  __m256 acc[NR];
+  __m256 acc[NR], s[NR];
   #pragma GCC unroll 4
-  for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+  for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps(), s[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* blk = g + b * gb;
     prefetch_ahead(blk, gs, gb, 1);   // gs: the groups' byte distance
@@ -77,25 +80,27 @@ static inline void group(const uint8_t* g, int64_t gs, const int8_t* xq, const f
       const __m256 dd = _mm256_mul_ps(d, _mm256_broadcast_ss(xd + r * nb + b));
       acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dots[r]), acc[r]);
     }
-  }
-  // the minimum terms (Q4_1's m, Q4_0's -8 d): per output and row one chain of fma in block order
-  __m256 s[NR];
-  #pragma GCC unroll 4
-  for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_ps();
-  if constexpr (QT != Q8_0) {
-    for (int64_t b = 0; b < nb; b++) {
-      const uint8_t* blk = g + b * gb;
-      const __m256 m = QT == Q4_1 ? halves8(blk + 16) : _mm256_mul_ps(halves8(blk), _mm256_set1_ps(-8.0f));
+    // the minimum terms (Q4_1's m, Q4_0's -8 d): per output and row their own chain of fma in block order, in
+    // the same pass (a second pass over the group kept an fma chain's latency apart from the products: AVX2 Zen 3)
+    if constexpr (QT != Q8_0) {
+      const __m256 m = QT == Q4_1 ? halves8(blk + 16) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
       #pragma GCC unroll 4
       for (int r = 0; r < NR; r++) s[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(xs + r * nb + b), s[r]);
     }
   }
+  __m256 v[NR];   // stored whole where the group has 8 outputs, else through a buffer
   #pragma GCC unroll 4
-  for (int r = 0; r < NR; r++) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, QT == Q8_0 ? acc[r] : _mm256_add_ps(acc[r], s[r]));
-    for (int o = 0; o < valid; o++) y[r * N + o] = out[o];
+  for (int r = 0; r < NR; r++) v[r] = QT == Q8_0 ? acc[r] : _mm256_add_ps(acc[r], s[r]);
+  if (valid == 8) {
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + r * N, v[r]);
+    return;
   }
+  alignas(32) float out[NR][8];
+  #pragma GCC unroll 4
+  for (int r = 0; r < NR; r++) _mm256_store_ps(out[r], v[r]);
+  for (int r = 0; r < NR; r++)
+    for (int o = 0; o < valid; o++) y[r * N + o] = out[r][o];
 }
 
 // Groups g0..g1-1 of all M rows, rows in tiles of up to 4 (each group-block's weights meet 4 rows per read).
