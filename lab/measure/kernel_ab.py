@@ -1,0 +1,210 @@
+"""Two builds of the C++ kernels side by side in one process: a git revision's peagle/csrc against this checkout's
+build, alternated round by round, every output compared bit for bit.
+
+The revision's sources (`git archive`) are built under another module name (build/kernel-ab/<rev>/, once per
+revision), so both extensions load into one process and run on the same machine state: each product of a target's
+step (its 8-bit-activation or weight-only kinds, at --rows rows, on one thread and on the run's threads) and whole
+target steps (plain and verify(T): the layer runner, on a cache holding --context positions). The two builds'
+outputs must be identical (a kernel change that moves a bit is not a speed change; the script stops), and each
+figure is the minimum over --rounds with the two builds' order alternating per round.
+
+    OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kernel_ab.py --base HEAD~1 --out /tmp/kernel-ab.md
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from lab.measure.precision import cpu_flags, write_report
+from peagle.default_target import TARGET_DIR
+from peagle.errors import PeagleError
+from peagle.models import quant as Q
+from peagle.models import quant_ext
+from peagle.models.llama import Transformer
+from peagle.paths import HOME
+
+
+def cpu_model() -> str:
+    """lscpu's name and SIMD flags with /proc/cpuinfo's family / model (a VM may name every EPYC alike)."""
+    fms = {}
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if not line.strip():
+                break
+            fms.setdefault(k.strip(), v.strip())
+    return f"{cpu_flags()}, family {fms.get('cpu family', '?')} model {fms.get('model', '?')}"
+
+
+def build_base(rev: str):
+    """The extension of `rev`'s peagle/csrc, built with `rev`'s own source list and flags, as module pq_<sha>."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", rev], cwd=HOME, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise PeagleError(f"--base {rev}: not a git revision of this checkout") from e
+    name, out = f"pq_{sha[:12]}", os.path.join(HOME, "build", "kernel-ab", sha[:12])
+    so = os.path.join(out, name + ".so")
+    if not os.path.isfile(so):
+        with tempfile.TemporaryDirectory() as tmp:
+            tar = os.path.join(tmp, "src.tar")
+            subprocess.run(["git", "archive", "-o", tar, sha, "peagle/csrc", "peagle/models/quant_ext.py"], cwd=HOME,
+                           check=True)
+            with tarfile.open(tar) as t:
+                t.extractall(tmp, filter="data")
+            # its constants only (SOURCES, CFLAGS, LDFLAGS): the module's relative import is not run
+            path = os.path.join(tmp, "peagle/models/quant_ext.py")
+            with open(path) as f:
+                text = f.read().replace("from ..paths import HOME, SETUP_COMMAND", "HOME = SETUP_COMMAND = ''")
+            consts: dict = {"__name__": "base_quant_ext", "__file__": path}
+            exec(compile(text, path, "exec"), consts)
+            from torch.utils.cpp_extension import load
+            os.makedirs(out, exist_ok=True)
+            print(f"building {rev} ({sha[:12]}) into {out} ...", file=sys.stderr)
+            load(name=name, sources=[os.path.join(tmp, "peagle/csrc", f) for f in consts["SOURCES"]],
+                 extra_cflags=list(consts["CFLAGS"]), extra_ldflags=list(consts["LDFLAGS"]), build_directory=out)
+    spec = importlib.util.spec_from_file_location(name, so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, sha
+
+
+@contextlib.contextmanager
+def using(mod):
+    """Every quant_ext.get() inside returns `mod` (a target's Python-side products, the LM head among them)."""
+    saved = quant_ext._mod, quant_ext._tried
+    quant_ext._mod, quant_ext._tried = mod, True
+    try:
+        yield
+    finally:
+        quant_ext._mod, quant_ext._tried = saved
+
+
+def products(exts: dict, weights, rows, rounds: int, threads: int) -> dict:
+    """{(M, name): seconds} for one pass over every product of a step at M rows, min over rounds."""
+    gen = torch.Generator().manual_seed(0)
+    xs = {m: {k: torch.randn(m, k, generator=gen) for k in {w.k for w in weights}} for m in rows}
+    packed = {n: [e.pack_a8(w.data, w.qtype, w.n, w.k) if w.act8 else None for w in weights] for n, e in exts.items()}
+    def run(n, m):
+        e = exts[n]
+        return [e.qlinear_a8(xs[m][w.k], w.data, p, w.qtype, w.n, w.k, 0) if w.act8
+                else e.qlinear(xs[m][w.k], w.data, w.qtype, w.n, w.k, 0) for w, p in zip(weights, packed[n])]
+    best: dict = {}
+    torch.set_num_threads(threads)
+    for m in rows:
+        ys = {n: run(n, m) for n in exts}
+        a, b = ys.values()
+        if not all(torch.equal(x, y) for x, y in zip(a, b)):
+            raise PeagleError(f"the builds' products differ at {m} rows: not a speed change")
+        for r in range(rounds):
+            for n in (list(exts) if r % 2 == 0 else list(exts)[::-1]):
+                run(n, m)                                     # untimed: the weights as a step leaves them
+                t0 = time.perf_counter()
+                run(n, m)
+                best[m, n] = min(best.get((m, n), 1e9), time.perf_counter() - t0)
+    return best
+
+
+def steps(exts: dict, model: str, quantization: str, blocks, ctx: int, rounds: int) -> dict:
+    """{(T, name): [seconds]} of whole target forwards of T tokens, each build's own target, alternating."""
+    gen = torch.Generator().manual_seed(0)
+    toks0 = torch.randint(20, 40000, (1, ctx), generator=gen)
+    tg, caches = {}, {}
+    for n, e in exts.items():
+        with using(e):
+            tg[n] = Transformer.from_pretrained(model, quantization=quantization)
+            caches[n] = tg[n].new_cache(1, ctx + max(blocks) + 8)
+            tg[n].forward(toks0, caches[n], 0, torch.zeros(1, dtype=torch.long))
+    start, times = torch.full((1,), ctx), {}
+    for r in range(rounds):
+        for T in blocks:
+            toks, out = torch.randint(20, 40000, (1, T), generator=gen), {}
+            for n in (list(exts) if r % 2 == 0 else list(exts)[::-1]):
+                with using(exts[n]):
+                    tg[n].forward(toks, caches[n], 0, start, span=ctx + T, s0=ctx)
+                    t0 = time.perf_counter()
+                    y = tg[n].forward(toks, caches[n], 0, start, span=ctx + T, s0=ctx)
+                    times.setdefault((T, n), []).append(time.perf_counter() - t0)
+                out[n] = y[0] if isinstance(y, tuple) else y
+            a, b = out.values()
+            if not torch.equal(a, b):
+                raise PeagleError(f"the builds' targets differ on a {T}-token forward: not a speed change")
+    return times, tg[next(iter(tg))].precision
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", default="HEAD", help="the git revision whose kernels this checkout's are timed against")
+    ap.add_argument("--model", default=TARGET_DIR)
+    ap.add_argument("--quantization", default="q4a8")
+    ap.add_argument("--rows", default="1,2,3,4,8", help="rows per product")
+    ap.add_argument("--blocks", default="1,2,4,8", help="tokens per target forward (1: the plain step)")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    new = quant_ext.get()
+    if new is None:
+        print(f"needs this checkout's C++ kernels ({quant_ext.describe()})", file=sys.stderr)
+        return 2
+    try:
+        base, sha = build_base(a.base)
+        threads = torch.get_num_threads()
+        exts = {"base": base, "this": new}
+        rows, blocks = [int(r) for r in a.rows.split(",")], [int(b) for b in a.blocks.split(",")]
+        with using(new):
+            weights = step_products(Transformer.from_pretrained(a.model, quantization=a.quantization))
+        prod = {t: products(exts, weights, rows, a.rounds, t) for t in sorted({1, threads})}
+        torch.set_num_threads(threads)
+        st, precision = steps(exts, a.model, a.quantization, blocks, a.context, a.rounds)
+    except PeagleError as e:
+        print(f"kernel_ab: {e}", file=sys.stderr)
+        return 1
+    dirty = subprocess.run(["git", "status", "--porcelain", "peagle/csrc"], cwd=HOME, capture_output=True,
+                           text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=HOME, capture_output=True,
+                          text=True).stdout.strip()
+    mb = sum(w.nbytes for w in weights) / 1e6
+    lines = [f"# Two kernel builds side by side ({os.path.basename(a.model.rstrip('/'))}, {a.quantization})", "",
+             f"CPU: {cpu_model()}; torch {torch.__version__}; base: {a.base} ({sha[:10]}); this: {head}"
+             f"{' with peagle/csrc changed' if dirty else ''}; {precision}.", "",
+             f"Every output of the two builds identical (products at {a.rows} rows, forwards of {a.blocks} tokens); "
+             f"min over {a.rounds} rounds, the builds' order alternating.", "",
+             f"Every product of a step ({len(weights)} products, {mb:.1f} MB of weights; each pass after an untimed "
+             "one, so what the machine's last-level cache keeps of them stays):", "",
+             "| threads | rows | base (ms) | this (ms) | this ÷ base |", "|---|---|---|---|---|"]
+    for t, best in prod.items():
+        for m in rows:
+            lines.append(f"| {t} | {m} | {best[m, 'base'] * 1e3:.2f} | {best[m, 'this'] * 1e3:.2f} | "
+                         f"{best[m, 'this'] / best[m, 'base']:.2f}x |")
+    med = lambda v: sorted(v)[len(v) // 2]
+    lines += ["", f"Whole target forwards ({threads} threads, context {a.context}, the layer runner; each after an "
+              "untimed one of the same shape):", "",
+              "| tokens | base min (ms) | this min (ms) | base median | this median | this ÷ base (min) | "
+              "this ÷ base (median) |", "|---|---|---|---|---|---|---|"]
+    for T in blocks:
+        b, n = st[T, "base"], st[T, "this"]
+        lines.append(f"| {T} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {med(b) * 1e3:.2f} | {med(n) * 1e3:.2f} | "
+                     f"{min(n) / min(b):.2f}x | {med(n) / med(b):.2f}x |")
+    return write_report(lines, f"OMP_NUM_THREADS={threads} .venv/bin/python lab/measure/kernel_ab.py", argv, a.out)
+
+
+def step_products(t: Transformer) -> list:
+    """A target's products of one step (stacked projections split into their parts), each a QuantWeight."""
+    from peagle.models import kernel_choice
+    return [w for w in kernel_choice.parts(t._projections()) if isinstance(w, Q.QuantWeight)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
