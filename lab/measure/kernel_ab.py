@@ -116,8 +116,9 @@ def products(exts: dict, weights, rows, rounds: int, threads: int) -> dict:
     return best
 
 
-def steps(exts: dict, model: str, quantization: str, blocks, ctx: int, rounds: int) -> dict:
-    """{(T, name): [seconds]} of whole target forwards of T tokens, each build's own target, alternating."""
+def steps(exts: dict, model: str, quantization: str, blocks, ctx: int, rounds: int) -> tuple:
+    """({(T, name): [seconds]} of whole target forwards of T tokens, each build's own target, alternating; what
+    the target runs, as it says at load)."""
     gen = torch.Generator().manual_seed(0)
     toks0 = torch.randint(20, 40000, (1, ctx), generator=gen)
     tg, caches = {}, {}
