@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from lab.measure.precision import cpu_flags, write_report
 from peagle.default_target import TARGET_DIR
+from peagle.device import cpuinfo
 from peagle.errors import PeagleError
 from peagle.models import quant as Q
 from peagle.models import quant_ext
@@ -37,14 +38,7 @@ from peagle.paths import HOME
 
 def cpu_model() -> str:
     """lscpu's name and SIMD flags with /proc/cpuinfo's family / model (a VM may name every EPYC alike)."""
-    fms = {}
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if not line.strip():
-                break
-            fms.setdefault(k.strip(), v.strip())
-    return f"{cpu_flags()}, family {fms.get('cpu family', '?')} model {fms.get('model', '?')}"
+    return f"{cpu_flags()}, family {cpuinfo('cpu family') or '?'} model {cpuinfo('model') or '?'}"
 
 
 def build_base(rev: str):
