@@ -101,10 +101,11 @@ static inline int32_t load4(const int8_t* p) {
 // further on, into L1 (LOCALITY 3: prefetcht0, the AVX2 forms) or L2 (2: prefetcht1, the AVX-512 and AMX paths).
 // An L1 prefetch holds one of the core's few line-fill buffers until its line arrives; into L2 the stream keeps
 // more lines in flight. Measured on a 2-core Intel Xeon (KVM, AVX-512 + AMX; family 6 model 167), SmolLM2 q4a8,
-// side by side in one process with the same bits (lab/measure/kernel_ab.py, three runs): whole target forwards
-// of 1 / 2 / 4 / 8 tokens 0.92-0.95x / 0.91-0.93x / 0.93-0.95x / 0.94x the time with the AVX-512 path's hint in
-// L2 (q8a8 0.94-0.96x; L2 and twice as far ahead: no better). The AVX2 forms keep L1: an earlier stop's
-// separate runs measured L2 slower there (docs/benchmarks/kernel-ab-avx512-xeon.md).
+// side by side in one process with the same bits (lab/measure/kernel_ab.py, five runs): whole target forwards
+// of 1 / 2 / 4 / 8 tokens 0.92-0.97x / 0.91-0.94x / 0.93-0.98x / 0.94-0.96x the time with the AVX-512 path's
+// hint in L2 (q8a8, three runs: 0.95-0.99x / 0.92-0.95x / 0.93-0.99x / 0.95-1.01x; L2 and twice as far ahead: no
+// better). The AVX2 forms keep L1: an earlier stop's separate runs measured L2 slower there
+// (docs/benchmarks/kernel-ab-avx512-xeon.md).
 // static: each translation unit keeps its own copy, built for its own target pragma.
 template <int LOCALITY = 3>
 static inline void prefetch_ahead(const uint8_t* blk, int64_t gs, int bytes, int groups) {
