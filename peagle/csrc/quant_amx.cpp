@@ -10,8 +10,10 @@
 // pair of groups into a scratch buffer and reused by every tile of rows; A = 8 rows' activations of the same two
 // blocks laid out block-diagonally (pair_rows), so C's rows 0-7 / 8-15 are the two blocks' dots, lanes in
 // pair_a8's order (group g's 8 outputs, then group g+1's). Measured on a 2-core Intel Xeon (KVM): one block per
-// product (8 x 32 bytes of A) ran 1.03-1.06x AVX-512 at 8 rows, the block-diagonal pairs 1.2x: the tile unit's
-// latency per product, not its arithmetic, bounds it. No torch headers.
+// product (8 x 32 bytes of A) ran 1.03-1.06x AVX-512 at 8 rows, the block-diagonal pairs 1.2x. Not the tile
+// arithmetic bounds it: on a later Xeon (family 6 model 167) the tile work, its C store above all, did not
+// overlap the vector work around it (lab/measure/amx_overlap.py), so the unpacking, the tiles and the float part
+// add up (ops.h: AMX_MIN_ROWS). No torch headers.
 #include <algorithm>   // the standard headers before the target pragma: none of their code is built for AMX
 #include <csetjmp>
 #include <csignal>
