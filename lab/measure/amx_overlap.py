@@ -8,7 +8,7 @@ zmm FMAs alone (24 per iteration in 12 independent chains), vpdpbusd alone (the 
 store, the store alone and the whole sequence, each alone and with the FMAs in the same iteration. Where two
 kinds of work overlap, together costs about the larger of the two; where they serialise, about their sum.
 
-A plain C probe (no torch headers) compiled here with g++ into build/amx-overlap/ and called through ctypes.
+A plain C++ probe (no torch headers) compiled here with g++ into build/amx-overlap/ and called through ctypes.
 Prints a markdown table; exits 0 with a line saying so where the CPU or the OS grants no AMX.
 
     .venv/bin/python lab/measure/amx_overlap.py --out docs/benchmarks/amx-overlap.md
