@@ -37,22 +37,17 @@ SOURCE = r'''
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
 #include <immintrin.h>
 
+#include "amx_inline.h"   // peagle/csrc: the kernels' tile configuration
+
 alignas(64) static uint8_t A[16][1024], B[16][1024];
 alignas(64) static int32_t C[16][256];
-struct alignas(64) Cfg { uint8_t palette = 1, start = 0, res[14] = {}; uint16_t colsb[16] = {}; uint8_t rows[16] = {}; };
-
-static void configure() {
-  Cfg c;
-  for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-  _tile_loadconfig(&c);
-}
 
 // shape bits: 1 = tile zero + two tile loads + TDPBSUD, 2 = the C tile's store, 4 = 24 zmm FMAs, 8 = 24 vpdpbusd.
 // The tiles are configured inside the loop's own call (a library call in between, lazy binding's state save
 // included, may leave them unconfigured) and released after it.
 template <int S>
 __attribute__((noinline)) float loop(long n) {
-  if (S & 3) configure();
+  if (S & 3) peagle_amx::configure_tiles(8);
   __m512 f[12];
   __m512i d[12];
   for (int j = 0; j < 12; j++) f[j] = _mm512_set1_ps(1.0f + j), d[j] = _mm512_set1_epi32(j);
@@ -109,14 +104,17 @@ extern "C" double probe(int shape, long n) {
 
 
 def build() -> ctypes.CDLL:
-    """The probe's shared library, compiled once per source (build/amx-overlap/)."""
-    out = os.path.join(HOME, "build", "amx-overlap")
+    """The probe's shared library, compiled again when its source or peagle/csrc/amx_inline.h changed
+    (build/amx-overlap/)."""
+    out, csrc = os.path.join(HOME, "build", "amx-overlap"), os.path.join(HOME, "peagle", "csrc")
     os.makedirs(out, exist_ok=True)
     src, so = os.path.join(out, "probe.cpp"), os.path.join(out, "probe.so")
-    if not (os.path.isfile(src) and open(src).read() == SOURCE and os.path.isfile(so)):
+    if not (os.path.isfile(src) and open(src).read() == SOURCE and os.path.isfile(so)
+            and os.path.getmtime(so) >= os.path.getmtime(os.path.join(csrc, "amx_inline.h"))):
         with open(src, "w") as f:
             f.write(SOURCE)
-        p = subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-o", so, src], capture_output=True, text=True)
+        p = subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-I", csrc, "-o", so, src], capture_output=True,
+                           text=True)
         if p.returncode:
             raise PeagleError(f"compiling the AMX probe failed: {p.stderr.strip()[-400:]}")
     lib = ctypes.CDLL(so)

@@ -21,12 +21,14 @@ import sys
 import tarfile
 import tempfile
 import time
+from statistics import median_high
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from lab.measure.precision import cpu_flags, write_report
+from lab.measure.serve_speed import checkout_name
 from peagle.default_target import TARGET_DIR
 from peagle.device import cpuinfo
 from peagle.errors import PeagleError
@@ -166,14 +168,10 @@ def main(argv=None) -> int:
     except PeagleError as e:
         print(f"kernel_ab: {e}", file=sys.stderr)
         return 1
-    dirty = subprocess.run(["git", "status", "--porcelain", "peagle/csrc"], cwd=HOME, capture_output=True,
-                           text=True).stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=HOME, capture_output=True,
-                          text=True).stdout.strip()
     mb = sum(w.nbytes for w in weights) / 1e6
     lines = [f"# Two kernel builds side by side ({os.path.basename(a.model.rstrip('/'))}, {a.quantization})", "",
-             f"CPU: {cpu_model()}; torch {torch.__version__}; base: {a.base} ({sha[:10]}); this: {head}"
-             f"{' with peagle/csrc changed' if dirty else ''}; {precision}.", "",
+             f"CPU: {cpu_model()}; torch {torch.__version__}; base: {a.base} ({sha[:10]}); this: "
+             f"{checkout_name(HOME, ('peagle/csrc',))}; {precision}.", "",
              f"Every output of the two builds identical (products at {a.rows} rows, forwards of {a.blocks} tokens); "
              f"min over {a.rounds} rounds, the builds' order alternating.", "",
              f"Every product of a step ({len(weights)} products, {mb:.1f} MB of weights; each pass after an untimed "
@@ -183,15 +181,15 @@ def main(argv=None) -> int:
         for m in rows:
             lines.append(f"| {t} | {m} | {best[m, 'base'] * 1e3:.2f} | {best[m, 'this'] * 1e3:.2f} | "
                          f"{best[m, 'this'] / best[m, 'base']:.2f}x |")
-    med = lambda v: sorted(v)[len(v) // 2]
     lines += ["", f"Whole target forwards ({threads} threads, context {a.context}, the layer runner; each after an "
               "untimed one of the same shape):", "",
               "| tokens | base min (ms) | this min (ms) | base median | this median | this ÷ base (min) | "
               "this ÷ base (median) |", "|---|---|---|---|---|---|---|"]
     for T in blocks:
         b, n = st[T, "base"], st[T, "this"]
-        lines.append(f"| {T} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {med(b) * 1e3:.2f} | {med(n) * 1e3:.2f} | "
-                     f"{min(n) / min(b):.2f}x | {med(n) / med(b):.2f}x |")
+        bm, nm = median_high(b), median_high(n)
+        lines.append(f"| {T} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {bm * 1e3:.2f} | {nm * 1e3:.2f} | "
+                     f"{min(n) / min(b):.2f}x | {nm / bm:.2f}x |")
     return write_report(lines, f"OMP_NUM_THREADS={threads} .venv/bin/python lab/measure/kernel_ab.py", argv, a.out)
 
 

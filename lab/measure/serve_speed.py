@@ -33,12 +33,12 @@ PROMPTS = ["Write a short story about the ocean.", "Explain prime numbers to a c
            "What is interesting about desert plants?", "Summarize what you know about the first computer."]
 
 
-def checkout_name(repo: str) -> str:
-    """The checkout's short commit, "+ changes" where its tracked files differ from it."""
+def checkout_name(repo: str, paths: tuple = ()) -> str:
+    """The checkout's short commit, "+ changes" where its tracked files (under `paths`, if given) differ from it."""
     git = ["git", "-C", repo]
     head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
+    dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no", "--", *paths],
+                           capture_output=True, text=True).stdout.strip()
     return (head or os.path.basename(repo)) + (" + changes" if dirty else "")
 
 

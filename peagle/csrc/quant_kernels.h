@@ -100,12 +100,8 @@ static inline int32_t load4(const int8_t* p) {
 // The `bytes` of the block at blk in the `groups` groups (1, or 2 for a pair) A8_PREFETCH_GROUPS groups of gs bytes
 // further on, into L1 (LOCALITY 3: prefetcht0, the AVX2 forms) or L2 (2: prefetcht1, the AVX-512 and AMX paths).
 // An L1 prefetch holds one of the core's few line-fill buffers until its line arrives; into L2 the stream keeps
-// more lines in flight. Measured on a 2-core Intel Xeon (KVM, AVX-512 + AMX; family 6 model 167), SmolLM2 q4a8,
-// side by side in one process with the same bits (lab/measure/kernel_ab.py, five runs): whole target forwards
-// of 1 / 2 / 4 / 8 tokens 0.92-0.97x / 0.91-0.94x / 0.93-0.98x / 0.94-0.96x the time with the AVX-512 path's
-// hint in L2 (q8a8, three runs: 0.95-0.99x / 0.92-0.95x / 0.93-0.99x / 0.95-1.01x; L2 and twice as far ahead: no
-// better). The AVX2 forms keep L1: an earlier stop's separate runs measured L2 slower there
-// (docs/benchmarks/kernel-ab-avx512-xeon.md).
+// more lines in flight: whole q4a8 forwards 0.91-0.98x the time on a 2-core Intel Xeon with AVX-512 + AMX, the
+// same bits (docs/benchmarks/kernel-ab-avx512-xeon.md). The AVX2 forms keep L1 (L2 measured slower there).
 // static: each translation unit keeps its own copy, built for its own target pragma.
 template <int LOCALITY = 3>
 static inline void prefetch_ahead(const uint8_t* blk, int64_t gs, int bytes, int groups) {
