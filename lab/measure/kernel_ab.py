@@ -5,8 +5,16 @@ The revision's sources (`git archive`) are built under another module name (buil
 revision), so both extensions load into one process and run on the same machine state: each product of a target's
 step (its 8-bit-activation or weight-only kinds, at --rows rows, on one thread and on the run's threads) and whole
 target steps (plain and verify(T): the layer runner, on a cache holding --context positions). The two builds'
-outputs must be identical (a kernel change that moves a bit is not a speed change; the script stops), and each
-figure is the minimum over --rounds with the two builds' order alternating per round.
+outputs must be identical (a kernel change that moves a bit is not a speed change; the script stops).
+
+Where a target's weights lie in memory moves its speed: on a 2-core Intel Xeon VM the same build's target loaded
+second ran its forwards 2-8 % faster than the one loaded first, so one copy per build, loaded in a fixed order,
+favoured whichever build came second (a build against itself read 0.92-0.97x one way round, 1.04-1.09x the
+other). So each build gets --instances copies of its weights (targets, and the products' packed blocks), loaded
+in the order base, this, this, base, base, this, ... (every build as often early as late); each round times every
+copy, in an order that rotates; a build's figure pools all its copies' rounds (min, median), and the report gives
+the spread between a build's own copies: a difference between the builds within that spread is placement, not
+code. Run a revision against itself (--base HEAD with a clean peagle/csrc) to see the floor on a machine.
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kernel_ab.py --base HEAD~1 --out /tmp/kernel-ab.md
 """
@@ -87,57 +95,87 @@ def using(mod):
         quant_ext._mod, quant_ext._tried = saved
 
 
-def products(exts: dict, weights, rows, rounds: int, threads: int) -> dict:
-    """{(M, name): seconds} for one pass over every product of a step at M rows, min over rounds."""
+def placement_order(builds: list, instances: int) -> list:
+    """(build, copy) in load order: base, this, this, base, base, this, ... -- every build as often early as late."""
+    order = []
+    for i in range(instances):
+        order += [(n, i) for n in (builds if i % 2 == 0 else builds[::-1])]
+    return order
+
+
+def rotated(seq: list, r: int) -> list:
+    """seq rotated by r (each round starts at another copy)."""
+    r %= len(seq)
+    return seq[r:] + seq[:r]
+
+
+def products(exts: dict, weights, rows, rounds: int, threads: int, instances: int) -> dict:
+    """{(M, name): [seconds]} for one pass over every product of a step at M rows, per round and copy: each
+    build's copies of the weights (the GGUF blocks and their packed form) made in placement_order."""
     gen = torch.Generator().manual_seed(0)
     xs = {m: {k: torch.randn(m, k, generator=gen) for k in {w.k for w in weights}} for m in rows}
-    packed = {n: [e.pack_a8(w.data, w.qtype, w.n, w.k) if w.act8 else None for w in weights] for n, e in exts.items()}
-    def run(n, m):
+    copies = {}
+    for n, i in placement_order(list(exts), instances):
         e = exts[n]
-        return [e.qlinear_a8(xs[m][w.k], w.data, p, w.qtype, w.n, w.k, 0) if w.act8
-                else e.qlinear(xs[m][w.k], w.data, w.qtype, w.n, w.k, 0) for w, p in zip(weights, packed[n])]
-    best: dict = {}
+        data = [w.data.clone() for w in weights]
+        copies[n, i] = [(d, e.pack_a8(d, w.qtype, w.n, w.k) if w.act8 else None) for w, d in zip(weights, data)]
+
+    def run(key, m):
+        e = exts[key[0]]
+        return [e.qlinear_a8(xs[m][w.k], d, p, w.qtype, w.n, w.k, 0) if w.act8
+                else e.qlinear(xs[m][w.k], d, w.qtype, w.n, w.k, 0) for w, (d, p) in zip(weights, copies[key])]
+    times: dict = {}
     torch.set_num_threads(threads)
     for m in rows:
-        ys = {n: run(n, m) for n in exts}
+        ys = {n: run((n, 0), m) for n in exts}
         a, b = ys.values()
         if not all(torch.equal(x, y) for x, y in zip(a, b)):
             raise PeagleError(f"the builds' products differ at {m} rows: not a speed change")
         for r in range(rounds):
-            for n in (list(exts) if r % 2 == 0 else list(exts)[::-1]):
-                run(n, m)                                     # untimed: the weights as a step leaves them
+            for key in rotated(list(copies), r):
+                run(key, m)                                   # untimed: the weights as a step leaves them
                 t0 = time.perf_counter()
-                run(n, m)
-                best[m, n] = min(best.get((m, n), 1e9), time.perf_counter() - t0)
-    return best
+                run(key, m)
+                times.setdefault((m, key[0]), []).append(time.perf_counter() - t0)
+                times.setdefault((m, key), []).append(time.perf_counter() - t0)
+    return times
 
 
-def steps(exts: dict, model: str, quantization: str, blocks, ctx: int, rounds: int) -> tuple:
-    """({(T, name): [seconds]} of whole target forwards of T tokens, each build's own target, alternating; what
-    the target runs, as it says at load)."""
+def steps(exts: dict, model: str, quantization: str, blocks, ctx: int, rounds: int, instances: int) -> tuple:
+    """({(T, name): [seconds]} (and {(T, (name, copy)): [seconds]}) of whole target forwards of T tokens, each
+    build's own targets loaded in placement_order, every copy every round in a rotating order; what the target
+    runs, as it says at load)."""
     gen = torch.Generator().manual_seed(0)
     toks0 = torch.randint(20, 40000, (1, ctx), generator=gen)
     tg, caches = {}, {}
-    for n, e in exts.items():
-        with using(e):
-            tg[n] = Transformer.from_pretrained(model, quantization=quantization)
-            caches[n] = tg[n].new_cache(1, ctx + max(blocks) + 8)
-            tg[n].forward(toks0, caches[n], 0, torch.zeros(1, dtype=torch.long))
+    for key in placement_order(list(exts), instances):
+        with using(exts[key[0]]):
+            tg[key] = Transformer.from_pretrained(model, quantization=quantization)
+            caches[key] = tg[key].new_cache(1, ctx + max(blocks) + 8)
+            tg[key].forward(toks0, caches[key], 0, torch.zeros(1, dtype=torch.long))
     start, times = torch.full((1,), ctx), {}
     for r in range(rounds):
         for T in blocks:
             toks, out = torch.randint(20, 40000, (1, T), generator=gen), {}
-            for n in (list(exts) if r % 2 == 0 else list(exts)[::-1]):
-                with using(exts[n]):
-                    tg[n].forward(toks, caches[n], 0, start, span=ctx + T, s0=ctx)
+            for key in rotated(list(tg), r):
+                with using(exts[key[0]]):
+                    tg[key].forward(toks, caches[key], 0, start, span=ctx + T, s0=ctx)
                     t0 = time.perf_counter()
-                    y = tg[n].forward(toks, caches[n], 0, start, span=ctx + T, s0=ctx)
-                    times.setdefault((T, n), []).append(time.perf_counter() - t0)
-                out[n] = y[0] if isinstance(y, tuple) else y
-            a, b = out.values()
-            if not torch.equal(a, b):
+                    y = tg[key].forward(toks, caches[key], 0, start, span=ctx + T, s0=ctx)
+                    dt = time.perf_counter() - t0
+                times.setdefault((T, key[0]), []).append(dt)
+                times.setdefault((T, key), []).append(dt)
+                out[key] = y[0] if isinstance(y, tuple) else y
+            first = next(iter(out.values()))
+            if not all(torch.equal(first, y) for y in out.values()):
                 raise PeagleError(f"the builds' targets differ on a {T}-token forward: not a speed change")
     return times, tg[next(iter(tg))].precision
+
+
+def spread(times: dict, shape, name: str, instances: int) -> str:
+    """The slowest of a build's copies over its fastest, by median: what placement alone moves."""
+    meds = [median_high(times[shape, (name, i)]) for i in range(instances)]
+    return f"{max(meds) / min(meds):.2f}x"
 
 
 def main(argv=None) -> int:
@@ -149,8 +187,12 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", default="1,2,4,8", help="tokens per target forward (1: the plain step)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--instances", type=int, default=2,
+                    help="copies of each build's weights, loaded base, this, this, base, ... (placement moves speed)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.instances < 1:
+        ap.error("--instances must be at least 1")
     new = quant_ext.get()
     if new is None:
         print(f"needs this checkout's C++ kernels ({quant_ext.describe()})", file=sys.stderr)
@@ -162,34 +204,42 @@ def main(argv=None) -> int:
         rows, blocks = [int(r) for r in a.rows.split(",")], [int(b) for b in a.blocks.split(",")]
         with using(new):
             weights = step_products(Transformer.from_pretrained(a.model, quantization=a.quantization))
-        prod = {t: products(exts, weights, rows, a.rounds, t) for t in sorted({1, threads})}
+        prod = {t: products(exts, weights, rows, a.rounds, t, a.instances) for t in sorted({1, threads})}
         torch.set_num_threads(threads)
-        st, precision = steps(exts, a.model, a.quantization, blocks, a.context, a.rounds)
+        st, precision = steps(exts, a.model, a.quantization, blocks, a.context, a.rounds, a.instances)
     except PeagleError as e:
         print(f"kernel_ab: {e}", file=sys.stderr)
         return 1
     mb = sum(w.nbytes for w in weights) / 1e6
+    k = a.instances
     lines = [f"# Two kernel builds side by side ({os.path.basename(a.model.rstrip('/'))}, {a.quantization})", "",
              f"CPU: {cpu_model()}; torch {torch.__version__}; base: {a.base} ({sha[:10]}); this: "
              f"{checkout_name(HOME, ('peagle/csrc',))}; {precision}.", "",
              f"Every output of the two builds identical (products at {a.rows} rows, forwards of {a.blocks} tokens); "
-             f"min over {a.rounds} rounds, the builds' order alternating.", "",
+             f"{k} copies of each build's weights, loaded {', '.join(n for n, _ in placement_order(list(exts), k))}; "
+             f"{a.rounds} rounds, every copy timed in each, in an order rotating by round; min and median pool a "
+             "build's copies; spread: a build's slowest copy over its fastest (median), what placement alone "
+             "moves.", "",
              f"Every product of a step ({len(weights)} products, {mb:.1f} MB of weights; each pass after an untimed "
              "one, so what the machine's last-level cache keeps of them stays):", "",
-             "| threads | rows | base (ms) | this (ms) | this ÷ base |", "|---|---|---|---|---|"]
-    for t, best in prod.items():
+             "| threads | rows | base min (ms) | this min (ms) | this ÷ base (min) | this ÷ base (median) | "
+             "spread base / this |", "|---|---|---|---|---|---|---|"]
+    for t, tm in prod.items():
         for m in rows:
-            lines.append(f"| {t} | {m} | {best[m, 'base'] * 1e3:.2f} | {best[m, 'this'] * 1e3:.2f} | "
-                         f"{best[m, 'this'] / best[m, 'base']:.2f}x |")
+            b, n = tm[m, "base"], tm[m, "this"]
+            lines.append(f"| {t} | {m} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {min(n) / min(b):.2f}x | "
+                         f"{median_high(n) / median_high(b):.2f}x | {spread(tm, m, 'base', k)} / "
+                         f"{spread(tm, m, 'this', k)} |")
     lines += ["", f"Whole target forwards ({threads} threads, context {a.context}, the layer runner; each after an "
               "untimed one of the same shape):", "",
               "| tokens | base min (ms) | this min (ms) | base median | this median | this ÷ base (min) | "
-              "this ÷ base (median) |", "|---|---|---|---|---|---|---|"]
+              "this ÷ base (median) | spread base / this |", "|---|---|---|---|---|---|---|---|"]
     for T in blocks:
         b, n = st[T, "base"], st[T, "this"]
         bm, nm = median_high(b), median_high(n)
         lines.append(f"| {T} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {bm * 1e3:.2f} | {nm * 1e3:.2f} | "
-                     f"{min(n) / min(b):.2f}x | {nm / bm:.2f}x |")
+                     f"{min(n) / min(b):.2f}x | {nm / bm:.2f}x | {spread(st, T, 'base', k)} / "
+                     f"{spread(st, T, 'this', k)} |")
     return write_report(lines, f"OMP_NUM_THREADS={threads} .venv/bin/python lab/measure/kernel_ab.py", argv, a.out)
 
 
