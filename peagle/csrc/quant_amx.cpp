@@ -105,7 +105,7 @@ void pair_rows(const uint8_t* g, int64_t gs, const uint8_t* wt, const uint8_t* a
     if (i > 0) {
       const int64_t b0 = 4 * (i - 1), b1 = std::min<int64_t>(b0 + 4, nb);
       for (int64_t b = b0; b < b1; b++) {
-        if (pf) prefetch_ahead<2>(g + b * gb, gs, gb, 2);   // the next pair's block, while the tiles work
+        if (pf) prefetch_ahead(g + b * gb, gs, gb, 2);   // the next pair's block, while the tiles work
         const int32_t* c = dots[(i - 1) & 1][(b - b0) / 2] + 128 * (b % 2);   // C's rows 0-7 or 8-15
         __m512i d[TR];
         #pragma GCC unroll 8

@@ -143,7 +143,7 @@ static inline void pair_a8(const uint8_t* g, int64_t gs, const int8_t* xq, const
   for (int r = 0; r < NR; r++) acc[r] = s[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* blk = g + b * gb;
-    prefetch_ahead<2>(blk, gs, gb, 2);   // the next pair's block, into L2 (quant_kernels.h)
+    prefetch_ahead(blk, gs, gb, 2);   // the next pair's block
     __m512i dots[NR];
     pair_dots<QT, NR>(blk + qoff, gs, xq + b * 32, K, QT == Q8_0 ? xsum + b : nullptr, nb, dots);
     a8_block<QT, NR>(blk, gs, dots, xd, xs, nb, b, acc, s);

@@ -98,16 +98,12 @@ static inline int32_t load4(const int8_t* p) {
 }
 
 // The `bytes` of the block at blk in the `groups` groups (1, or 2 for a pair) A8_PREFETCH_GROUPS groups of gs bytes
-// further on, into L1 (LOCALITY 3: prefetcht0, the AVX2 forms) or L2 (2: prefetcht1, the AVX-512 and AMX paths).
-// An L1 prefetch holds one of the core's few line-fill buffers until its line arrives; into L2 the stream keeps
-// more lines in flight: whole q4a8 forwards 0.91-0.98x the time on a 2-core Intel Xeon with AVX-512 + AMX, the
-// same bits (docs/benchmarks/kernel-ab-avx512-xeon.md). The AVX2 forms keep L1 (L2 measured slower there).
-// static: each translation unit keeps its own copy, built for its own target pragma.
-template <int LOCALITY = 3>
+// further on, into L1. A hint into L2 on the AVX-512 and AMX paths measured no different on a 2-core Intel Xeon
+// (docs/benchmarks/kernel-ab-avx512-xeon.md). static: each translation unit keeps its own copy, built for its own
+// target pragma.
 static inline void prefetch_ahead(const uint8_t* blk, int64_t gs, int bytes, int groups) {
   for (int i = 0; i < groups; i++)
-    for (int off = 0; off < bytes; off += 64)
-      __builtin_prefetch(blk + (A8_PREFETCH_GROUPS + i) * gs + off, 0, LOCALITY);
+    for (int off = 0; off < bytes; off += 64) __builtin_prefetch(blk + (A8_PREFETCH_GROUPS + i) * gs + off, 0, 3);
 }
 
 namespace scalar {
