@@ -1,7 +1,8 @@
 """Where a decode step's time goes outside the C++ calls, and why that part costs what it does.
 
 Greedy decoding of one request on the default target (q4a8 unless --quantization says otherwise): plain, P-EAGLE
-and EAGLE-3 at --ks. Per engine step, the wall time split into the C++ calls that carry the weights (the target's
+and EAGLE-3 at --ks, and P-EAGLE at the first K with fixed drafts instead of the drafter's pass (what that pass
+costs the target's own calls, beside its own time). Per engine step, the wall time split into the C++ calls that carry the weights (the target's
 layers in one call, its LM head; the drafter's layers, its fc and LM head, or its whole greedy pass in one call)
 and the rest (Python and torch's small ops: positions, masks, embedding, verification, bookkeeping): timers wrap
 those calls in the running engine, so the split sums to the step. Then the cost of one such small-op sequence
@@ -42,6 +43,8 @@ FORMS_AS = {"all as torch ops": (False, False, False), "verify one call": (True,
             "+ BlockCtx one call": (True, True, False), "+ drafter pass one call": (True, True, True)}
 PASS = "drafter pass (one call)"
 _passes: dict = {}                 # head -> its timed one-call pass (use_forms switches it on and off)
+NO_PASS = "P-EAGLE K={}, no drafter pass"   # the run of without_drafter_pass
+FIXED_DRAFT = 42                              # its every draft (a token id: acceptance ~0, output unchanged)
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
 
@@ -98,6 +101,15 @@ def timed_qmm(acc: dict, vocab: int):
         acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
         return out
     return run
+
+
+def without_drafter_pass(llm: LLM) -> LLM:
+    """The engine with every step's drafts one fixed token instead of the drafter's pass: the target verifies
+    K + 1 positions and the proposer records what was kept as usual, but nothing of the drafter runs between two
+    target forwards (its weights and work out of the step; the outputs stay plain decoding's)."""
+    prop = llm.engine.proposer
+    prop.draft = lambda rows, k, *a, **kw: (torch.full((len(rows), k), FIXED_DRAFT, dtype=torch.long), None)
+    return llm
 
 
 def decode_split(llm: LLM, ids: list, tokens: int, acc: dict) -> dict:
@@ -188,6 +200,8 @@ def main(argv=None) -> int:
                                                                "num_speculative_tokens": k, "parallel_drafting": True})
     runs[f"EAGLE-3 K={ks[0]}"] = base.with_speculative_config({"method": "eagle3", "model": DEFAULT_EAGLE3_HEAD,
                                                                "num_speculative_tokens": ks[0]})
+    runs[NO_PASS.format(ks[0])] = without_drafter_pass(base.with_speculative_config(
+        {"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD, "num_speculative_tokens": ks[0], "parallel_drafting": True}))
     acc: dict = {}
     for llm in runs.values():
         instrument(llm, acc)
@@ -216,6 +230,9 @@ def main(argv=None) -> int:
         med = {k: statistics.median(s.get(k, 0.0) for s in ss) for k in parts + ["step"]}
         lines.append(f"| {name} | {med['step']:.3f} | " + " | ".join(f"{med[k]:.3f}" for k in parts) +
                      f" | {100 * med['other'] / med['step']:.0f} % |")
+    lines += ["", f"{NO_PASS.format(ks[0])}: the P-EAGLE engine with each step's drafts a fixed token (acceptance "
+              "~0): its target layers and LM head are what a speculative step's target costs without the drafter's "
+              "pass between two target forwards."]
     warm, cold = statistics.median(w for w, _ in glue), statistics.median(c for _, c in glue)
     lines += ["", f"verify_greedy on a 2-position block (5 torch ops): **{warm:.1f} µs warm** in a loop, **{cold:.1f} µs "
               f"right after a plain step** ({cold / warm:.1f}×): the step's weight stream has evicted the code and "
