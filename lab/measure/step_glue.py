@@ -1,17 +1,17 @@
 """Where a decode step's time goes outside the C++ calls, and why that part costs what it does.
 
-Greedy decoding of one request on the default target (q4a8 unless --quantization says otherwise): plain, P-EAGLE
-and EAGLE-3 at --ks, and P-EAGLE at the first K with fixed drafts instead of the drafter's pass (what that pass
-costs the target's own calls, beside its own time). Per engine step, the wall time split into the C++ calls that carry the weights (the target's
-layers in one call, its LM head; the drafter's layers, its fc and LM head, or its whole greedy pass in one call)
-and the rest (Python and torch's small ops: positions, masks, embedding, verification, bookkeeping): timers wrap
-those calls in the running engine, so the split sums to the step. Then the cost of one such small-op sequence
-(verify_greedy on a 2-position block, 5 torch ops) warm in a loop against right after a plain step, when the step's
-weight stream (~96 MB for SmolLM2 q4a8) has evicted the caches; and the part outside the C++ calls with three
-sequences of small ops as one extension call each or as torch ops (the engine's greedy verification and advance,
-verify_greedy_advance's impl=-1 form; BlockCtx's facts without the extension's block_ctx; a drafter pass, its LM
-head and argmax, DrafterHead.greedy_pass, or the head's Python path). Configurations alternate over --rounds;
-medians.
+Greedy decoding of one request on the default target (q4a8 unless --quantization says otherwise): plain, P-EAGLE and
+EAGLE-3 at --ks, and P-EAGLE at the first K with fixed drafts instead of the drafter's pass (what that pass costs
+the target's own calls, beside its own time). Per engine step, the wall time split into the C++ calls that carry the
+weights (the target's layers in one call, its LM head; the drafter's layers, its fc and LM head, or its whole greedy
+pass in one call) and the rest (Python and torch's small ops: positions, masks, embedding, verification,
+bookkeeping): timers wrap those calls in the running engine, so the split sums to the step. Then the cost of one
+such small-op sequence (verify_greedy on a 2-position block, 5 torch ops) warm in a loop against right after a plain
+step, when the step's weight stream (~96 MB for SmolLM2 q4a8) has evicted the caches; and the part outside the C++
+calls with three sequences of small ops as one extension call each or as torch ops (the engine's greedy verification
+and advance, verify_greedy_advance's impl=-1 form; BlockCtx's facts without the extension's block_ctx; a drafter
+pass, its LM head and argmax, DrafterHead.greedy_pass, or the head's Python path). Configurations alternate over
+--rounds; medians.
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/step_glue.py --out docs/benchmarks/step-glue.md
 """
