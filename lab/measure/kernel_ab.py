@@ -8,7 +8,7 @@ target steps (plain and verify(T): the layer runner, on a cache holding --contex
 outputs must be identical (a kernel change that moves a bit is not a speed change; the script stops).
 
 Where a target's weights lie in memory moves its speed: on a 2-core Intel Xeon VM the same build's target loaded
-second ran its forwards 2-8 % faster than the one loaded first, so one copy per build, loaded in a fixed order,
+second ran its forwards 3-8 % faster than the one loaded first, so one copy per build, loaded in a fixed order,
 favoured whichever build came second (a build against itself read 0.92-0.97x one way round, 1.04-1.09x the
 other). So each build gets --instances copies of its weights (targets, and the products' packed blocks), loaded
 in the order base, this, this, base, base, this, ... (every build as often early as late); each round times every
@@ -136,8 +136,9 @@ def products(exts: dict, weights, rows, rounds: int, threads: int, instances: in
                 run(key, m)                                   # untimed: the weights as a step leaves them
                 t0 = time.perf_counter()
                 run(key, m)
-                times.setdefault((m, key[0]), []).append(time.perf_counter() - t0)
-                times.setdefault((m, key), []).append(time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                times.setdefault((m, key[0]), []).append(dt)
+                times.setdefault((m, key), []).append(dt)
     return times
 
 
