@@ -32,8 +32,6 @@ SOURCE = r'''
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <sys/syscall.h>
-#include <unistd.h>
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
 #include <immintrin.h>
 
@@ -84,9 +82,6 @@ template <int S> double time_ns(long n) {
   return best;
 }
 
-// Linux grants the tile data per process on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-extern "C" int amx_on() { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; }
-
 // ns per iteration of one loop shape (1-8: loop<shape>)
 extern "C" double probe(int shape, long n) {
   switch (shape) {
@@ -132,10 +127,7 @@ def main(argv=None) -> int:
     if ext is None or not ext.has_amx():
         print("no AMX-INT8 tiles usable here (CPU flags, OS grant or peagle's kernels): nothing to probe")
         return 0
-    lib = build()
-    if not lib.amx_on():
-        print("the OS granted no tile data to this process: nothing to probe")
-        return 0
+    lib = build()   # the tile data granted to this process: has_amx() asked the OS for it (quant_amx.cpp)
     ns = {s: lib.probe(s, a.iters) for s in range(1, 9)}
     rows = [("24 zmm FMAs (12 chains)", 4, None), ("24 zmm vpdpbusd (12 chains)", 8, None),
             ("tile zero, 2 tile loads, TDPBSUD", 1, None), ("  with the 24 FMAs", 5, (1, 4)),

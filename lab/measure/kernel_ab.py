@@ -110,7 +110,7 @@ def rotated(seq: list, r: int) -> list:
 
 
 def products(exts: dict, weights, rows, rounds: int, threads: int, instances: int) -> dict:
-    """{(M, name): [seconds]} for one pass over every product of a step at M rows, per round and copy: each
+    """{(M, (name, copy)): [seconds]} for one pass over every product of a step at M rows, per round: each
     build's copies of the weights (the GGUF blocks and their packed form) made in placement_order."""
     gen = torch.Generator().manual_seed(0)
     xs = {m: {k: torch.randn(m, k, generator=gen) for k in {w.k for w in weights}} for m in rows}
@@ -137,13 +137,12 @@ def products(exts: dict, weights, rows, rounds: int, threads: int, instances: in
                 t0 = time.perf_counter()
                 run(key, m)
                 dt = time.perf_counter() - t0
-                times.setdefault((m, key[0]), []).append(dt)
                 times.setdefault((m, key), []).append(dt)
     return times
 
 
 def steps(exts: dict, model: str, quantization: str, blocks, ctx: int, rounds: int, instances: int) -> tuple:
-    """({(T, name): [seconds]} (and {(T, (name, copy)): [seconds]}) of whole target forwards of T tokens, each
+    """({(T, (name, copy)): [seconds]} of whole target forwards of T tokens, each
     build's own targets loaded in placement_order, every copy every round in a rotating order; what the target
     runs, as it says at load)."""
     gen = torch.Generator().manual_seed(0)
@@ -164,13 +163,17 @@ def steps(exts: dict, model: str, quantization: str, blocks, ctx: int, rounds: i
                     t0 = time.perf_counter()
                     y = tg[key].forward(toks, caches[key], 0, start, span=ctx + T, s0=ctx)
                     dt = time.perf_counter() - t0
-                times.setdefault((T, key[0]), []).append(dt)
                 times.setdefault((T, key), []).append(dt)
                 out[key] = y[0] if isinstance(y, tuple) else y
             first = next(iter(out.values()))
             if not all(torch.equal(first, y) for y in out.values()):
                 raise PeagleError(f"the builds' targets differ on a {T}-token forward: not a speed change")
     return times, tg[next(iter(tg))].precision
+
+
+def pooled(times: dict, shape, name: str, instances: int) -> list:
+    """All of a build's copies' seconds at one shape."""
+    return [t for i in range(instances) for t in times[shape, (name, i)]]
 
 
 def spread(times: dict, shape, name: str, instances: int) -> str:
@@ -227,7 +230,7 @@ def main(argv=None) -> int:
              "spread base / this |", "|---|---|---|---|---|---|---|"]
     for t, tm in prod.items():
         for m in rows:
-            b, n = tm[m, "base"], tm[m, "this"]
+            b, n = pooled(tm, m, "base", k), pooled(tm, m, "this", k)
             lines.append(f"| {t} | {m} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {min(n) / min(b):.2f}x | "
                          f"{median_high(n) / median_high(b):.2f}x | {spread(tm, m, 'base', k)} / "
                          f"{spread(tm, m, 'this', k)} |")
@@ -236,7 +239,7 @@ def main(argv=None) -> int:
               "| tokens | base min (ms) | this min (ms) | base median | this median | this ÷ base (min) | "
               "this ÷ base (median) | spread base / this |", "|---|---|---|---|---|---|---|---|"]
     for T in blocks:
-        b, n = st[T, "base"], st[T, "this"]
+        b, n = pooled(st, T, "base", k), pooled(st, T, "this", k)
         bm, nm = median_high(b), median_high(n)
         lines.append(f"| {T} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {bm * 1e3:.2f} | {nm * 1e3:.2f} | "
                      f"{min(n) / min(b):.2f}x | {nm / bm:.2f}x | {spread(st, T, 'base', k)} / "

@@ -103,6 +103,11 @@ def timed_qmm(acc: dict, vocab: int):
     return run
 
 
+def peagle_config(k: int) -> dict:
+    """The speculative config of the default P-EAGLE head at K = k."""
+    return {"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD, "num_speculative_tokens": k, "parallel_drafting": True}
+
+
 def without_drafter_pass(llm: LLM) -> LLM:
     """The engine with every step's drafts one fixed token instead of the drafter's pass: the target verifies
     K + 1 positions and the proposer records what was kept as usual, but nothing of the drafter runs between two
@@ -196,12 +201,10 @@ def main(argv=None) -> int:
     ks = [int(k) for k in a.ks.split(",")]
     runs = {"plain": base}
     for k in ks:
-        runs[f"P-EAGLE K={k}"] = base.with_speculative_config({"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD,
-                                                               "num_speculative_tokens": k, "parallel_drafting": True})
+        runs[f"P-EAGLE K={k}"] = base.with_speculative_config(peagle_config(k))
     runs[f"EAGLE-3 K={ks[0]}"] = base.with_speculative_config({"method": "eagle3", "model": DEFAULT_EAGLE3_HEAD,
                                                                "num_speculative_tokens": ks[0]})
-    runs[NO_PASS.format(ks[0])] = without_drafter_pass(base.with_speculative_config(
-        {"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD, "num_speculative_tokens": ks[0], "parallel_drafting": True}))
+    runs[NO_PASS.format(ks[0])] = without_drafter_pass(base.with_speculative_config(peagle_config(ks[0])))
     acc: dict = {}
     for llm in runs.values():
         instrument(llm, acc)
