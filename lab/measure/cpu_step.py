@@ -2,8 +2,9 @@
 weight-only q8 / q4 targets (peagle/models/quant.py), side by side in one process, interleaved round by round.
 
 Per precision: the plain step (1 token) and verify(2, 4, 8) on a cache already holding --context positions
-(min over --rounds of steady-state steps: each timed forward follows an untimed one of the same shape; the
-machine's other load only adds time); the weight bytes one step reads and one read of
+(min over --rounds of steady-state steps: in every round each precision first decodes
+untimed for --settle seconds, then each timed forward follows --warm untimed ones of the same shape; the machine's
+other load only adds time); the weight bytes one step reads and one read of
 them at this machine's measured read bandwidth (best over the same rounds: the bound a weight-bound step
 approaches); the projections alone (every product of a step, 1 row: the kernels' own share); the torch ops one
 step dispatches; a prompt's prefill (--prefill lengths: the wait for a first token); and the perplexity of each
@@ -54,6 +55,17 @@ def projections_ms(t: Transformer, reps: int) -> float:
             mm(xs[w.shape[0]], w)
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
+
+
+def settle(t: Transformer, cache, ctx: int, seconds: float) -> int:
+    """Untimed plain steps at context ctx for `seconds`: the machine's steady decoding state before timing. Returns
+    how many ran."""
+    tok, start, n = torch.tensor([[100]]), torch.tensor([ctx]), 0
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t.forward(tok, cache, 0, start, span=ctx + 1, s0=ctx)
+        n += 1
+    return n
 
 
 def torch_ops_per_step(t: Transformer, cache, ctx: int) -> int:
@@ -116,10 +128,14 @@ def main(argv=None) -> int:
                     help="prompt lengths whose prefill (one forward from an empty cache, logits at the last token: "
                          "what a request's first token waits for) is timed in the same rounds ('' : none)")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--settle", type=float, default=0.5,
+                    help="seconds of untimed plain steps that start each precision's turn in a round, before its shapes "
+                         "are timed: after the bandwidth probe, another precision or an idle spell the same step runs "
+                         "up to ~1.8x slower for its first ~0.2 s (measured on a 2-core Xeon VM), and a few forwards "
+                         "of the same shape do not undo that (0: no settling, as before)")
     ap.add_argument("--warm", type=int, default=1,
-                    help="untimed forwards of the same shape before each timed one (1: the second forward after the "
-                         "bandwidth probe evicted the weights; more: the fully warm steps of a long generation, whose "
-                         "weights the last-level cache may hold)")
+                    help="untimed forwards of the same shape before each timed one (after --settle: the steady steps "
+                         "of a long generation, whose weights the last-level cache may hold)")
     ap.add_argument("--ppl-texts", type=int, default=40, help="HumanEval problems for perplexity (0: skip)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the markdown report here")
@@ -165,7 +181,8 @@ def main(argv=None) -> int:
             finally:
                 llama.F32_KERNEL = True
     gen = torch.Generator().manual_seed(0)
-    ctx_toks = torch.randint(20, 40000, (1, a.context), generator=gen)
+    hi = min(40000, min(t.cfg.vocab_size for t in configs.values()))   # random token ids below it
+    ctx_toks = torch.randint(20, hi, (1, a.context), generator=gen)
     caches = {}
     for key, t in configs.items():
         c = t.new_cache(1, a.context + max(blocks) + 8)
@@ -178,8 +195,9 @@ def main(argv=None) -> int:
     for _ in range(a.rounds):
         bws.append(bandwidth_gbs(reps=2))       # the read bound in every round too: best read vs best steps
         for key, t in configs.items():
+            settle(t, caches[key], a.context, a.settle)
             for T in blocks:
-                toks = torch.randint(20, 40000, (1, T), generator=gen)
+                toks = torch.randint(20, hi, (1, T), generator=gen)
                 # untimed first: the timed forward is a steady-state step, as in decoding (the bandwidth probe and
                 # the other targets have evicted this one's weights; a last-level cache that holds them keeps
                 # them between the steps of a generation)
@@ -189,7 +207,7 @@ def main(argv=None) -> int:
                 t.forward(toks, caches[key], 0, start, span=a.context + T, s0=a.context)
                 times[(key, T)].append(time.perf_counter() - t0)
             for n in prefills:                  # a prompt's prefill into an empty cache, after an untimed one
-                toks, pc = torch.randint(20, 40000, (1, n), generator=gen), t.new_cache(1, n + 8)
+                toks, pc = torch.randint(20, hi, (1, n), generator=gen), t.new_cache(1, n + 8)
                 prefill = lambda: t.forward(toks, pc, 0, torch.zeros(1, dtype=torch.long),
                                             logits_at=torch.full((1,), n - 1), span=n, s0=0)
                 prefill()
@@ -197,6 +215,7 @@ def main(argv=None) -> int:
                 prefill()
                 times.setdefault((key, f"prefill {n}"), []).append(time.perf_counter() - t0)
             if key in proj:                     # the products alone, in the same round (same machine state)
+                settle(t, caches[key], a.context, a.settle)
                 proj[key] = min(proj[key], projections_ms(t, 1))
     ops = {key: torch_ops_per_step(t, caches[key], a.context) for key, t in configs.items()}
     bw = max(bws + [bandwidth_gbs()])
@@ -210,8 +229,9 @@ def main(argv=None) -> int:
     ms = {k: min(v) * 1e3 for k, v in times.items()}
     lines = [f"# A CPU step against one read of its weights ({os.path.basename(a.model.rstrip('/'))})", "",
              f"CPU: {cpu_flags()}; torch {torch.__version__}, {torch.get_num_threads()} threads; kernels: "
-             f"{quant_ext.describe()}; context {a.context}, 1 request; min of {a.rounds} interleaved rounds, each timed "
-             f"forward after {a.warm} untimed one(s) of the same shape.", "",
+             f"{quant_ext.describe()}; context {a.context}, 1 request; min of {a.rounds} interleaved rounds; in each, a "
+             f"precision's turn starts with {a.settle:g} s of untimed plain steps, and each timed forward follows "
+             f"{a.warm} untimed one(s) of the same shape.", "",
              f"Memory read bandwidth (torch sum over 512 MB, best of every round and the end): **{bw:.1f} GB/s** "
              f"(rounds: {min(bws):.1f}-{max(bws):.1f} GB/s).", "",
              "| precision | weights read / step (MB) | one read (ms) | plain step (ms) | step / read | "
@@ -242,8 +262,11 @@ def main(argv=None) -> int:
                 f"{ms[(key, f'prefill {n}')]:.1f} | {n / ms[(key, f'prefill {n}')] * 1e3:.0f}" for n in prefills) + " |")
     lines += ["", "One read: the weights' bytes at the best 512 MB read of the run (memory). Warm read: a buffer of the "
               "weights' size read again and again, as a decode loop re-reads its weights (the last-level cache serves "
-              "what it holds). With --warm 1 the steps of a round run in order plain, verify(2), (4), (8), each a "
-              "little warmer than the one before (the probe evicted them); --warm 4 times every shape warm.", "",
+              "what it holds). Settling: right after the bandwidth probe, another precision's turn or an idle spell, "
+              "the same step runs slower for a while (on a 2-core Xeon VM up to ~1.8x for ~0.2 s, ~50 SmolLM2 q4a8 "
+              "steps; a few forwards of one shape do not undo it), so each precision decodes untimed for --settle "
+              "seconds before its shapes are timed; with --settle 0 the plain step, timed first, came out slower "
+              "than verify(2).", "",
               "Rest of the step = plain step - products alone (norms, RoPE, attention, residual adds, SiLU). aten "
               "ops = top-level aten calls the profiler sees in one plain step; the C++ kernels' own output allocations "
               "count there too, so fusion shows in the time, not in this count.", ""]
