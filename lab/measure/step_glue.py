@@ -117,9 +117,17 @@ def without_drafter_pass(llm: LLM) -> LLM:
     return llm
 
 
-def decode_split(llm: LLM, ids: list, tokens: int, acc: dict) -> dict:
-    """One request decoded after 8 warm steps: ms per step, in total and per timed call; 'other' the rest."""
+def decode_split(llm: LLM, ids: list, tokens: int, acc: dict, settle: float = 0.0) -> dict:
+    """One request decoded after 8 warm steps: ms per step, in total and per timed call; 'other' the rest. settle:
+    seconds of untimed decoding with this engine first (a step right after another engine's turn or an idle spell
+    runs slower for a while: docs/benchmarks/cpu-step.md, "Steady steps")."""
     eng = llm.engine
+    t_end = time.perf_counter() + settle
+    while time.perf_counter() < t_end:
+        eng.add_request(f"s{time.perf_counter_ns()}", ids, SamplingParams(temperature=0.0, max_tokens=16,
+                                                                            ignore_eos=True))
+        while eng.has_unfinished():
+            eng.step()
     eng.add_request(f"r{time.perf_counter_ns()}", ids, SamplingParams(temperature=0.0, max_tokens=tokens,
                                                                         ignore_eos=True))
     for _ in range(8):
@@ -193,6 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--ks", default="1,3", help="K values for P-EAGLE (EAGLE-3 runs the first)")
     p.add_argument("--tokens", type=int, default=200, help="tokens decoded per measurement")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--settle", type=float, default=0.5,
+                   help="seconds of untimed decoding with each configuration before its measurement (0: none)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
@@ -214,19 +224,19 @@ def main(argv=None) -> int:
     one: dict = {}
     for r in range(a.rounds):
         for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-            splits[name].append(decode_split(runs[name], ids, a.tokens, acc))
+            splits[name].append(decode_split(runs[name], ids, a.tokens, acc, a.settle))
         glue.append(cold_vs_warm(base, ids, 100))
         for name in ("plain", f"P-EAGLE K={ks[0]}"):
             for form in (FORMS if r % 2 == 0 else FORMS[::-1]):
                 use_forms(*FORMS_AS[form])
-                one.setdefault((name, form), []).append(decode_split(runs[name], ids, a.tokens, acc))
+                one.setdefault((name, form), []).append(decode_split(runs[name], ids, a.tokens, acc, a.settle))
             use_forms(True, True, True)
     parts = ["target layers", "target LM head", "drafter layers", "drafter fc / LM head", PASS, "other"]
     lines = [f"# Where a decode step's time goes ({os.path.basename(a.model.rstrip('/'))}, "
              f"{base.engine.target.precision})", "",
              f"CPU: {cpu_flags()}; torch {torch.__version__}, {torch.get_num_threads()} threads; one request, "
-             f"{a.tokens} greedy tokens per measurement after a {len(ids)}-token prompt; medians of {a.rounds} "
-             "alternating rounds (ms per engine step).", "",
+             f"{a.tokens} greedy tokens per measurement after a {len(ids)}-token prompt and {a.settle:g} s of untimed "
+             f"decoding with the same configuration; medians of {a.rounds} alternating rounds (ms per engine step).", "",
              "| decoding | step | " + " | ".join(parts) + " | other ÷ step |",
              "|---|---|" + "---|" * (len(parts) + 1)]
     for name, ss in splits.items():
