@@ -2,7 +2,8 @@
 
 Greedy decoding of one request on the default target (q4a8 unless --quantization says otherwise): plain, P-EAGLE and
 EAGLE-3 at --ks, and P-EAGLE at the first K with fixed drafts instead of the drafter's pass (what that pass costs
-the target's own calls, beside its own time). Per engine step, the wall time split into the C++ calls that carry the
+the target's own calls, beside its own time), bare and with a busy-wait of --pause-ms in its place (whether that
+cost follows the pass's bytes or its length). Per engine step, the wall time split into the C++ calls that carry the
 weights (the target's layers in one call, its LM head; the drafter's layers, its fc and LM head, or its whole greedy
 pass in one call) and the rest (Python and torch's small ops: positions, masks, embedding, verification,
 bookkeeping): timers wrap those calls in the running engine, so the split sums to the step. Then the cost of one
@@ -11,7 +12,7 @@ step, when the step's weight stream (~96 MB for SmolLM2 q4a8) has evicted the ca
 calls with three sequences of small ops as one extension call each or as torch ops (the engine's greedy verification
 and advance, verify_greedy_advance's impl=-1 form; BlockCtx's facts without the extension's block_ctx; a drafter
 pass, its LM head and argmax, DrafterHead.greedy_pass, or the head's Python path). Configurations alternate over
---rounds; medians.
+--rounds, each measured after --settle seconds of its own untimed decoding; medians.
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/step_glue.py --out docs/benchmarks/step-glue.md
 """
@@ -44,6 +45,7 @@ FORMS_AS = {"all as torch ops": (False, False, False), "verify one call": (True,
 PASS = "drafter pass (one call)"
 _passes: dict = {}                 # head -> its timed one-call pass (use_forms switches it on and off)
 NO_PASS = "P-EAGLE K={}, no drafter pass"   # the run of without_drafter_pass
+PAUSE = "P-EAGLE K={}, a {:g} ms pause instead"   # the same with a busy-wait where the pass was
 FIXED_DRAFT = 42                              # its every draft (a token id: acceptance ~0, output unchanged)
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
@@ -108,12 +110,19 @@ def peagle_config(k: int) -> dict:
     return {"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD, "num_speculative_tokens": k, "parallel_drafting": True}
 
 
-def without_drafter_pass(llm: LLM) -> LLM:
+def without_drafter_pass(llm: LLM, pause_s: float = 0.0) -> LLM:
     """The engine with every step's drafts one fixed token instead of the drafter's pass: the target verifies
     K + 1 positions and the proposer records what was kept as usual, but nothing of the drafter runs between two
-    target forwards (its weights and work out of the step; the outputs stay plain decoding's)."""
+    target forwards (its weights and work out of the step; the outputs stay plain decoding's). pause_s: a
+    busy-wait of that long where the pass was (time between two target forwards, no drafter bytes read)."""
     prop = llm.engine.proposer
-    prop.draft = lambda rows, k, *a, **kw: (torch.full((len(rows), k), FIXED_DRAFT, dtype=torch.long), None)
+
+    def draft(rows, k, *a, **kw):
+        t_end = time.perf_counter() + pause_s
+        while time.perf_counter() < t_end:
+            pass
+        return torch.full((len(rows), k), FIXED_DRAFT, dtype=torch.long), None
+    prop.draft = draft
     return llm
 
 
@@ -201,6 +210,9 @@ def main(argv=None) -> int:
     p.add_argument("--ks", default="1,3", help="K values for P-EAGLE (EAGLE-3 runs the first)")
     p.add_argument("--tokens", type=int, default=200, help="tokens decoded per measurement")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pause-ms", type=float, default=0.55,
+                   help="also run the fixed-draft engine with a busy-wait this long where the drafter's pass was "
+                        "(about the pass's time: what the pause alone costs the target's calls after it; 0: no row)")
     p.add_argument("--settle", type=float, default=0.5,
                    help="seconds of untimed decoding with each configuration before its measurement (0: none)")
     p.add_argument("--out", default=None)
@@ -215,6 +227,9 @@ def main(argv=None) -> int:
     runs[f"EAGLE-3 K={ks[0]}"] = base.with_speculative_config({"method": "eagle3", "model": DEFAULT_EAGLE3_HEAD,
                                                                "num_speculative_tokens": ks[0]})
     runs[NO_PASS.format(ks[0])] = without_drafter_pass(base.with_speculative_config(peagle_config(ks[0])))
+    if a.pause_ms > 0:
+        runs[PAUSE.format(ks[0], a.pause_ms)] = without_drafter_pass(
+            base.with_speculative_config(peagle_config(ks[0])), a.pause_ms / 1e3)
     acc: dict = {}
     for llm in runs.values():
         instrument(llm, acc)
@@ -246,6 +261,10 @@ def main(argv=None) -> int:
     lines += ["", f"{NO_PASS.format(ks[0])}: the P-EAGLE engine with each step's drafts a fixed token (acceptance "
               "~0): its target layers and LM head are what a speculative step's target costs without the drafter's "
               "pass between two target forwards."]
+    if a.pause_ms > 0:
+        lines += ["", f"{PAUSE.format(ks[0], a.pause_ms)}: the same with a busy-wait of {a.pause_ms:g} ms where the "
+                  "pass was (no drafter bytes read; counted in 'other'): what a pause of the pass's length alone costs "
+                  "the target's calls after it."]
     warm, cold = statistics.median(w for w, _ in glue), statistics.median(c for _, c in glue)
     lines += ["", f"verify_greedy on a 2-position block (5 torch ops): **{warm:.1f} µs warm** in a loop, **{cold:.1f} µs "
               f"right after a plain step** ({cold / warm:.1f}×): the step's weight stream has evicted the code and "
