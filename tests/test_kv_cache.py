@@ -133,7 +133,33 @@ def test_speculative_decoding_on_a_bfloat16_cache_is_plain_decoding(smollm2):
 
 
 def test_bad_kv_cache_dtypes_are_refused(smollm2, tiny_dirs):
-    with pytest.raises(PeagleError, match="kv_cache_dtype must be one of auto, bfloat16"):
+    with pytest.raises(PeagleError, match="kv_cache_dtype must be one of auto, float32, bfloat16"):
         LLM(smollm2, kv_cache_dtype="fp8")
     with pytest.raises(PeagleError, match="needs the native target"):
         LLM(tiny_dirs["llama"], target_backend="transformers", kv_cache_dtype="bfloat16")
+
+
+def test_auto_is_bfloat16_for_8_bit_activations_only():
+    from peagle.models.loader import resolve_kv_cache_dtype
+    for q in ("q4a8", "q8a8"):
+        kv, why = resolve_kv_cache_dtype("auto", q, torch.float32)
+        assert kv == "bfloat16" and "8-bit-activation" in why
+    for q in ("none", "q8", "q4"):
+        assert resolve_kv_cache_dtype("auto", q, torch.float32) == ("auto", "")
+    assert resolve_kv_cache_dtype("auto", "q4a8", torch.bfloat16) == ("auto", "")
+    assert resolve_kv_cache_dtype("float32", "q4a8", torch.float32) == ("float32", "")
+    with pytest.raises(PeagleError, match="must be one of"):
+        resolve_kv_cache_dtype("fp16", "q4a8", torch.float32)
+
+
+@needs_ext
+def test_the_default_target_runs_a_bfloat16_cache_unless_told_float32(smollm2, capsys):
+    auto = LLM(smollm2, quantization="q4a8", max_num_seqs=1)
+    assert auto.engine.cache.k[0].dtype == torch.bfloat16 and "bfloat16 KV cache" in auto.engine.target.precision
+    assert "kv cache dtype auto -> bfloat16" in capsys.readouterr().err
+    f32 = LLM(smollm2, quantization="q4a8", kv_cache_dtype="float32", max_num_seqs=1)
+    assert f32.engine.cache.k[0].dtype == torch.float32 and "KV cache" not in f32.engine.target.precision
+    assert "kv cache dtype" not in capsys.readouterr().err
+    assert LLM(smollm2, quantization="none", max_num_seqs=1).engine.cache.k[0].dtype == torch.float32
+    with pytest.raises(PeagleError, match="float32 needs a float32 target"):
+        LLM(smollm2, dtype="bfloat16", kv_cache_dtype="float32")

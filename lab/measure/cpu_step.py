@@ -2,11 +2,11 @@
 weight-only q8 / q4 targets (peagle/models/quant.py), side by side in one process, interleaved round by round.
 
 Per precision: the plain step (1 token) and verify(2, 4, 8) on a cache already holding --context positions
-(min over --rounds of steady-state steps: in every round each precision first decodes
-untimed for --settle seconds, then each timed forward follows --warm untimed ones of the same shape; the machine's
-other load only adds time); the weight bytes one step reads and one read of
-them at this machine's measured read bandwidth (best over the same rounds: the bound a weight-bound step
-approaches); the projections alone (every product of a step, 1 row: the kernels' own share); the torch ops one
+(the KV cache its decoding runs on by default: bfloat16 under q8a8 / q4a8; min over --rounds of steady-state
+steps: in every round each precision first decodes untimed for --settle seconds, then each timed forward follows
+--warm untimed ones of the same shape; the machine's other load only adds time); the weight bytes one step reads
+and one read of them at this machine's measured read bandwidth (best over the same rounds: the bound a
+weight-bound step approaches); the projections alone (every product of a step, 1 row: the kernels' own share); the torch ops one
 step dispatches; a prompt's prefill (--prefill lengths: the wait for a first token); and the perplexity of each
 precision on held-out text (HumanEval's prompts + canonical solutions, none of it in the heads' or the target's
 data here) with its top-1 agreement with float32.
@@ -31,6 +31,7 @@ from lab.measure.precision import bandwidth_gbs, cpu_flags, write_report
 from peagle.default_target import TARGET_DIR
 from peagle.models import quant_ext
 from peagle.models.llama import Transformer
+from peagle.models.loader import resolve_kv_cache_dtype
 
 
 def weight_bytes(t: Transformer) -> int:
@@ -150,6 +151,9 @@ def main(argv=None) -> int:
         configs[q] = Transformer.from_pretrained(a.model, quantization=q) if not a.model.endswith(".gguf") \
             else Transformer.from_gguf(a.model, quantization=q)
         load_s[q] = time.perf_counter() - t0
+        if resolve_kv_cache_dtype("auto", q, torch.float32)[0] == "bfloat16":    # the cache q's decoding runs on
+            configs[q].kv_dtype = torch.bfloat16
+            configs[q].precision += ", bfloat16 KV cache"
         if a.unfused and q != "none":
             import copy
             twin = copy.copy(configs[q])

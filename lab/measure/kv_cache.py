@@ -31,7 +31,7 @@ from lab.measure.precision import cpu_flags, write_report
 from peagle.llm import DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, LLM
 from peagle.sampling import SamplingParams
 
-KINDS = ("auto", "bfloat16")
+KINDS = ("float32", "bfloat16")
 
 
 def source_ids(tok) -> list[int]:
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     llms = {k: LLM(a.model, kv_cache_dtype=k, max_num_seqs=1) for k in KINDS}
     spec = {"method": "eagle3", "model": a.head, "num_speculative_tokens": 1, "parallel_drafting": True}
     peagle = {k: llms[k].with_speculative_config(spec) for k in KINDS}
-    ids = source_ids(llms["auto"].tokenizer)
+    ids = source_ids(llms["float32"].tokenizer)
     if len(ids) < max(contexts):
         raise SystemExit(f"peagle's source is {len(ids)} tokens, shorter than context {max(contexts)}")
     best = {(k, m, c): float("inf") for k in KINDS for m in ("plain", "peagle") for c in contexts}
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
                 f"{k} {m} {best[k, m, c]:.2f} ms" for k in KINDS for m in ("plain", "peagle")),
                 file=sys.stderr, flush=True)
     # quality: one long held-out sequence through each cache
-    tok = llms["auto"].tokenizer
+    tok = llms["float32"].tokenizer
     text = [t for x in heldout_texts(400, tok) for t in x][:a.ppl_len]
     ppl, agree = {}, None
     ref = None
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         else:
             agree = ag
     lines = [f"# float32 vs bfloat16 KV cache, {os.path.basename(a.model.rstrip('/'))} "
-             f"({llms['auto'].engine.target.precision.split(':')[0]})", "",
+             f"({llms['float32'].engine.target.precision.split(':')[0]})", "",
              f"CPU: {cpu_flags()}, {torch.get_num_threads()} torch threads. Decode time per generated token "
              f"(drafting and verifying; prefill excluded), min of {a.rounds} rounds, {a.max_new} greedy tokens after "
              "a prompt of the context's length; the two caches alternate within each round.", "",
@@ -105,17 +105,17 @@ def main(argv=None) -> int:
              "| bf16 speed-up | AL f32 / bf16 | plain tokens f32 = bf16 |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in contexts:
-        f, b = best["auto", "plain", c], best["bfloat16", "plain", c]
-        pf, pb = best["auto", "peagle", c], best["bfloat16", "peagle", c]
-        ta, tb = toks["auto", "plain", c], toks["bfloat16", "plain", c]
+        f, b = best["float32", "plain", c], best["bfloat16", "plain", c]
+        pf, pb = best["float32", "peagle", c], best["bfloat16", "peagle", c]
+        ta, tb = toks["float32", "plain", c], toks["bfloat16", "plain", c]
         same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
         lines.append(f"| {c} | {f:.2f} ms | {b:.2f} ms | {f / b:.2f}x | {pf:.2f} ms | {pb:.2f} ms | {pf / pb:.2f}x "
-                     f"| {acc['auto', c]:.2f} / {acc['bfloat16', c]:.2f} | "
+                     f"| {acc['float32', c]:.2f} / {acc['bfloat16', c]:.2f} | "
                      + ("yes" if same is None else f"first {same} of {len(ta)}") + " |")
     lines += ["", "AL: P-EAGLE's tokens per step. With either cache P-EAGLE's tokens are plain decoding's "
               "(tests/test_kv_cache.py).", "",
               f"Quality on {len(text)} held-out tokens (HumanEval prompts + solutions, one sequence): perplexity "
-              f"float32 KV {ppl['auto']:.4f}, bfloat16 KV {ppl['bfloat16']:.4f}; bfloat16's top-1 agrees with "
+              f"float32 KV {ppl['float32']:.4f}, bfloat16 KV {ppl['bfloat16']:.4f}; bfloat16's top-1 agrees with "
               f"float32's at {100 * agree:.2f} % of positions."]
     return write_report(lines, "OMP_NUM_THREADS=2 .venv/bin/python lab/measure/kv_cache.py", argv, a.out)
 

@@ -13,10 +13,11 @@ Rounds alternate the two engines (llama.cpp, peagle plain, peagle P-EAGLE) so ma
 report gives the median of rounds and the fraction of prompts whose tokens agree with peagle's plain output.
 
 Long contexts: `--context N` gives every engine prompts of N tokens of peagle's own source instead of the dataset's
-(llama.cpp's context sized to fit), and `--kv-bf16` adds peagle q4a8 on a bfloat16 KV cache (llama.cpp's cache is
-float16 by default; peagle's float32 unless told):
+(llama.cpp's context sized to fit), and `--kv-f32` adds peagle q4a8 on a float32 KV cache (llama.cpp's cache is
+float16 by default; peagle's bfloat16 under q4a8 unless told; before that default, `--kv-bf16` added the
+bfloat16 rows):
 
-    .venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts 2 --context 2048 --kv-bf16 --no-q4 --threads 2"""
+    .venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts 2 --context 2048 --kv-f32 --no-q4 --threads 2"""
 from __future__ import annotations
 
 import argparse
@@ -114,7 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset", default="mtbench")
     ap.add_argument("--context", type=int, default=0,
                     help="prompts of this many tokens of peagle's own source instead of the dataset's (0: the dataset)")
-    ap.add_argument("--kv-bf16", action="store_true", help="add peagle q4a8 on a bfloat16 KV cache")
+    ap.add_argument("--kv-f32", action="store_true",
+                    help="add peagle q4a8 on a float32 KV cache (its default under q4a8: bfloat16)")
     ap.add_argument("--no-q4", action="store_true", help="leave out peagle q4 (float activations: slow prefill)")
     ap.add_argument("--out", default=None, help="write the Markdown table here")
     a = ap.parse_args(argv)
@@ -136,10 +138,10 @@ def main(argv=None) -> int:
         prompts = [p[-512:] for p in prompts]
     engines = {} if a.no_q4 else {"peagle q4, plain": LLM(DEFAULT_MODEL, quantization="q4", max_num_seqs=1)}
     engines |= {"peagle q4a8, plain": base, "peagle q4a8, P-EAGLE K=1": spec}
-    if a.kv_bf16:
-        b16 = LLM(DEFAULT_MODEL, quantization="q4a8", max_num_seqs=1, kv_cache_dtype="bfloat16")
-        engines |= {"peagle q4a8 bf16 KV, plain": b16,
-                    "peagle q4a8 bf16 KV, P-EAGLE K=1": b16.with_speculative_config(
+    if a.kv_f32:
+        f32 = LLM(DEFAULT_MODEL, quantization="q4a8", max_num_seqs=1, kv_cache_dtype="float32")
+        engines |= {"peagle q4a8 f32 KV, plain": f32,
+                    "peagle q4a8 f32 KV, P-EAGLE K=1": f32.with_speculative_config(
                         speculative_config(DEFAULT_PEAGLE_HEAD, 1, True))}
     runs = {"llama.cpp (Q4_1 file)": [], **{name: [] for name in engines}}
     outs = {}
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
                   for ref in refs]
         lines.append(f"| {name} | {statistics.median(rates):.1f} | {statistics.median(rates) / base_rate:.2f}x | "
                      f"{' / '.join(map(str, same))} of {len(prompts)} | {' / '.join(f'{x:.1f}' for x in prefix)} |")
-    extra = (f" --context {a.context}" if a.context else "") + (" --kv-bf16" if a.kv_bf16 else "") + \
+    extra = (f" --context {a.context}" if a.context else "") + (" --kv-f32" if a.kv_f32 else "") + \
         (" --no-q4" if a.no_q4 else "")
     lines += ["", f"Regenerate: `.venv/bin/python lab/studies/llamacpp_vs_peagle.py --prompts {a.prompts} --max-new "
               f"{a.max_new} --threads {a.threads} --rounds {a.rounds}{extra}`"]

@@ -75,7 +75,22 @@ def resolve_quantization(path: str, quantization: str, kind: str, dtype, device)
                            "measured on AVX2 and AVX-512 CPUs")
 
 
-KV_CACHE_DTYPES = ("auto", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, quantization: str, dtype) -> tuple[str, str]:
+    """(the KV cache's element type, why auto chose it or ''): auto = bfloat16 for a target with 8-bit activations
+    (q8a8 / q4a8: llama.cpp's arithmetic, whose own cache is 16-bit too; the extension's attention widens bfloat16
+    keys and values exactly as it reads them), else the target's dtype ('auto' stays)."""
+    import torch
+
+    from .quant import quantizes_activations
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise PeagleError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "auto" and quantizes_activations(quantization) and dtype == torch.float32:
+        return "bfloat16", ("an 8-bit-activation target: keys and values rounded to bfloat16, half the bytes each "
+                            "step's attention reads; --kv-cache-dtype float32 keeps them in float32")
+    return kv_cache_dtype, ""
 
 
 def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quantization: str = "none",
@@ -83,8 +98,9 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
     """The target for an HF directory (or, native only, a GGUF file); raises PeagleError with the reason when the
     chosen backend cannot run it. quantization: none / q8 / q4 / q8a8 / q4a8 (native only: peagle/models/quant.py)
     or auto (resolve_quantization; a quantized choice is printed to stderr). kv_cache_dtype (vLLM's word): auto =
-    the target's dtype; bfloat16 (native only) stores keys and values rounded to bfloat16, half the bytes a
-    float32 step's attention reads (every cache the target makes: plain and speculative decoding alike)."""
+    bfloat16 for an 8-bit-activation target, else the target's dtype (resolve_kv_cache_dtype; a bfloat16 choice is
+    printed to stderr); float32; bfloat16 (native only) stores keys and values rounded to bfloat16, half the bytes
+    a float32 step's attention reads (every cache the target makes: plain and speculative decoding alike)."""
     import sys
 
     import torch
@@ -97,8 +113,9 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
         if why:
             print(f"peagle: quantization auto -> {quantization} ({why})", file=sys.stderr, flush=True)
     quantization = check_quantization(quantization)
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise PeagleError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    kv_cache_dtype, kv_why = resolve_kv_cache_dtype(kv_cache_dtype, quantization, dtype)
+    if kv_cache_dtype == "float32" and dtype != torch.float32:
+        raise PeagleError(f"--kv-cache-dtype float32 needs a float32 target, not {str(dtype).replace('torch.', '')}")
     if kind == "native":
         if path.endswith(".gguf"):
             t = Transformer.from_gguf(path, dtype, device, quantization=quantization)
@@ -107,13 +124,15 @@ def load_target(path: str, dtype=None, backend: str = "auto", device="cpu", quan
             if why is not None:
                 raise PeagleError(f"{why}; --target-backend transformers runs any transformers causal LM")
             t = Transformer.from_pretrained(path, dtype, device, quantization=quantization)
+        if kv_why:
+            print(f"peagle: kv cache dtype auto -> {kv_cache_dtype} ({kv_why})", file=sys.stderr, flush=True)
         if kv_cache_dtype == "bfloat16" and dtype != torch.bfloat16:
             t.kv_dtype = torch.bfloat16
             t.precision += ", bfloat16 KV cache"      # what `peagle serve` and the bench reports print
         return t
     if quantization != "none":
         raise PeagleError(f"--quantization {quantization} needs the native target (Llama family)")
-    if kv_cache_dtype != "auto":
+    if kv_cache_dtype == "bfloat16":
         raise PeagleError(f"--kv-cache-dtype {kv_cache_dtype} needs the native target (Llama family)")
     return HFTarget.from_pretrained(path, dtype, device)
 
@@ -133,9 +152,11 @@ def add_quantization_argument(p, default: str = "auto"):
 def add_kv_cache_argument(p):
     """--kv-cache-dtype for the commands that decode (generate, serve, bench)."""
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                   help="the KV cache's element type (vLLM's option): auto = the target's dtype; bfloat16 = keys and "
-                        "values rounded to bfloat16, half the bytes a long context's attention reads (native target; "
-                        "outputs then differ from a float32 cache's; plain and speculative decoding still agree)")
+                   help="the KV cache's element type (vLLM's option): auto = bfloat16 for an 8-bit-activation target "
+                        "(q8a8, q4a8: the default target's auto quantization), else the target's dtype; bfloat16 = "
+                        "keys and values rounded to bfloat16, half the bytes a long context's attention reads (native "
+                        "target; outputs then differ from a float32 cache's; plain and speculative decoding still "
+                        "agree); float32 keeps them in float32 (default: auto)")
 
 
 def add_backend_argument(p):
