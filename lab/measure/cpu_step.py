@@ -6,10 +6,10 @@ Per precision: the plain step (1 token) and verify(2, 4, 8) on a cache already h
 steps: in every round each precision first decodes untimed for --settle seconds, then each timed forward follows
 --warm untimed ones of the same shape; the machine's other load only adds time); the weight bytes one step reads
 and one read of them at this machine's measured read bandwidth (best over the same rounds: the bound a
-weight-bound step approaches); the projections alone (every product of a step, 1 row: the kernels' own share); the torch ops one
-step dispatches; a prompt's prefill (--prefill lengths: the wait for a first token); and the perplexity of each
-precision on held-out text (HumanEval's prompts + canonical solutions, none of it in the heads' or the target's
-data here) with its top-1 agreement with float32.
+weight-bound step approaches); the projections alone (every product of a step, 1 row: the kernels' own share);
+the torch ops one step dispatches; a prompt's prefill (--prefill lengths: the wait for a first token); and the
+perplexity of each precision on held-out text (HumanEval's prompts + canonical solutions, none of it in the heads'
+or the target's data here) with its top-1 agreement with float32.
 
     OMP_NUM_THREADS=2 .venv/bin/python lab/measure/cpu_step.py --out docs/benchmarks/cpu-step-results.md
 
@@ -269,8 +269,8 @@ def main(argv=None) -> int:
               "what it holds). Settling: right after the bandwidth probe, another precision's turn or an idle spell, "
               "the same step runs slower for a while (on a 2-core Xeon VM up to ~1.8x for ~0.2 s, ~50 SmolLM2 q4a8 "
               "steps; a few forwards of one shape do not undo it), so each precision decodes untimed for --settle "
-              "seconds before its shapes are timed; with --settle 0 the plain step, timed first, came out slower "
-              "than verify(2).", "",
+              "seconds before its shapes are timed; with --settle 0 the plain step, timed first, came out about as "
+              "slow as verify(2).", "",
               "Rest of the step = plain step - products alone (norms, RoPE, attention, residual adds, SiLU). aten "
               "ops = top-level aten calls the profiler sees in one plain step; the C++ kernels' own output allocations "
               "count there too, so fusion shows in the time, not in this count.", ""]
