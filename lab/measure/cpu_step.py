@@ -31,7 +31,7 @@ from lab.measure.precision import bandwidth_gbs, cpu_flags, write_report
 from peagle.default_target import TARGET_DIR
 from peagle.models import quant_ext
 from peagle.models.llama import Transformer
-from peagle.models.loader import resolve_kv_cache_dtype
+from peagle.models.loader import load_target
 
 
 def weight_bytes(t: Transformer) -> int:
@@ -148,12 +148,8 @@ def main(argv=None) -> int:
     configs, load_s = {}, {}
     for q in a.quantizations.split(","):
         t0 = time.perf_counter()
-        configs[q] = Transformer.from_pretrained(a.model, quantization=q) if not a.model.endswith(".gguf") \
-            else Transformer.from_gguf(a.model, quantization=q)
+        configs[q] = load_target(a.model, quantization=q)   # on the KV cache q's decoding runs on (auto)
         load_s[q] = time.perf_counter() - t0
-        if resolve_kv_cache_dtype("auto", q, torch.float32)[0] == "bfloat16":    # the cache q's decoding runs on
-            configs[q].kv_dtype = torch.bfloat16
-            configs[q].precision += ", bfloat16 KV cache"
         if a.unfused and q != "none":
             import copy
             twin = copy.copy(configs[q])

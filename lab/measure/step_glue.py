@@ -37,6 +37,7 @@ from peagle.llm import DEFAULT_EAGLE3_HEAD, DEFAULT_MODEL, DEFAULT_PEAGLE_HEAD, 
 from peagle.models import layers as layers_mod
 from peagle.models import quant_ext
 from peagle.sampling import SamplingParams
+from peagle.spec_config import speculative_config
 from peagle.verify import verify_greedy, verify_greedy_advance
 
 FORMS = ("all as torch ops", "verify one call", "+ BlockCtx one call", "+ drafter pass one call")
@@ -103,11 +104,6 @@ def timed_qmm(acc: dict, vocab: int):
         acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
         return out
     return run
-
-
-def peagle_config(k: int) -> dict:
-    """The speculative config of the default P-EAGLE head at K = k."""
-    return {"method": "eagle3", "model": DEFAULT_PEAGLE_HEAD, "num_speculative_tokens": k, "parallel_drafting": True}
 
 
 def without_drafter_pass(llm: LLM, pause_s: float = 0.0) -> LLM:
@@ -223,13 +219,13 @@ def main(argv=None) -> int:
     ks = [int(k) for k in a.ks.split(",")]
     runs = {"plain": base}
     for k in ks:
-        runs[f"P-EAGLE K={k}"] = base.with_speculative_config(peagle_config(k))
-    runs[f"EAGLE-3 K={ks[0]}"] = base.with_speculative_config({"method": "eagle3", "model": DEFAULT_EAGLE3_HEAD,
-                                                               "num_speculative_tokens": ks[0]})
-    runs[NO_PASS.format(ks[0])] = without_drafter_pass(base.with_speculative_config(peagle_config(ks[0])))
+        runs[f"P-EAGLE K={k}"] = base.with_speculative_config(speculative_config(DEFAULT_PEAGLE_HEAD, k, True))
+    runs[f"EAGLE-3 K={ks[0]}"] = base.with_speculative_config(speculative_config(DEFAULT_EAGLE3_HEAD, ks[0], False))
+    first = speculative_config(DEFAULT_PEAGLE_HEAD, ks[0], True)
+    runs[NO_PASS.format(ks[0])] = without_drafter_pass(base.with_speculative_config(first))
     if a.pause_ms > 0:
-        runs[PAUSE.format(ks[0], a.pause_ms)] = without_drafter_pass(
-            base.with_speculative_config(peagle_config(ks[0])), a.pause_ms / 1e3)
+        runs[PAUSE.format(ks[0], a.pause_ms)] = without_drafter_pass(base.with_speculative_config(first),
+                                                                     a.pause_ms / 1e3)
     acc: dict = {}
     for llm in runs.values():
         instrument(llm, acc)

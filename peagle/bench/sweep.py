@@ -100,7 +100,7 @@ def run_sweep(a, log=print, on_dataset=None) -> dict:
     why = None
     if bench.quantization != "none":
         why = f"transformers runs float weights, this sweep {bench.quantization} (--quantization none runs them)"
-    elif bench.kv_cache_dtype not in ("auto", "float32"):
+    elif bench.kv_cache_dtype == "bfloat16":
         why = f"transformers keeps a float32 KV cache, this sweep {bench.kv_cache_dtype}"
     if a.peers and why:
         log(f"peers {','.join(a.peers)} skipped: {why} (their tokens could not be compared)")
