@@ -45,6 +45,7 @@ def test_from_dict_and_back():
     ({"guard": {"enabled": "false"}}, "guard.enabled"), ({"guard": {"window": 2.7}}, "guard.window"),
     ({"guard": {"budget": float("nan")}}, "guard.budget"), ({"guard": {"rate": 3.0}}, "rate"),
     ({"guard": {"z": -1.0}}, "z >= 0"), ({"guard": {"min_speedup": 0}}, "min_speedup"),
+    ({"guard": {"plain_max": 4}}, "plain_max > plain_samples"), ({"guard": {"plain_spacing": 8}}, "unknown guard key"),
     ({"keep": -5}, "keep"), ({"keep": float("nan")}, "keep"),
 ])
 def test_bad_settings_are_one_line_errors(bad, match):

@@ -13,13 +13,14 @@ from autok_sim import autok_config, geometric, run
 
 from peagle.autok.acceptance import Acceptance
 from peagle.autok.auto import AutoK
-from peagle.autok.config import PROBE_TOL
+from peagle.autok.config import PROBE_TOL, GuardConfig
 from peagle.autok.costmodel import CostModel
 from peagle.autok.guard import FALLBACK, REFRESH, Guard, bound
 from peagle.kpolicy import FixedK
 
 K = 7
 PLAIN = 5e-3                                    # seconds per plain step at batch size 1
+FIRST = GuardConfig().plain_samples + 1         # K = 0 steps that open a run at a steady pace (the first reference)
 CATCH_ROW_S = PLAIN / 100                       # the drafter's catch-up, per row behind: 1 % of a plain step
 
 
@@ -49,6 +50,12 @@ def best_static(step, alpha, B=1):
 
 
 # ---------------------------------------------------------------- the guard alone
+def plain_first(g, seconds=1.0):
+    """Feed the guard the K = 0 steps it asks for at the start, at a steady pace."""
+    while g.forced():
+        g.observe(1, 0, 1.0, seconds)
+
+
 def losing(g, r, steps, B=1):
     """Feed the guard steps of a drafter that never helps (K > 0 costs r plain steps, one token per row) wherever
     it lets the policy draft; returns the K of each step."""
@@ -62,18 +69,19 @@ def losing(g, r, steps, B=1):
 
 def test_falls_back_and_probes_with_exponential_back_off():
     g = Guard(lambda B: 1.0)
-    assert g.forced() == REFRESH                   # no plain measurement yet: one K = 0 step first
+    assert g.forced() == REFRESH                   # no plain measurement yet: K = 0 steps first
     ks = losing(g, 3.0, 8000)
-    assert ks[0] == 0 and ks[1:4] == [3, 3, 3] and ks[4] == 0       # 3 K > 0 steps lose 6 > budget 4: fallback
-    runs = [len(list(grp)) for k, grp in itertools.groupby(ks[4:]) if k == 0]    # each fallback's K = 0 steps
-    probes = [len(list(grp)) for k, grp in itertools.groupby(ks[4:]) if k]
+    f = FIRST + 3                                  # 3 K > 0 steps lose 6 > budget 4: fallback
+    assert ks[:FIRST] == [0] * FIRST and ks[FIRST:f] == [3, 3, 3] and ks[f] == 0
+    runs = [len(list(grp)) for k, grp in itertools.groupby(ks[f:]) if k == 0]    # each fallback's K = 0 steps
+    probes = [len(list(grp)) for k, grp in itertools.groupby(ks[f:]) if k]
     assert runs[:7] == [64, 128, 256, 512, 1024, 2048, 2048] and set(probes) == {3}
     assert g.stats["fallbacks"] == len(runs) and g.stats["probes_passed"] == 0
 
 
 def test_a_passed_window_shortens_the_next_fallback_by_one_step_of_the_back_off():
     g = Guard(lambda B: 1.0, window=4)
-    losing(g, 3.0, 1 + 3 + 64 + 3)                 # two fallbacks: the second holds 128
+    losing(g, 3.0, FIRST + 3 + 64 + 3)             # two fallbacks: the second holds 128
     assert g.fails == 2 and g.hold == 128
     while g.holding():
         g.observe(1, 0, 1.0, 1.0)
@@ -86,38 +94,67 @@ def test_a_passed_window_shortens_the_next_fallback_by_one_step_of_the_back_off(
 
 def test_the_plain_reference_is_measured_from_k0_steps_only_and_refreshed():
     shape = {1: 1.0, 8: 2.0}.__getitem__
-    g = Guard(shape, refresh=10, plain_samples=1)     # the average from the first K = 0 step (see below)
+    g = Guard(shape, refresh=10, plain_samples=1)
     g.observe(8, 0, 8.0, 3.0)                      # plain at B = 8 takes 1.5x what was measured
     assert g.plain_s(8) == pytest.approx(3.0) and g.plain_s(1) == pytest.approx(1.5)
+    assert g.forced() == REFRESH                   # the first reference takes more than one step
+    g.observe(8, 0, 8.0, 3.0)                      # no faster: plain decoding has settled
+    assert g.forced() is None
     for _ in range(9):
         g.observe(1, 2, 1.0, 0.9)                  # winning K > 0 steps, whatever they cost, do not move it
         assert g.forced() is None
     assert g.plain_s(1) == pytest.approx(1.5)
     g.observe(1, 2, 3.0, 0.9)
-    assert g.forced() == REFRESH                   # 10 steps without a plain one: measure plain again
-    g.observe(1, 0, 1.0, 1.0)
-    assert g.plain_s(1) == pytest.approx(1.5 * (1.0 / 1.5) ** 0.25)
-    assert g.stats["refresh_steps"] == 2           # the first measurement and this one
+    assert g.forced() == REFRESH                   # 10 steps without a plain sample: measure plain again
+    g.observe(1, 0, 1.0, 1.2)
+    assert g.forced() == REFRESH and g.plain_s(1) == pytest.approx(1.5)   # right after drafting: no sample
+    g.observe(1, 0, 1.0, 1.2)
+    assert g.forced() is None and g.plain_s(1) == pytest.approx(1.5 * (1.2 / 1.5) ** 0.25)
+    assert g.stats["refresh_steps"] == 4           # the first reference's two steps and these two
 
 
-def test_the_first_reference_is_the_fastest_of_spaced_plain_samples():
-    """A cold first step after a prefill (2x plain, as measured) must not become plain decoding's cost: the guard
-    asks for K = 0 steps spaced plain_spacing apart and keeps the fastest. Then a drafter at 0.9x plain fails its
-    window; judged against the cold step alone (plain_samples=1, the negative control) it passes."""
-    for samples, falls in ((3, True), (1, False)):
-        g = Guard(lambda B: 1.0, plain_samples=samples, plain_spacing=4)
-        ks, cold = [], True
-        for _ in range(48):
+def test_slow_plain_steps_after_drafting_do_not_raise_the_reference():
+    """A K = 0 step right after drafting runs slow (measured: 5.2-5.3 ms against 2.8-3.0 settled) and speeds up
+    over the next ones: the refresh runs amid a long drafting stretch must not make plain decoding look slower
+    than it settles at. Negative control: plain_samples=1 (the second K = 0 step in a row counts) follows the
+    slow steps up. A slower settled pace (the machine got slower) moves the reference in both."""
+    for m, stays in ((4, True), (1, False)):
+        g = Guard(lambda B: 1.0, refresh=8, plain_samples=m)
+        plain_first(g)
+        for _ in range(16):
+            for _ in range(8):
+                assert g.forced() is None
+                g.observe(1, 1, 2.0, 1.5)           # drafting steps, ahead of plain
+            pace = iter((1.6, 1.4, 1.3, 1.2) + (1.0,) * m)
+            assert g.forced() == REFRESH
+            while g.forced():
+                g.observe(1, 0, 1.0, next(pace))
+        assert (g.plain_s(1) == pytest.approx(1.0)) == stays, (m, g.plain_s(1))
+        for _ in range(m + 40):                    # a stretch of K = 0 steps at a slower settled pace
+            g.observe(1, 0, 1.0, 1.3)
+        assert g.plain_s(1) == pytest.approx(1.3, rel=1e-3)
+
+
+def test_the_first_reference_waits_for_plain_decoding_to_settle():
+    """The first decode steps after a prefill run slow and speed up for ~20 steps (measured: 4.84, 4.55 ... 2.98
+    ms, then 2.76): the guard keeps K = 0 until plain_samples steps in a row bring none 2 % faster, so the
+    reference is the settled pace. Then a drafter at 0.9x settled plain (yet faster than the first steps) fails
+    its window; judged against the first steps alone (plain_max = plain_samples + 1, the negative control) it
+    passes."""
+    pace = [2.0 - 0.05 * i for i in range(20)] + [1.0] * 200      # settles at 1.0 after 20 steps
+    for plain_max, falls in ((64, True), (5, False)):
+        g = Guard(lambda B: 1.0, plain_samples=4, plain_max=plain_max)
+        ks = []
+        for i in range(120):
             k = 0 if g.forced() else 1
-            g.observe(1, k, 1.0, (2.0 if cold else 1.0) if not k else 1.0 / 0.9)
-            cold = False
+            g.observe(1, k, 1.0, pace[i] if not k else 1.0 / 0.9)
             ks.append(k)
-        if samples == 3:
-            assert [i for i, k in enumerate(ks[:12]) if k == 0] == [0, 5, 10] and g.plain_n >= 3
-            assert g.plain_s(1) == pytest.approx(1.0)
+        first = ks.index(1)
+        if plain_max == 64:
+            assert first == 25 and g.plain_s(1) == pytest.approx(1.0)
         else:
-            assert g.plain_s(1) == pytest.approx(2.0)
-        assert (g.stats["fallbacks"] > 0) == falls, samples
+            assert first == 5 and g.plain_s(1) > 1.7
+        assert (g.stats["fallbacks"] > 0) == falls, plain_max
 
 
 def test_catch_up_steps_stay_out_of_the_window():
@@ -140,7 +177,7 @@ def test_a_good_drafter_with_high_variance_is_not_cut_off_by_one_bad_step():
     assert sum(t for t, _ in steps[:32]) > sum(s for _, s in steps[:32])       # the window is ahead of plain
     for z, falls in ((1.0, False), (0.0, True)):
         g = Guard(lambda B: 1.0, z=z)
-        g.observe(1, 0, 1.0, 1.0)
+        plain_first(g)
         for tok, s in steps:
             if g.forced():
                 break
@@ -192,12 +229,24 @@ def test_a_fallback_step_costs_the_policy_no_estimate_and_defers_drafter_prefill
     assert res["k"] == [0] * 10 and pol.last["forced"] == FALLBACK
 
 
+def test_prompts_admitted_while_the_first_reference_is_taken_get_no_drafter_prefill():
+    """The first decode steps are K = 0 (the first plain reference): a prompt admitted then waits for the
+    catch-up like one admitted in a fallback; once the reference is taken, a policy that drafts prefills again.
+    Negative control: with the guard off there is no such phase."""
+    pol = policy(grid(linear(0.1e-3)))             # cheap drafts, prior 0.8: the model wants to draft
+    assert pol.guard.warming() and not pol.drafts_next(1)
+    while pol.guard.warming():
+        pol.guard.observe(1, 0, 1.0, PLAIN)
+    assert pol.drafts_next(1)
+    assert policy(grid(linear(0.1e-3)), guard=False).drafts_next(1)
+
+
 def test_the_model_prices_plain_decoding_at_the_guards_measurement():
     """The cost model's machine-wide scale follows drafting steps too: drafting 3x costlier than measured
     inflates its K = 0 estimate. The policy's K = 0 time is the guard's measurement of K = 0 steps instead."""
     truth, believed, drafter = fooled()
     pol = policy(believed)
-    run(pol, 6, truth, drafter, noise=0.0)         # one plain step, then drafting steps until the fallback
+    run(pol, FIRST + 5, truth, drafter, noise=0.0)  # the first plain steps, then drafting until the fallback
     assert pol.cost.scale > 1.05                   # the cost model now thinks plain got slower
     tokens, secs, rate = pol.rates(["x"])
     assert secs[0] == pytest.approx(truth(1, 0)) and secs[0] < float(pol.cost.predict(1)[0]) / 1.05
@@ -207,15 +256,16 @@ def test_the_model_prices_plain_decoding_at_the_guards_measurement():
 @pytest.mark.parametrize("per_k", [1e-3, 2e-3, 3e-3])
 def test_a_slow_drafter_converges_to_plain_within_the_stated_steps_and_stays_within_3_percent(per_k, trusting):
     """Acceptance 0 and every draft costs per_k seconds (K = 1 costs r = 1 + per_k / PLAIN plain steps).
-    Stated: K = 0 from step 1 + bound(r)["first_fallback_after"] on (the guard's worst case at the cheapest
-    K > 0 step; step 0 measures plain), and over 3,000 steps (10 % timing noise, each probe paying the drafter's
+    Stated: K = 0 from step FIRST + 1 + bound(r)["first_fallback_after"] on (the guard's worst case at the
+    cheapest K > 0 step; steps 0 .. FIRST - 1 measure plain; the first drafting step feeds the drafter the prompt
+    admitted meanwhile, a catch-up outside the window), and over 3,000 steps (10 % timing noise, each probe paying the drafter's
     catch-up) within 3 % of plain tokens/s.
     trusting: the acceptance estimate never leaves the head's prior (prior and request weights 1e9), so only
     the guard can stop the drafting; negative control: without the guard it never converges and stays below
     0.97 x plain. Control for both: the same drafter always drafting (K = 1) is more than 3 % below plain."""
     step = linear(per_k)
     r = step(1, 1) / step(1, 0)
-    stated = 1 + bound(r, 1000)["first_fallback_after"]
+    stated = FIRST + 1 + bound(r, 1000)["first_fallback_after"]
 
     def pol(guard=True):
         return AutoK(K, grid(step), Acceptance(K, prior=[0.8] * K, prior_weight=1e9 if trusting else 4.0,
@@ -243,7 +293,7 @@ def test_the_guard_bounds_a_fooled_model_and_without_it_auto_stays_below_plain()
     truth, believed, drafter = fooled()
     assert best_static(truth, 0.5)[0] == 0
     guarded = run(policy(believed.copy()), 3000, truth, drafter, noise=0.1, catch_row_s=CATCH_ROW_S)
-    assert guarded["first_zero_run"] is not None and guarded["first_zero_run"] <= 1 + 32   # one window at most
+    assert guarded["first_zero_run"] is not None and guarded["first_zero_run"] <= FIRST + 32   # one window at most
     assert guarded["vs_plain"] >= 0.97
     alone = run(policy(believed.copy(), guard=False), 3000, truth, drafter, noise=0.1)   # negative control
     assert alone["first_zero_run"] is None and alone["vs_plain"] < 0.9
@@ -355,7 +405,7 @@ def test_the_early_stop_is_the_sum_of_excesses_against_its_standard_deviation():
     want = next(n for n in range(g.min_steps, len(xs) + 1)
                 if sum(xs[:n]) > g.budget + g.z * math.sqrt(n * statistics.variance(xs[:n])))
     assert want < g.window
-    g.observe(1, 0, 1.0, 1.0)
+    plain_first(g)
     for n, x in enumerate(xs, 1):
         out = g.observe(1, 3, 1.0, 1.0 + x)             # one token a step: the excess is x plain steps
         if out:

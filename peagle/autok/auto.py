@@ -206,7 +206,7 @@ class AutoK(KPolicy):
         """Would a step of this many rows (the batch after admission), with the drafter caught up, draft? A
         prompt admitted when not gets no drafter prefill (it joins the catch-up), so a batch that will decode
         with K = 0 (large batches) never pays for drafter context it does not use."""
-        if self.guard.holding():                # a fallback: K = 0 for the coming steps
+        if self.guard.holding() or self.guard.warming():     # K = 0 for the coming steps
             return False
         return self._best(self.rates([None] * batch_size)[2], batch_size) > 0   # anonymous rows: the global estimate
 

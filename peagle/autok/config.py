@@ -38,10 +38,10 @@ class GuardConfig:
     min_speedup: float = 1.0    # a window passes at this speedup over plain decoding
     backoff: int = 64           # K = 0 steps after the first failed window, doubling per failure ...
     max_backoff: int = 2048     # ... up to this
-    refresh: int = 256          # decode steps without a K = 0 step before one is forced (the plain reference)
-    rate: float = 0.25          # weight of a new K = 0 step in the plain reference's average (log space)
-    plain_samples: int = 3      # K = 0 steps whose fastest sets the first plain reference ...
-    plain_spacing: int = 8      # ... one forced after this many decode steps without one, until there are that many
+    refresh: int = 512          # decode steps without a plain sample before K = 0 is forced until there is one
+    rate: float = 0.25          # weight of a new plain sample in the plain reference's average (log space)
+    plain_samples: int = 4      # a K = 0 step is a plain sample after this many K = 0 steps in a row; the first
+    plain_max: int = 64         # steps are K = 0 until this many in a row bring none 2 % faster (at most plain_max)
     min_steps: int = 3          # steps before a window may fail early
     z: float = 1.0              # noise allowance of the early stop, in standard deviations
 
@@ -54,11 +54,13 @@ class GuardConfig:
             if not ok:
                 raise ValueError(f"guard.{f.name} must be {want.__name__ if want is not float else 'a finite number'}, "
                                  f"got {v!r}")
-        if min(self.window, self.backoff, self.refresh, self.plain_samples, self.plain_spacing) < 1 \
+        if min(self.window, self.backoff, self.refresh, self.plain_samples) < 1 \
                 or self.min_steps < 2 or self.max_backoff < self.backoff or self.budget <= 0 \
-                or not 0 < self.rate <= 1 or self.z < 0 or self.min_speedup <= 0:
-            raise ValueError("guard: window, backoff, refresh, plain_samples, plain_spacing >= 1, min_steps >= 2, "
-                             "budget > 0, max_backoff >= backoff, 0 < rate <= 1, z >= 0, min_speedup > 0")
+                or self.plain_max <= self.plain_samples or not 0 < self.rate <= 1 or self.z < 0 \
+                or self.min_speedup <= 0:
+            raise ValueError("guard: window, backoff, refresh, plain_samples >= 1, min_steps >= 2, budget > 0, "
+                             "max_backoff >= backoff, plain_max > plain_samples, 0 < rate <= 1, z >= 0, "
+                             "min_speedup > 0")
 
 
 @dataclass(frozen=True)

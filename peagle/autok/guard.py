@@ -3,16 +3,20 @@ same engine, and switched off while it is behind, so auto's worst case is a boun
 
 Invariants:
 - The plain reference is a measurement: seconds per K = 0 step of this engine (the clock the policy is told),
-  normalised across batch sizes by the measured cost model's K = 0 column (`plain_shape(B)`), followed by an
-  exponential average over K = 0 steps only. Steps with K > 0 never move it (the cost model's machine-wide scale
-  follows every step, so it drifts with speculation's own cost; the guard does not use it). Before the first
-  K = 0 step, and after `refresh` decode steps without one, the guard asks for one K = 0 step.
-- The first reference is the fastest of `plain_samples` K = 0 steps, asked for every `plain_spacing` decode steps
-  until there are that many, then the average takes over: the first decode steps after a prefill run slow
-  (measured on a 2-core Xeon, SmolLM2 q4a8: 5.1 ms, then 4.6, 4.4 ... settling near 4.0 by step 6), and one of
-  them taken as plain decoding's cost flattered speculation by up to 1.8x, so auto kept drafting at 0.84-0.95x.
-  A window under way when a faster sample lowers the reference starts again, so the first window can end up to
-  (plain_samples - 1) x plain_spacing drafting steps later than the bound below says (16 with the defaults).
+  normalised across batch sizes by the measured cost model's K = 0 column (`plain_shape(B)`), averaged
+  exponentially (`rate`, log space) over plain samples: K = 0 steps that follow `plain_samples` K = 0 steps in a
+  row. Steps with K > 0 never move it (the cost model's machine-wide scale follows every step, so it drifts with
+  speculation's own cost; the guard does not use it), nor do the first K = 0 steps after them.
+- Why only K = 0 steps after K = 0 steps: a step runs slow for a while after anything else -- a prefill, drafting
+  steps -- and plain decoding would soon run at its settled pace. Measured on a 2-core Xeon (SmolLM2 q4a8,
+  medians over 12 requests): plain decoding's steps after a prefill 4.84, 4.55, 4.43, 4.18 ... 3.21 ms (17th),
+  2.98 (21st), steady 2.76; single K = 0 steps amid K = 1 steps ran 5.2-5.3 ms. Taken from such steps (the rule
+  before this one: any K = 0 step, the first reference from 3 of them spaced 8 steps apart) the reference priced
+  plain decoding 1.3-1.9x too slow, and auto drafted at 0.81-0.94x plain.
+- The first reference: the first decode steps are K = 0, until `plain_samples` in a row bring none PLAIN_GAIN
+  faster than the fastest before them (plain decoding has settled; at most `plain_max` steps); it is the mean of
+  those last `plain_samples`. After `refresh` decode steps without a plain sample, K = 0 is forced until there
+  is one (`plain_samples` + 1 steps: 1 % of the steps while drafting never stops, with the defaults).
 - Speculation is judged on K > 0 steps, in windows. A step of B rows that produced n tokens in s seconds would
   have taken p = n / B x plain(B) seconds without drafting; its excess is x = (s - p) / plain(B) plain steps. A
   window ends after `window` such steps (passed if sum p / sum s >= min_speedup, else failed) or, from
@@ -33,11 +37,11 @@ AutoK's own acceptance estimate often stops drafting sooner. With the defaults (
 
     r (K > 0 step / plain step)        1.5     2      3      5
     K > 0 steps before the fallback     9      5      3      3
-    time lost over 1,000 steps        1.9 %  2.5 %  3.0 %  6.0 %
+    time lost over 1,000 steps        1.8 %  2.5 %  3.0 %  6.0 %
     time lost over 4,000 steps        0.7 %  0.8 %  0.9 %  1.8 %
     time lost over 100,000 steps      0.24%  0.27%  0.32%  0.64%
 
-(probes after 64, 128, ..., 2048 K = 0 steps, then every 2048)."""
+(after the first plain steps; probes after 64, 128, ..., 2048 K = 0 steps, then every 2048)."""
 from __future__ import annotations
 
 import math
@@ -46,6 +50,7 @@ from dataclasses import replace
 from .config import GuardConfig
 
 FALLBACK, REFRESH = "fallback", "plain_refresh"
+PLAIN_GAIN = 0.02      # the first reference is taken once K = 0 steps stop getting this much faster (see above)
 
 
 class Guard:
@@ -58,10 +63,12 @@ class Guard:
         self.backoff, self.max_backoff, self.refresh, self.rate = int(cfg.backoff), int(cfg.max_backoff), \
             int(cfg.refresh), cfg.rate
         self.min_steps, self.z = int(cfg.min_steps), float(cfg.z)
-        self.plain_samples, self.plain_spacing = int(cfg.plain_samples), int(cfg.plain_spacing)
-        self.log_scale: float | None = None      # log(measured K = 0 seconds / plain_shape), None before any
+        self.plain_samples, self.plain_max = int(cfg.plain_samples), int(cfg.plain_max)
+        self.log_scale: float | None = None      # log(plain reference / plain_shape), None before any K = 0 step
+        self.first: list | None = []             # the first K = 0 steps' logs while they are being taken
         self.plain_n = 0                         # K = 0 steps measured so far
-        self.since_plain = 0                     # decode steps since the last K = 0 step
+        self.in_row = 0                          # K = 0 steps in a row up to the last step
+        self.since_plain = 0                     # K > 0 steps since the last plain sample
         self.hold = 0                            # forced K = 0 steps left
         self.fails = 0                           # failed windows, less one per passed window
         self._reset_window()
@@ -80,14 +87,17 @@ class Guard:
             return None
         if self.hold > 0:
             return FALLBACK
-        if self.log_scale is None or self.since_plain >= self.refresh or (
-                self.plain_n < self.plain_samples and self.since_plain >= self.plain_spacing):
+        if self.log_scale is None or self.first is not None or self.since_plain >= self.refresh:
             return REFRESH
         return None
 
     def holding(self) -> bool:
         """In a fallback (K = 0 for the coming steps): new prompts need no drafter prefill."""
         return self.enabled and self.hold > 0
+
+    def warming(self) -> bool:
+        """Taking the first reference (K = 0 for the coming steps too)."""
+        return self.enabled and self.first is not None
 
     def plain_shape(self, B: int) -> float:
         """plain_shape(B), remembered per batch size (a fallback step computes nothing twice)."""
@@ -114,19 +124,10 @@ class Guard:
         if seconds <= 0 or B <= 0:
             return {}
         if not k:
-            self.since_plain = 0
-            g = math.log(seconds / max(self.plain_shape(B), 1e-12))
-            if self.log_scale is None:
-                self.log_scale = g
-            elif self.plain_n < self.plain_samples:        # the first reference: the fastest sample
-                if g < self.log_scale:                     # (a window priced against a slower one restarts)
-                    self.log_scale = g
-                    self._reset_window()
-            else:
-                self.log_scale += self.rate * (g - self.log_scale)
-            self.plain_n += 1
+            self._plain(math.log(seconds / max(self.plain_shape(B), 1e-12)))
             return {}
         self.since_plain += 1
+        self.in_row = 0
         if catch_up:
             st["catch_up_steps"] += 1
             st["catch_up_s"] += seconds
@@ -162,6 +163,24 @@ class Guard:
         st["fallbacks"] += 1
         return {"verdict": "failed", "fallback_steps": self.hold, **self.last_window}
 
+    def _plain(self, g: float):
+        """A K = 0 step's log(seconds / plain_shape): the first reference while it is being taken, then into the
+        average if it is a plain sample (see the module docstring)."""
+        self.plain_n += 1
+        self.in_row += 1
+        first, m = self.first, self.plain_samples
+        if first is not None:
+            first.append(g)
+            if len(first) >= self.plain_max or (
+                    len(first) > m and min(first[-m:]) > min(first[:-m]) + math.log(1 - PLAIN_GAIN)):
+                self.first, self.since_plain = None, 0
+                self.log_scale = sum(first[-m:]) / m
+            else:
+                self.log_scale = g                 # provisional: every step is K = 0 meanwhile
+        elif self.in_row > m:
+            self.since_plain = 0
+            self.log_scale += self.rate * (g - self.log_scale)
+
     # ---------------------------------------------------------------- reporting
     def describe(self) -> dict:
         d = {"enabled": self.enabled, "holding": self.hold, "failures": self.fails,
@@ -177,7 +196,7 @@ class Guard:
         return {"enabled": self.enabled, "window": self.window, "budget": self.budget,
                 "min_speedup": self.min_speedup, "backoff": self.backoff, "max_backoff": self.max_backoff,
                 "refresh": self.refresh, "min_steps": self.min_steps, "z": self.z,
-                "plain_samples": self.plain_samples, "plain_spacing": self.plain_spacing}
+                "rate": self.rate, "plain_samples": self.plain_samples, "plain_max": self.plain_max}
 
 
 def bound(r: float, steps: int, **settings) -> dict:
