@@ -71,3 +71,20 @@ def test_an_unused_position_is_never_estimated_above_the_one_before():
     position before it: that flatters large K."""
     a = Acceptance(3, prior=[0.4, 0.8, 0.9]).global_alpha()
     assert a[1] <= a[0] and a[2] <= a[1]
+
+
+def test_ageing_is_applied_before_the_counts_are_read():
+    """age() defers its product to the next read: the counts then equal the eager ones (decay per row-step
+    to the power of the rows aged), however the ageing was split and whatever reads first."""
+    acc = Acceptance(3, half_life_rows=10)
+    acc.observe(["x", "y"], 2, [1, 2])
+    t0, s0 = acc.t.copy(), acc.s.copy()
+    acc.age(7)
+    acc.age(8)
+    assert np.allclose(acc.t, t0 * 0.5 ** 1.5) and np.allclose(acc.s, s0 * 0.5 ** 1.5)
+    acc.age(10)
+    a = acc.global_alpha()
+    fresh = Acceptance(3, half_life_rows=10)
+    fresh.observe(["x", "y"], 2, [1, 2])
+    fresh.observe(["x", "y"] * 12 + ["x"], 0, [0] * 25)          # 25 row-steps without drafts, aged at once
+    assert np.allclose(a, fresh.global_alpha()) and not np.allclose(a, Acceptance(3).global_alpha())

@@ -32,12 +32,30 @@ class Acceptance:
         self.w0, self.wr = prior_weight, request_weight
         self.decay = 0.5 ** (1.0 / half_life_rows)
         self.decay_r = 0.5 ** (1.0 / request_half_life)
-        self.s = np.zeros(self.k_max)        # successes per position (global, aged)
-        self.t = np.zeros(self.k_max)        # trials per position
+        self._s = np.zeros(self.k_max)       # successes per position (global, aged but for `_aging` row-steps)
+        self._t = np.zeros(self.k_max)       # trials per position
+        self._aging = 0                      # row-steps of ageing not yet applied to _s and _t
         self.slots: dict[str, int] = {}     # request id -> row of rs / rt
         self._free: list[int] = []
         self.rs = np.zeros((0, self.k_max))
         self.rt = np.zeros((0, self.k_max))
+
+    @property
+    def s(self) -> np.ndarray:
+        self._age_now()
+        return self._s
+
+    @property
+    def t(self) -> np.ndarray:
+        self._age_now()
+        return self._t
+
+    def _age_now(self):
+        if self._aging:
+            d = self.decay ** self._aging
+            self._s *= d
+            self._t *= d
+            self._aging = 0
 
     def global_alpha(self) -> np.ndarray:
         a, prev = np.empty(self.k_max), self.first
@@ -65,10 +83,11 @@ class Acceptance:
 
     def age(self, rows: int):
         """Forget as much as `rows` row-steps without drafts do (what observe does for a K = 0 step, without
-        its bookkeeping of which requests are in the batch: that waits for the next observe)."""
-        d = self.decay ** rows
-        self.s *= d
-        self.t *= d
+        its bookkeeping of which requests are in the batch: that waits for the next observe). Applied when the
+        counts are next read (ageing is a product, so the order does not matter): a step without drafts then
+        costs an integer addition (with numpy's in-place products there, AutoK.observe took a median 27-33 us
+        per settled K = 0 step against 13 us: SmolLM2 q4a8, 2-core Xeon, right after the target's forward)."""
+        self._aging += rows
 
     def observe(self, rids, k: int, accepted):
         """accepted: accepted drafts per row (any int sequence or tensor of length B)."""

@@ -111,7 +111,6 @@ class Proposer:
             ctx.ids[b0 + torch.arange(B, device=dev), prompt_lens_dev - 1] = first
             if aux is not None:
                 ctx.aux[rows, :T] = aux[:, :T]
-            ctx.n[rows] = prompt_lens_dev
             ctx.behind += prompt_lens
             return
         # position q gets token x_{q+1} with the target's aux state at q, for q < P - 1; the row at P - 1 (the
@@ -124,7 +123,6 @@ class Proposer:
         if aux is not None:
             ctx.ensure(b0 + B, self.k + 1, aux.shape[-1], aux.dtype)
             ctx.aux[rows, 0] = aux[torch.arange(B, device=dev), prompt_lens_dev - 1]
-        ctx.n[rows] = 1
         ctx.behind += [1] * B
 
     def draft(self, requests: list, k: int, start: torch.Tensor, cached: list, shape, sampled=None):
@@ -144,7 +142,7 @@ class Proposer:
         behind = ctx.behind[:B]
         width = max(behind)
         ctx.ensure(B, max(k, width) + 1)
-        n = ctx.n[:B]
+        n = torch.tensor(behind, dtype=torch.long, device=start.device)        # [B] rows to feed per row
         span = max(c - b for c, b in zip(cached, behind)) + width
         return DraftBatch(ctx.ids[:B, :width], None if ctx.aux is None else ctx.aux[:B, :width], start - n, n, 0,
                           requests, **shape(span, cached[0] - behind[0] if B == 1 else None), sampled=sampled)
@@ -159,19 +157,17 @@ class Proposer:
             ctx.ids[:B, : k + 1] = tokens
             if aux is not None:
                 ctx.aux[:B, : k + 1] = aux
-            ctx.n[:B] = accepted + 1
             ctx.behind[:B] = [a + 1 for a in accepted_host]
             return
         behind = ctx.behind[:B]
         ctx.ensure(B, max(behind) + 1)
-        # each row's next column is its n (= behind); rows level (always at B = 1) write it by plain slicing,
+        # each row's next column is its count behind; rows level (always at B = 1) write it by plain slicing,
         # ~20 us where index tensors cost ~45 us per step
         rows, col = ((slice(0, B), behind[0]) if min(behind) == max(behind) else
-                     (torch.arange(B, device=tokens.device), ctx.n[:B]))
+                     (torch.arange(B, device=tokens.device), torch.tensor(behind, device=tokens.device)))
         ctx.ids[rows, col] = tokens[:, 0]
         if aux is not None:
             ctx.aux[rows, col] = aux[:, 0]
-        ctx.n[:B] += 1
         ctx.behind[:B] = [b + 1 for b in behind]
 
     def catch_up_rows(self, batch_size: int, steady: int) -> int:
