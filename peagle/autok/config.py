@@ -38,7 +38,7 @@ class GuardConfig:
     min_speedup: float = 1.0    # a window passes at this speedup over plain decoding
     backoff: int = 64           # K = 0 steps after the first failed window, doubling per failure ...
     max_backoff: int = 2048     # ... up to this
-    refresh: int = 512          # decode steps without a plain sample before K = 0 is forced until there is one
+    refresh: int = 512          # drafting steps without a plain sample before K = 0 is forced until there is one
     rate: float = 0.25          # weight of a new plain sample in the plain reference's average (log space)
     plain_samples: int = 4      # a K = 0 step is a plain sample after this many K = 0 steps in a row; the first
     plain_max: int = 64         # steps are K = 0 until this many in a row bring none 2 % faster (at most plain_max)

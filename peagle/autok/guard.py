@@ -15,7 +15,7 @@ Invariants:
   plain decoding 1.3-1.9x too slow, and auto drafted at 0.81-0.94x plain.
 - The first reference: the first decode steps are K = 0, until `plain_samples` in a row bring none PLAIN_GAIN
   faster than the fastest before them (plain decoding has settled; at most `plain_max` steps); it is the mean of
-  those last `plain_samples`. After `refresh` decode steps without a plain sample, K = 0 is forced until there
+  those last `plain_samples`. After `refresh` drafting steps without a plain sample, K = 0 is forced until there
   is one (`plain_samples` + 1 steps: 1 % of the steps while drafting never stops, with the defaults).
 - Speculation is judged on K > 0 steps, in windows. A step of B rows that produced n tokens in s seconds would
   have taken p = n / B x plain(B) seconds without drafting; its excess is x = (s - p) / plain(B) plain steps. A
