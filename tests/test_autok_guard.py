@@ -159,7 +159,7 @@ def test_the_first_reference_waits_for_plain_decoding_to_settle():
 
 def test_catch_up_steps_stay_out_of_the_window():
     g = Guard(lambda B: 1.0)
-    g.observe(1, 0, 1.0, 1.0)
+    plain_first(g)
     for _ in range(5):
         g.observe(1, 3, 1.0, 50.0, catch_up=True)  # far behind, but each fed a backlog of drafter rows
     assert not g.holding() and g.win_n == 0 and g.stats["catch_up_steps"] == 5
@@ -190,6 +190,21 @@ def test_disabled_guard_judges_but_never_forces():
     ks = losing(g, 3.0, 500)
     assert all(ks) and g.forced() is None and not g.holding() and g.stats["fallbacks"] == 0
     assert g.describe()["spec_speedup_vs_plain"] == pytest.approx(1 / 3, abs=1e-3)
+
+
+def test_a_disabled_guard_takes_plain_samples_only_after_plain_samples_k0_steps_in_a_row():
+    """Nothing forced, no first phase: K = 0 steps between drafting steps (slow, 2.0) never become the reference;
+    the fifth of a run of K = 0 steps (1.0) starts it. Control: the guard on would have forced the first steps."""
+    g = Guard(lambda B: 1.0, enabled=False)
+    assert g.forced() is None and not g.warming() and Guard(lambda B: 1.0).forced() == REFRESH
+    for _ in range(20):
+        g.observe(1, 0, 1.0, 2.0)
+        g.observe(1, 3, 3.0, 1.5)
+    assert g.log_scale is None
+    for i in range(5):
+        g.observe(1, 0, 1.0, 1.0)
+        assert (g.log_scale is None) == (i < 4)
+    assert g.plain_s(1) == pytest.approx(1.0)
 
 
 def test_the_worst_case_table_in_the_docstring_is_what_the_guard_does():
@@ -379,8 +394,9 @@ def test_greedy_identical_while_the_guard_switches_k_to_zero_and_back(tiny_dirs,
     # plain decoding does (flat, not refined from wall time), the policy drafts on any machine
     flat = CostModel(old.cost.bs, [[row[0]] * len(row) for row in old.cost.t0.tolist()],
                      meta={k: v for k, v in old.cost.meta.items() if k != "path"})
-    e.k_policy = pol = AutoK(old.k_max, flat, sure, autok_config(
-        guard={"min_speedup": 100.0, "window": 2, "backoff": 1, "max_backoff": 4}, refine=False))
+    e.k_policy = pol = AutoK(old.k_max, flat, sure, autok_config(   # a first reference of 2 steps whatever they take
+        guard={"min_speedup": 100.0, "window": 2, "backoff": 1, "max_backoff": 4, "plain_samples": 1,
+               "plain_max": 2}, refine=False))
     pol.attach(e.proposer)
     feed = DrafterFeed(e)
     reqs = []

@@ -7,16 +7,19 @@ Invariants:
   exponentially (`rate`, log space) over plain samples: K = 0 steps that follow `plain_samples` K = 0 steps in a
   row. Steps with K > 0 never move it (the cost model's machine-wide scale follows every step, so it drifts with
   speculation's own cost; the guard does not use it), nor do the first K = 0 steps after them.
-- Why only K = 0 steps after K = 0 steps: a step runs slow for a while after anything else -- a prefill, drafting
-  steps -- and plain decoding would soon run at its settled pace. Measured on a 2-core Xeon (SmolLM2 q4a8,
-  medians over 12 requests): plain decoding's steps after a prefill 4.84, 4.55, 4.43, 4.18 ... 3.21 ms (17th),
-  2.98 (21st), steady 2.76; single K = 0 steps amid K = 1 steps ran 5.2-5.3 ms. Taken from such steps (the rule
-  before this one: any K = 0 step, the first reference from 3 of them spaced 8 steps apart) the reference priced
-  plain decoding 1.3-1.9x too slow, and auto drafted at 0.81-0.94x plain.
-- The first reference: the first decode steps are K = 0, until `plain_samples` in a row bring none PLAIN_GAIN
-  faster than the fastest before them (plain decoding has settled; at most `plain_max` steps); it is the mean of
-  those last `plain_samples`. After `refresh` drafting steps without a plain sample, K = 0 is forced until there
-  is one (`plain_samples` + 1 steps: 1 % of the steps while drafting never stops, with the defaults).
+- Why not the K = 0 steps right after drafting: a step runs slow for a while after anything else, and without
+  the drafting plain decoding would soon run at its settled pace. Measured on a 2-core Xeon (SmolLM2 q4a8):
+  single K = 0 steps amid K = 1 steps ran 5.2-5.3 ms, K = 0 steps after other K = 0 steps ~3.0; taken from the
+  former (the rule before this one: any K = 0 step, the first reference from 3 of them spaced 8 steps apart) the
+  reference priced plain decoding 1.3-1.9x too slow, and auto drafted at 0.81-0.94x plain. The steps after a
+  prefill are slow too (plain decoding's, medians over 12 requests: 4.84, 4.55, 4.43, 4.18 ... 3.21 ms at the
+  17th, 2.98 at the 21st, steady 2.76), but plain decoding pays them at every request as well, so a K = 0 run
+  that a prefill interrupts keeps counting.
+- The first reference (guard on): the first decode steps are K = 0, until `plain_samples` in a row bring none
+  PLAIN_GAIN faster than the fastest before them (plain decoding has settled; at most `plain_max` steps); it is
+  the mean of those last `plain_samples`. After `refresh` drafting steps without a plain sample, K = 0 is forced
+  until there is one (`plain_samples` + 1 steps: 1 % of the steps while drafting never stops, with the
+  defaults). With the guard off nothing is forced: the reference starts at the first plain sample.
 - Speculation is judged on K > 0 steps, in windows. A step of B rows that produced n tokens in s seconds would
   have taken p = n / B x plain(B) seconds without drafting; its excess is x = (s - p) / plain(B) plain steps. A
   window ends after `window` such steps (passed if sum p / sum s >= min_speedup, else failed) or, from
@@ -65,8 +68,7 @@ class Guard:
         self.min_steps, self.z = int(cfg.min_steps), float(cfg.z)
         self.plain_samples, self.plain_max = int(cfg.plain_samples), int(cfg.plain_max)
         self.log_scale: float | None = None      # log(plain reference / plain_shape), None before any K = 0 step
-        self.first: list | None = []             # the first K = 0 steps' logs while they are being taken
-        self.plain_n = 0                         # K = 0 steps measured so far
+        self.first: list | None = [] if cfg.enabled else None   # the first K = 0 steps' logs while taken
         self.in_row = 0                          # K = 0 steps in a row up to the last step
         self.since_plain = 0                     # K > 0 steps since the last plain sample
         self.hold = 0                            # forced K = 0 steps left
@@ -166,7 +168,6 @@ class Guard:
     def _plain(self, g: float):
         """A K = 0 step's log(seconds / plain_shape): the first reference while it is being taken, then into the
         average if it is a plain sample (see the module docstring)."""
-        self.plain_n += 1
         self.in_row += 1
         first, m = self.first, self.plain_samples
         if first is not None:
@@ -179,7 +180,7 @@ class Guard:
                 self.log_scale = g                 # provisional: every step is K = 0 meanwhile
         elif self.in_row > m:
             self.since_plain = 0
-            self.log_scale += self.rate * (g - self.log_scale)
+            self.log_scale = g if self.log_scale is None else self.log_scale + self.rate * (g - self.log_scale)
 
     # ---------------------------------------------------------------- reporting
     def describe(self) -> dict:

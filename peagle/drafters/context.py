@@ -9,8 +9,9 @@ request leaves, the last row moves into its place (Proposer.remove_row). Per row
   ids     [rows, width]     the tokens x_{q+1} still to feed (the first `behind` real, the rest padding)
   aux     [rows, width, A]  the target's aux states at those positions q (None without aux layers)
   behind  list              how many are real, on the host (from the engine's one copy per step); the step
-                            that drafts copies them to the device (a device copy kept beside them cost a
-                            step without drafting 20-30 us more: 1 % of SmolLM2's q4a8 step on a 2-core Xeon)
+                            that drafts copies them to the device, as does a step without drafting whose
+                            rows are uneven (a device copy kept beside them cost every step without
+                            drafting 20-30 us more: 1 % of SmolLM2's q4a8 step on a 2-core Xeon)
 The drafter's cached length is never stored: it is the target cache's length minus behind."""
 from __future__ import annotations
 
