@@ -196,7 +196,7 @@ def test_a_disabled_guard_takes_plain_samples_only_after_plain_samples_k0_steps_
     """Nothing forced, no first phase: K = 0 steps between drafting steps (slow, 2.0) never become the reference;
     the fifth of a run of K = 0 steps (1.0) starts it. Control: the guard on would have forced the first steps."""
     g = Guard(lambda B: 1.0, enabled=False)
-    assert g.forced() is None and not g.warming() and Guard(lambda B: 1.0).forced() == REFRESH
+    assert g.forced() is None and g.first is None and Guard(lambda B: 1.0).forced() == REFRESH
     for _ in range(20):
         g.observe(1, 0, 1.0, 2.0)
         g.observe(1, 3, 3.0, 1.5)
@@ -244,16 +244,13 @@ def test_a_fallback_step_costs_the_policy_no_estimate_and_defers_drafter_prefill
     assert res["k"] == [0] * 10 and pol.last["forced"] == FALLBACK
 
 
-def test_prompts_admitted_while_the_first_reference_is_taken_get_no_drafter_prefill():
-    """The first decode steps are K = 0 (the first plain reference): a prompt admitted then waits for the
-    catch-up like one admitted in a fallback; once the reference is taken, a policy that drafts prefills again.
-    Negative control: with the guard off there is no such phase."""
-    pol = policy(grid(linear(0.1e-3)))             # cheap drafts, prior 0.8: the model wants to draft
-    assert pol.guard.warming() and not pol.drafts_next(1)
-    while pol.guard.warming():
-        pol.guard.observe(1, 0, 1.0, PLAIN)
-    assert pol.drafts_next(1)
-    assert policy(grid(linear(0.1e-3)), guard=False).drafts_next(1)
+def test_an_engines_first_prompt_is_prefilled_into_the_drafter_when_drafting_is_expected_to_pay():
+    """While the guard takes its first reference (K = 0 steps), a prompt admitted is still prefilled into the
+    drafter if the model expects drafting to pay: deferred, its catch-up would be priced against that request's
+    drafting. Control: drafts that cannot pay are deferred."""
+    pol = policy(grid(linear(0.1e-3)))             # cheap drafts, prior 0.8
+    assert pol.guard.forced() == REFRESH and pol.drafts_next(1)
+    assert not policy(grid(linear(50e-3))).drafts_next(1)
 
 
 def test_the_model_prices_plain_decoding_at_the_guards_measurement():
@@ -271,16 +268,15 @@ def test_the_model_prices_plain_decoding_at_the_guards_measurement():
 @pytest.mark.parametrize("per_k", [1e-3, 2e-3, 3e-3])
 def test_a_slow_drafter_converges_to_plain_within_the_stated_steps_and_stays_within_3_percent(per_k, trusting):
     """Acceptance 0 and every draft costs per_k seconds (K = 1 costs r = 1 + per_k / PLAIN plain steps).
-    Stated: K = 0 from step FIRST + 1 + bound(r)["first_fallback_after"] on (the guard's worst case at the
-    cheapest K > 0 step; steps 0 .. FIRST - 1 measure plain; the first drafting step feeds the drafter the prompt
-    admitted meanwhile, a catch-up outside the window), and over 3,000 steps (10 % timing noise, each probe paying the drafter's
+    Stated: K = 0 from step FIRST + bound(r)["first_fallback_after"] on (the guard's worst case at the cheapest
+    K > 0 step; steps 0 .. FIRST - 1 measure plain), and over 3,000 steps (10 % timing noise, each probe paying the drafter's
     catch-up) within 3 % of plain tokens/s.
     trusting: the acceptance estimate never leaves the head's prior (prior and request weights 1e9), so only
     the guard can stop the drafting; negative control: without the guard it never converges and stays below
     0.97 x plain. Control for both: the same drafter always drafting (K = 1) is more than 3 % below plain."""
     step = linear(per_k)
     r = step(1, 1) / step(1, 0)
-    stated = FIRST + 1 + bound(r, 1000)["first_fallback_after"]
+    stated = FIRST + bound(r, 1000)["first_fallback_after"]
 
     def pol(guard=True):
         return AutoK(K, grid(step), Acceptance(K, prior=[0.8] * K, prior_weight=1e9 if trusting else 4.0,

@@ -205,10 +205,11 @@ class AutoK(KPolicy):
     def drafts_next(self, batch_size: int) -> bool:
         """Would a step of this many rows (the batch after admission), with the drafter caught up, draft? A
         prompt admitted when not gets no drafter prefill (it joins the catch-up), so a batch that will decode
-        with K = 0 (large batches) never pays for drafter context it does not use. Nor does a prompt admitted in a
-        fallback or while the guard takes its first plain reference (an engine's first prompt): the first step
-        that drafts feeds it, a catch-up priced as any other."""
-        if self.guard.holding() or self.guard.warming():     # K = 0 for the coming steps
+        with K = 0 (large batches) never pays for drafter context it does not use. A prompt admitted while the
+        guard takes its first plain reference (an engine's first prompt) is prefilled when the model expects
+        drafting to pay: deferred, its catch-up would be priced against that request's drafting (a long prompt's
+        ~50 us per row, amortised over at most `horizon` steps, can keep a one-request run plain)."""
+        if self.guard.holding():                # a fallback: K = 0 for the coming steps
             return False
         return self._best(self.rates([None] * batch_size)[2], batch_size) > 0   # anonymous rows: the global estimate
 

@@ -97,10 +97,6 @@ class Guard:
         """In a fallback (K = 0 for the coming steps): new prompts need no drafter prefill."""
         return self.enabled and self.hold > 0
 
-    def warming(self) -> bool:
-        """Taking the first reference (K = 0 for the coming steps too)."""
-        return self.enabled and self.first is not None
-
     def plain_shape(self, B: int) -> float:
         """plain_shape(B), remembered per batch size (a fallback step computes nothing twice)."""
         v = self._shapes.get(B)
