@@ -84,9 +84,8 @@ class Acceptance:
     def age(self, rows: int):
         """Forget as much as `rows` row-steps without drafts do (what observe does for a K = 0 step, without
         its bookkeeping of which requests are in the batch: that waits for the next observe). Applied when the
-        counts are next read (ageing is a product, so the order does not matter): a step without drafts then
-        costs an integer addition (with numpy's in-place products there, AutoK.observe took a median 27-33 us
-        per settled K = 0 step against 13 us: SmolLM2 q4a8, 2-core Xeon, right after the target's forward)."""
+        counts are next read (ageing is a product, so the order does not matter): a step without drafts costs an
+        integer addition, not numpy calls right after the target's forward (docs/benchmarks/auto/README.md)."""
         self._aging += rows
 
     def observe(self, rids, k: int, accepted):

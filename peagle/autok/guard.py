@@ -9,12 +9,11 @@ Invariants:
   speculation's own cost; the guard does not use it), nor do the first K = 0 steps after them.
 - Why not the K = 0 steps right after drafting: a step runs slow for a while after anything else, and without
   the drafting plain decoding would soon run at its settled pace. Measured on a 2-core Xeon (SmolLM2 q4a8):
-  single K = 0 steps amid K = 1 steps ran 5.2-5.3 ms, K = 0 steps after other K = 0 steps ~3.0; taken from the
-  former (the rule before this one: any K = 0 step, the first reference from 3 of them spaced 8 steps apart) the
-  reference priced plain decoding 1.3-1.9x too slow, and auto drafted at 0.81-0.94x plain. The steps after a
-  prefill are slow too (plain decoding's, medians over 12 requests: 4.84, 4.55, 4.43, 4.18 ... 3.21 ms at the
-  17th, 2.98 at the 21st, steady 2.76), but plain decoding pays them at every request as well, so a K = 0 run
-  that a prefill interrupts keeps counting.
+  single K = 0 steps amid K = 1 steps ran 5.2-5.3 ms, K = 0 steps after other K = 0 steps ~3.0: a reference
+  taken from the former prices plain decoding too slow and lets auto draft where it loses
+  (docs/benchmarks/auto/README.md). The steps after a prefill are slow too (plain decoding's, medians over 12
+  requests: 4.84, 4.55, 4.43, 4.18 ... 3.21 ms at the 17th, 2.98 at the 21st, steady 2.76), but plain decoding
+  pays them at every request as well, so a K = 0 run that a prefill interrupts keeps counting.
 - The first reference (guard on): the first decode steps are K = 0, until `plain_samples` in a row bring none
   PLAIN_GAIN faster than the fastest before them (plain decoding has settled; at most `plain_max` steps); it is
   the mean of those last `plain_samples`. After `refresh` drafting steps without a plain sample, K = 0 is forced

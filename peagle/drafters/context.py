@@ -10,8 +10,8 @@ request leaves, the last row moves into its place (Proposer.remove_row). Per row
   aux     [rows, width, A]  the target's aux states at those positions q (None without aux layers)
   behind  list              how many are real, on the host (from the engine's one copy per step); the step
                             that drafts copies them to the device, as does a step without drafting whose
-                            rows are uneven (a device copy kept beside them cost every step without
-                            drafting 20-30 us more: 1 % of SmolLM2's q4a8 step on a 2-core Xeon)
+                            rows are uneven (no device copy is kept: a step without drafting updates only
+                            this list)
 The drafter's cached length is never stored: it is the target cache's length minus behind."""
 from __future__ import annotations
 
