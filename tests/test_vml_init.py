@@ -1,0 +1,39 @@
+"""peagle/vml_init.py: in fresh processes on 2 threads, torch's first large MKL vector-math call after `import peagle`
+and an MKL matrix product gives the bits of its second call, and every process the same bits.
+
+The race it guards against shows in some processes only (on a 2-core Intel Xeon VM without the warm-up: 1 to 3
+of 12 fresh processes per variant of this script), so one process proves little: the test runs PROCESSES of them
+(about 4 s each, mostly importing torch and peagle)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROCESSES = 6
+SCRIPT = """
+import hashlib, torch
+import peagle
+a = torch.randn(256, 576, generator=torch.Generator().manual_seed(0))
+b = torch.randn(576, 1536, generator=torch.Generator().manual_seed(1))
+(a @ b).sum()                                   # MKL's matrix product first (the race followed one)
+x = torch.linspace(-20.0, 5.0, 528384, dtype=torch.float64)
+first, second = x.exp(), x.exp()                # large enough for at::parallel_for to split it over 2 threads
+print(int((first != second).sum()), hashlib.md5(first.numpy().tobytes()).hexdigest())
+"""
+CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="the race needs 2 threads on 2 CPUs")
+def test_first_vector_math_call_matches_later_ones_in_every_process():
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    seen = []
+    for _ in range(PROCESSES):
+        out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        differing, digest = out.stdout.split()
+        seen.append((int(differing), digest))
+    assert all(d == 0 for d, _ in seen), f"first call's bits differ from the second's: {seen}"
+    assert len({h for _, h in seen}) == 1, f"processes disagree: {seen}"
