@@ -15,15 +15,10 @@ from __future__ import annotations
 
 import torch
 
-_done = False
-
 
 def warm() -> None:
     """MKL's first vector-math call, on this thread alone (a few values: below ATen's parallel grain)."""
-    global _done
-    if not _done:
-        torch.ones(8, dtype=torch.float64).exp()
-        _done = True
+    torch.ones(8, dtype=torch.float64).exp()
 
 
-warm()
+warm()   # once per process: the module's import
