@@ -2,8 +2,9 @@
 and an MKL matrix product gives the bits of its second call, and every process the same bits.
 
 The race it guards against shows in some processes only (on a 2-core Intel Xeon VM without the warm-up: 1 to 3
-of 12 fresh processes per variant of this script), so one process proves little: the test runs PROCESSES of them
-(about 4 s each, mostly importing torch and peagle)."""
+of 10-12 fresh processes per variant of this script), so one process proves little: the test runs PROCESSES of
+them (about 4 s each, mostly importing torch and peagle). Negative control, run by hand there: with the warm-up
+call removed from peagle/vml_init.py this test failed 3 of 3 runs."""
 from __future__ import annotations
 
 import os
