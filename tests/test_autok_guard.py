@@ -113,6 +113,30 @@ def test_the_plain_reference_is_measured_from_k0_steps_only_and_refreshed():
     assert g.stats["refresh_steps"] == 4           # the first reference's two steps and these two
 
 
+def test_one_held_up_plain_step_does_not_price_plain_decoding_too_slow():
+    """A trace (SmolLM2 q4a8, EAGLE-3 auto, MT-Bench) had an 18 ms step among 6 ms ones as the last of the first
+    reference's steps; their mean made plain 7.97 ms and auto drafted K = 1 at 7.1-7.9 ms for 1.25 tokens the
+    whole request. The first reference is the median of its last steps, and a later sample moves the average as
+    if at most 1.5x off it. Control: a pace that really is 3x slower (every step) is followed in both, and then
+    the same drafter passes its window."""
+    for pace, drafter_passes in (((1.0,) * 4 + (3.0,), False), ((3.0,) * 5, True)):
+        g = Guard(lambda B: 1.0, window=8)
+        for s in pace:
+            assert g.forced() == REFRESH
+            g.observe(1, 0, 1.0, s)
+        assert g.forced() is None and g.plain_s(1) == pytest.approx(pace[0])
+        verdicts = [g.observe(1, 1, 1.1, 1.3).get("verdict") for _ in range(8)]   # 1.1 tokens per 1.3 s step
+        assert ("passed" in verdicts) == drafter_passes and ("failed" in verdicts) != drafter_passes
+    g = Guard(lambda B: 1.0)
+    plain_first(g)
+    for s in (1.0,) * 5 + (3.0,):                  # a held-up sample after 5 settled ones
+        g.observe(1, 0, 1.0, s)
+    assert g.plain_s(1) == pytest.approx(1.5 ** 0.25)
+    for _ in range(60):                            # a pace that stays 3x slower is followed
+        g.observe(1, 0, 1.0, 3.0)
+    assert g.plain_s(1) == pytest.approx(3.0, rel=1e-3)
+
+
 def test_slow_plain_steps_after_drafting_do_not_raise_the_reference():
     """A K = 0 step right after drafting runs slow (measured: 5.2-5.3 ms against 2.8-3.0 settled) and speeds up
     over the next ones: the refresh runs amid a long drafting stretch must not make plain decoding look slower

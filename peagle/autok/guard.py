@@ -16,9 +16,12 @@ Invariants:
   pays them at every request as well, so a K = 0 run that a prefill interrupts keeps counting.
 - The first reference (guard on): the first decode steps are K = 0, until `plain_samples` in a row bring none
   PLAIN_GAIN faster than the fastest before them (plain decoding has settled; at most `plain_max` steps); it is
-  the mean of those last `plain_samples`. After `refresh` drafting steps without a plain sample, K = 0 is forced
-  until there is one (`plain_samples` + 1 steps: 1 % of the steps while drafting never stops, with the
-  defaults). With the guard off nothing is forced: the reference starts at the first plain sample.
+  the median of those last `plain_samples`, and a later sample moves the average as if it were at most 1.5x off
+  it (SAMPLE_CLIP): one step held up by something else (an 18 ms step among 6 ms ones, seen in a trace) must not
+  price plain decoding too slow for the 512 drafting steps until the next sample, as a mean did. After
+  `refresh` drafting steps without a plain sample, K = 0 is forced until there is one (`plain_samples` + 1
+  steps: 1 % of the steps while drafting never stops, with the defaults). With the guard off nothing is forced:
+  the reference starts at the first plain sample.
 - Speculation is judged on K > 0 steps, in windows. A step of B rows that produced n tokens in s seconds would
   have taken p = n / B x plain(B) seconds without drafting; its excess is x = (s - p) / plain(B) plain steps. A
   window ends after `window` such steps (passed if sum p / sum s >= min_speedup, else failed) or, from
@@ -53,6 +56,7 @@ from .config import GuardConfig
 
 FALLBACK, REFRESH = "fallback", "plain_refresh"
 PLAIN_GAIN = 0.02      # the first reference is taken once K = 0 steps stop getting this much faster (see above)
+SAMPLE_CLIP = math.log(1.5)   # a plain sample moves the average as if at most 1.5x off it (a hiccup: see above)
 
 
 class Guard:
@@ -170,12 +174,14 @@ class Guard:
             if len(first) >= self.plain_max or (
                     len(first) > m and min(first[-m:]) > min(first[:-m]) + math.log(1 - PLAIN_GAIN)):
                 self.first, self.since_plain = None, 0
-                self.log_scale = sum(first[-m:]) / m
+                last = sorted(first[-m:])
+                self.log_scale = (last[(m - 1) // 2] + last[m // 2]) / 2     # median: one hiccup moves it not
             else:
                 self.log_scale = g                 # provisional: every step is K = 0 meanwhile
         elif self.in_row > m:
             self.since_plain = 0
-            self.log_scale = g if self.log_scale is None else self.log_scale + self.rate * (g - self.log_scale)
+            d = 0.0 if self.log_scale is None else max(-SAMPLE_CLIP, min(SAMPLE_CLIP, g - self.log_scale))
+            self.log_scale = g if self.log_scale is None else self.log_scale + self.rate * d
 
     # ---------------------------------------------------------------- reporting
     def describe(self) -> dict:
