@@ -2,9 +2,10 @@
 and an MKL matrix product gives the bits of its second call, and every process the same bits.
 
 The race it guards against shows in some processes only (on a 2-core Intel Xeon VM without the warm-up: 1 to 3
-of 10-12 fresh processes per variant of this script), so one process proves little: the test runs PROCESSES of
-them (about 4 s each, mostly importing torch and peagle). Negative control, run by hand there: with the warm-up
-call removed from peagle/vml_init.py this test failed 3 of 3 runs."""
+of 10-12 fresh processes per variant of lab/measure/vml_first_call.py's script, which this test runs), so one
+process proves little: the test runs PROCESSES of them (about 4 s each, mostly importing torch and peagle).
+Negative control, run by hand there: with the warm-up call removed from peagle/vml_init.py this test failed 3 of
+3 runs."""
 from __future__ import annotations
 
 import os
@@ -13,17 +14,10 @@ import sys
 
 import pytest
 
+from lab.measure.vml_first_call import EXP
+
 PROCESSES = 6
-SCRIPT = """
-import hashlib, torch
-import peagle
-a = torch.randn(256, 576, generator=torch.Generator().manual_seed(0))
-b = torch.randn(576, 1536, generator=torch.Generator().manual_seed(1))
-(a @ b).sum()                                   # MKL's matrix product first (the race followed one)
-x = torch.linspace(-20.0, 5.0, 528384, dtype=torch.float64)
-first, second = x.exp(), x.exp()                # large enough for at::parallel_for to split it over 2 threads
-print(int((first != second).sum()), hashlib.md5(first.numpy().tobytes()).hexdigest())
-"""
+SCRIPT = EXP.format(imp="\nimport peagle")   # an MKL matrix product, then a float64 exp of 528,384 values twice
 CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
 

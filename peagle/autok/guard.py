@@ -50,6 +50,7 @@ AutoK's own acceptance estimate often stops drafting sooner. With the defaults (
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 from .config import GuardConfig
@@ -174,14 +175,15 @@ class Guard:
             if len(first) >= self.plain_max or (
                     len(first) > m and min(first[-m:]) > min(first[:-m]) + math.log(1 - PLAIN_GAIN)):
                 self.first, self.since_plain = None, 0
-                last = sorted(first[-m:])
-                self.log_scale = (last[(m - 1) // 2] + last[m // 2]) / 2     # median: one hiccup moves it not
+                self.log_scale = statistics.median(first[-m:])   # a median: one held-up step moves it not
             else:
                 self.log_scale = g                 # provisional: every step is K = 0 meanwhile
         elif self.in_row > m:
             self.since_plain = 0
-            d = 0.0 if self.log_scale is None else max(-SAMPLE_CLIP, min(SAMPLE_CLIP, g - self.log_scale))
-            self.log_scale = g if self.log_scale is None else self.log_scale + self.rate * d
+            if self.log_scale is None:
+                self.log_scale = g
+            else:
+                self.log_scale += self.rate * max(-SAMPLE_CLIP, min(SAMPLE_CLIP, g - self.log_scale))
 
     # ---------------------------------------------------------------- reporting
     def describe(self) -> dict:
