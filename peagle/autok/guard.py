@@ -14,10 +14,14 @@ Invariants:
   (docs/benchmarks/auto/README.md). The steps after a prefill are slow too (plain decoding's, medians over 12
   requests: 4.84, 4.55, 4.43, 4.18 ... 3.21 ms at the 17th, 2.98 at the 21st, steady 2.76), but plain decoding
   pays them at every request as well, so a K = 0 run that a prefill interrupts keeps counting.
-- The first reference (guard on): the first decode steps are K = 0, until `plain_samples` in a row bring none
-  PLAIN_GAIN faster than the fastest before them (plain decoding has settled; at most `plain_max` steps); it is
-  the median of those last `plain_samples`, and a later sample moves the average as if it were at most 1.5x off
-  it (SAMPLE_CLIP): one step held up by something else (an 18 ms step among 6 ms ones, seen in a trace) must not
+- The first reference (guard on): the first decode steps are K = 0, in blocks of FIRST_BLOCK, until a block's
+  median is not PLAIN_GAIN faster than the block's before it (plain decoding has settled; at most `plain_max`
+  steps); it is the median of that last block. The slow start after a prefill or any pause in the weight
+  stream lasts ~30-40 steps (docs/benchmarks/slow-start.md: a 256-token prompt's first 8 steps 1.3-1.47x, the
+  next 8 ~1.2x the settled pace): blocks of 8 compared by their medians wait for it, where "4 in a row none 2 %
+  faster than the fastest before them" stopped inside it (5.44 ms against ~4.5 settled, in a trace: auto then
+  drafted at a loss for a guard window). A later sample moves the average as if it were at most 1.5x off it
+  (SAMPLE_CLIP): one step held up by something else (an 18 ms step among 6 ms ones, seen in a trace) must not
   price plain decoding too slow for the 512 drafting steps until the next sample, as a mean did. After
   `refresh` drafting steps without a plain sample, K = 0 is forced until there is one (`plain_samples` + 1
   steps: 1 % of the steps while drafting never stops, with the defaults). With the guard off nothing is forced:
@@ -42,7 +46,7 @@ AutoK's own acceptance estimate often stops drafting sooner. With the defaults (
 
     r (K > 0 step / plain step)        1.5     2      3      5
     K > 0 steps before the fallback     9      5      3      3
-    time lost over 1,000 steps        1.8 %  2.5 %  3.0 %  6.0 %
+    time lost over 1,000 steps        1.8 %  2.4 %  3.0 %  6.0 %
     time lost over 4,000 steps        0.7 %  0.8 %  0.9 %  1.8 %
     time lost over 100,000 steps      0.24%  0.27%  0.32%  0.64%
 
@@ -57,6 +61,7 @@ from .config import GuardConfig
 
 FALLBACK, REFRESH = "fallback", "plain_refresh"
 PLAIN_GAIN = 0.02      # the first reference is taken once K = 0 steps stop getting this much faster (see above)
+FIRST_BLOCK = 8        # ... judged by the medians of blocks of this many steps
 SAMPLE_CLIP = math.log(1.5)   # a plain sample moves the average as if at most 1.5x off it (a hiccup: see above)
 
 
@@ -169,13 +174,15 @@ class Guard:
         """A K = 0 step's log(seconds / plain_shape): the first reference while it is being taken, then into the
         average if it is a plain sample (see the module docstring)."""
         self.in_row += 1
-        first, m = self.first, self.plain_samples
+        first, m, b = self.first, self.plain_samples, FIRST_BLOCK
         if first is not None:
             first.append(g)
-            if len(first) >= self.plain_max or (
-                    len(first) > m and min(first[-m:]) > min(first[:-m]) + math.log(1 - PLAIN_GAIN)):
+            n = len(first)
+            if n >= self.plain_max or (n >= 2 * b and n % b == 0 and statistics.median(first[-b:]) >
+                                       statistics.median(first[-2 * b:-b]) + math.log(1 - PLAIN_GAIN)):
                 self.first, self.since_plain = None, 0
-                self.log_scale = statistics.median(first[-m:])   # a median: one held-up step moves it not
+                # a median: one held-up step moves it not
+                self.log_scale = statistics.median(first[-min(b, n):])
             else:
                 self.log_scale = g                 # provisional: every step is K = 0 meanwhile
         elif self.in_row > m:
