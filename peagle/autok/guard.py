@@ -17,7 +17,7 @@ Invariants:
 - The first reference (guard on): the first decode steps are K = 0, in blocks of FIRST_BLOCK, until a block's
   median is not PLAIN_GAIN faster than the block's before it (plain decoding has settled; at most `plain_max`
   steps); it is the median of that last block. The slow start after a prefill or any pause in the weight
-  stream lasts ~30-40 steps (docs/benchmarks/slow-start.md: a 256-token prompt's first 8 steps 1.3-1.47x, the
+  stream lasts ~30-40 steps (docs/benchmarks/slow-start.md: a 256-token prompt's first 8 steps 1.3-1.5x, the
   next 8 ~1.2x the settled pace): blocks of 8 compared by their medians wait for it, where "4 in a row none 2 %
   faster than the fastest before them" stopped inside it (5.44 ms against ~4.5 settled, in a trace: auto then
   drafted at a loss for a guard window). A later sample moves the average as if it were at most 1.5x off it
