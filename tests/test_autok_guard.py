@@ -7,6 +7,7 @@ while the guard switches K to 0 and back."""
 import itertools
 import math
 import re
+import statistics
 
 import pytest
 from autok_sim import autok_config, geometric, run
@@ -184,19 +185,20 @@ def test_the_first_reference_waits_for_plain_decoding_to_settle():
 
 def test_the_first_reference_waits_out_a_measured_slow_start():
     """The slow start measured after a 256-token prompt (docs/benchmarks/slow-start.md, table 1: medians of
-    blocks of 8 steps 5.60, 5.01, 4.87, 4.65, 4.59, 4.50, 4.38 ... 4.27 ms), each step +-2 % off its block's
-    median: the first reference is within 6 % of the pace plain decoding settles at. Negative control: stopped
-    after 12 steps (plain_max; the earlier rule, 4 steps none 2 % faster, stopped this pace after 6 at 1.29x), it
-    is >= 1.15x."""
-    blocks = [5.60, 5.01, 4.87, 4.65, 4.59, 4.50, 4.38, 4.41, 4.37, 4.32, 4.27, 4.30]
+    blocks of 8 steps 5.98, 5.18, 4.98, 4.70, 4.63, 4.36 ... 4.36 ms), each step +-2 % off its block's median:
+    the first reference (after 40 steps) is within 10 % of the pace plain decoding settles at, the median of the
+    last 6 blocks (1.075x; the earlier rule, 4 steps none 2 % faster, stopped this pace after 6 steps at 1.39x).
+    Negative control: stopped after 12 steps (plain_max) it is >= 1.2x."""
+    blocks = [5.98, 5.18, 4.98, 4.70, 4.63, 4.36, 4.29, 4.14, 4.18, 4.25, 4.28, 4.36]
+    settled = statistics.median(blocks[-6:])
     pace = [m * (1.02 if i % 3 == 0 else 0.99) for m in blocks for i in range(8)]
     for plain_max, near in ((64, True), (12, False)):
         g = Guard(lambda B: 1.0, plain_max=plain_max)
         steps = iter(pace)
         while g.forced():
             g.observe(1, 0, 1.0, next(steps))
-        ratio = g.plain_s(1) / 4.3
-        assert (ratio <= 1.06) == near and (ratio >= 1.15) != near, (plain_max, ratio)
+        ratio = g.plain_s(1) / settled
+        assert (ratio <= 1.10) == near and (ratio >= 1.2) != near, (plain_max, ratio)
 
 
 def test_catch_up_steps_stay_out_of_the_window():
