@@ -52,8 +52,9 @@ def geometric(alpha: float):
 def run(policy, steps: int, cost, accept, batch: int = 1, max_tokens: int = 256, prompt: int = 32,
         catch_row_s: float = 0.0, noise: float = 0.0, seed: int = 0) -> dict:
     """Run `steps` decode steps. -> {"k": K per step, "seconds", "tokens", "plain_s" (plain decoding's time for
-    the same tokens: tokens / B steps of cost(B, 0)), "vs_plain" (plain_s / seconds), "first_zero_run": the
-    first step from which K stayed 0 for 16 steps (None if never)}."""
+    the same tokens: tokens / B steps of cost(B, 0)), "vs_plain" (plain_s / seconds), "first_draft": the first
+    step with K > 0 (None if none), "first_zero_run": the first step from then on from which K stayed 0 for 16
+    steps (None if never: the guard's first plain reference before any drafting does not count)}."""
     rng, nrng = random.Random(seed), random.Random(seed + 1)
     k_max, n = policy.k_max, 0
     rows = []
@@ -87,9 +88,13 @@ def run(policy, steps: int, cost, accept, batch: int = 1, max_tokens: int = 256,
         for _ in done:
             admit()
     plain_s = toks / batch * cost(batch, 0)
-    first = next((i for i in range(len(ks) - 15) if not any(ks[i:i + 16])), None)
+    # the first step that drafts (after the guard's first plain reference), and the first run of 16 K = 0 steps
+    # after it: where drafting stopped
+    drafted = next((i for i, k in enumerate(ks) if k), None)
+    first = None if drafted is None else next(
+        (i for i in range(drafted, len(ks) - 15) if not any(ks[i:i + 16])), None)
     return {"k": ks, "seconds": secs, "tokens": toks, "plain_s": plain_s, "vs_plain": plain_s / secs,
-            "first_zero_run": first}
+            "first_draft": drafted, "first_zero_run": first}
 
 
 def autok_config(guard=True, **kw) -> AutoKConfig:

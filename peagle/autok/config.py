@@ -42,7 +42,7 @@ class GuardConfig:
     rate: float = 0.25          # weight of a new plain sample in the plain reference's average (log space)
     plain_samples: int = 4      # a K = 0 step is a plain sample after this many K = 0 steps in a row; the first
     plain_max: int = 64         # steps are K = 0 until a block of 8 is not 2 % faster than the one before (at most
-                                # plain_max: guard.py)
+                                # plain_max; below 16 that cap alone: guard.py)
     min_steps: int = 3          # steps before a window may fail early
     z: float = 1.0              # noise allowance of the early stop, in standard deviations
 

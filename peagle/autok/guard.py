@@ -15,10 +15,12 @@ Invariants:
   requests: 4.84, 4.55, 4.43, 4.18 ... 3.21 ms at the 17th, 2.98 at the 21st, steady 2.76), but plain decoding
   pays them at every request as well, so a K = 0 run that a prefill interrupts keeps counting.
 - The first reference (guard on): the first decode steps are K = 0, in blocks of FIRST_BLOCK, until a block's
-  median is not PLAIN_GAIN faster than the block's before it (plain decoding has settled; at most `plain_max`
-  steps); it is the median of that last block. The slow start after a prefill or any pause in the weight
-  stream lasts ~30-40 steps (docs/benchmarks/slow-start.md: a 256-token prompt's first 8 steps 1.3-1.5x, the
-  next 8 ~1.2x the settled pace): blocks of 8 compared by their medians wait for it, where "4 in a row none 2 %
+  median is not PLAIN_GAIN faster than the block's before it (plain decoding has settled), or `plain_max` steps
+  (below 2 x FIRST_BLOCK that cap alone ends it); it is the faster of the last two blocks' medians (one block
+  slower than the one before it -- a held-up stretch, a new prompt's prefill -- does not set it; with fewer
+  steps, the median of the last FIRST_BLOCK, or of all). The slow start after a prefill or any pause in the weight
+  stream lasts ~30-40 steps (docs/benchmarks/slow-start.md: a 256-token prompt's first 8 steps ~1.3x, the
+  next 8 ~1.15-1.2x the settled pace): blocks of 8 compared by their medians wait for it, where "4 in a row none 2 %
   faster than the fastest before them" stopped inside it (5.44 ms against ~4.5 settled, in a trace: auto then
   drafted at a loss for a guard window). A later sample moves the average as if it were at most 1.5x off it
   (SAMPLE_CLIP): one step held up by something else (an 18 ms step among 6 ms ones, seen in a trace) must not
@@ -178,11 +180,11 @@ class Guard:
         if first is not None:
             first.append(g)
             n = len(first)
-            if n >= self.plain_max or (n >= 2 * b and n % b == 0 and statistics.median(first[-b:]) >
-                                       statistics.median(first[-2 * b:-b]) + math.log(1 - PLAIN_GAIN)):
+            # medians: one held-up step moves them not
+            last, prev = statistics.median(first[-b:]), statistics.median(first[-2 * b:-b]) if n >= 2 * b else None
+            if n >= self.plain_max or (prev is not None and n % b == 0 and last > prev + math.log(1 - PLAIN_GAIN)):
                 self.first, self.since_plain = None, 0
-                # a median: one held-up step moves it not
-                self.log_scale = statistics.median(first[-min(b, n):])
+                self.log_scale = last if prev is None else min(last, prev)
             else:
                 self.log_scale = g                 # provisional: every step is K = 0 meanwhile
         elif self.in_row > m:
