@@ -54,25 +54,11 @@ class StepClock:
         return out
 
 
-def spin(seconds: float):
+def for_seconds(seconds: float, fn=lambda: None):
+    """fn() again and again for `seconds` (no fn: a busy-wait)."""
     t = time.perf_counter()
     while time.perf_counter() - t < seconds:
-        pass
-
-
-def read_for(seconds: float, ring: "Ring"):
-    """Stream memory for `seconds`: the next blocks of a ring, one after another (every torch thread)."""
-    t = time.perf_counter()
-    while time.perf_counter() - t < seconds:
-        ring.cold()
-
-
-def compute_only(seconds: float, x: torch.Tensor, y: torch.Tensor):
-    """Busy on every torch thread for `seconds` with data that stays in the cores' L2: y = sin(x), 1 MB each,
-    split over the threads (a 2-core Xeon: 1.98 CPU-seconds per second)."""
-    t = time.perf_counter()
-    while time.perf_counter() - t < seconds:
-        torch.sin(x, out=y)
+        fn()
 
 
 class Ring:
@@ -100,18 +86,23 @@ def bins(curves: list[list[float]], width: int) -> list[float]:
     return [statistics.median(med[i: i + width]) for i in range(0, n, width)]
 
 
-def run_cases(llm, clock, cases: dict, ids_for, params, rounds: int) -> dict:
-    """cases: name -> a callable run right before the request; -> name -> list of per-step times per round."""
+def run_cases(llm, clock, cases: dict, ids_for, params, rounds: int, between: bool = False) -> dict:
+    """cases: name -> a callable run right before the request (between: before every decode step, outside its
+    time); -> name -> list of per-step times per round."""
     out = {name: [] for name in cases}
     names = list(cases)
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             ids = ids_for(name)
-            cases[name]()
+            if between:
+                clock.before = cases[name]
+            else:
+                cases[name]()
             clock.times.clear()
             llm.generate([{"prompt_token_ids": ids}], params)
             if r:
                 out[name].append(list(clock.times))
+    clock.before = None
     return out
 
 
@@ -159,7 +150,8 @@ def main(argv=None) -> int:
     t1 = run_cases(llm, clock, {f"N = {n}": nothing for n in lens}, lambda name: random_ids(int(name[4:])),
                    params, a.rounds)
 
-    x, y = torch.randn(2**18), torch.empty(2**18)
+    x, y = torch.randn(2**18), torch.empty(2**18)      # 1 MB each: sin over them stays in the cores' L2 (on a
+                                                        # 2-core Xeon: 1.98 CPU-seconds per second)
     block = Ring(a.read_mb, a.read_mb)
     stream = Ring(a.between_mb, a.ring_mb)
     scratch = target.new_cache(1, lens[-1] + 1)
@@ -170,16 +162,16 @@ def main(argv=None) -> int:
 
     g = a.gap_ms / 1e3
     gaps = {"nothing": nothing, f"sleep {a.gap_ms:g} ms": lambda: time.sleep(g),
-            f"compute {a.gap_ms:g} ms (data in L2)": lambda: compute_only(g, x, y),
+            f"compute {a.gap_ms:g} ms (data in L2)": lambda: for_seconds(g, lambda: torch.sin(x, out=y)),
             f"one read of {a.read_mb:g} MB": block.cold,
             f"reads for {a.gap_ms:g} ms ({a.between_mb:g} MB blocks of a {a.ring_mb:g} MB ring)":
-                lambda: read_for(g, stream),
+                lambda: for_seconds(g, stream.cold),
             f"a prefill of {lens[-1]} tokens": prefill}
     t2 = run_cases(llm, clock, gaps, lambda name: random_ids(1), params, a.rounds)
 
     ring = stream                                # table 2's ring of between-mb blocks
     s = a.spin_ms / 1e3
-    between = {"nothing": nothing, f"busy-wait {a.spin_ms:g} ms": lambda: spin(s),
+    between = {"nothing": nothing, f"busy-wait {a.spin_ms:g} ms": lambda: for_seconds(s),
                f"read {a.between_mb:g} MB, the same each time": ring.warm,
                f"read {a.between_mb:g} MB, the next of a {a.ring_mb:g} MB ring": ring.cold}
     gap_ms = {}
@@ -188,15 +180,8 @@ def main(argv=None) -> int:
         for _ in range(5):
             fn()
         gap_ms[name] = (time.perf_counter() - t0) / 5 * 1e3
-    t3 = {name: [] for name in between}
-    for r in range(a.rounds):
-        for name in (list(between) if r % 2 == 0 else list(between)[::-1]):
-            clock.before = between[name]
-            clock.times.clear()
-            llm.generate([{"prompt_token_ids": random_ids(32)}], params)
-            if r:
-                t3[name].append(statistics.median(clock.times[a.skip:] or clock.times) * 1e3)
-    clock.before = None
+    t3 = {name: [statistics.median(c[a.skip:] or c) * 1e3 for c in curves] for name, curves in
+          run_cases(llm, clock, between, lambda name: random_ids(32), params, a.rounds, between=True).items()}
     base = statistics.median(t3["nothing"])
 
     name = os.path.basename(a.model.rstrip("/"))

@@ -180,13 +180,15 @@ class Guard:
         if first is not None:
             first.append(g)
             n = len(first)
+            self.log_scale = g                     # provisional: every step is K = 0 meanwhile
+            if n < self.plain_max and (n < 2 * b or n % b):
+                return                             # judged at the cap and at block ends only
             # medians: one held-up step moves them not
-            last, prev = statistics.median(first[-b:]), statistics.median(first[-2 * b:-b]) if n >= 2 * b else None
-            if n >= self.plain_max or (prev is not None and n % b == 0 and last > prev + math.log(1 - PLAIN_GAIN)):
+            last = statistics.median(first[-b:])
+            prev = statistics.median(first[-2 * b:-b]) if n >= 2 * b else None
+            if n >= self.plain_max or last > prev + math.log(1 - PLAIN_GAIN):
                 self.first, self.since_plain = None, 0
                 self.log_scale = last if prev is None else min(last, prev)
-            else:
-                self.log_scale = g                 # provisional: every step is K = 0 meanwhile
         elif self.in_row > m:
             self.since_plain = 0
             if self.log_scale is None:
