@@ -97,7 +97,7 @@ class Engine:
                  max_num_seqs: int = 128, max_model_len: int | None = None, seed: int = 0,
                  prefill_token_budget: int = 8192, k_policy: KPolicy | None = None, compile: bool = False,
                  tree: TreeSpec | None = None):
-        """tree: token trees (peagle/tree.py, peagle/tree_step.py) instead of chains for greedy batches."""
+        """tree: token trees (peagle/tree.py, peagle/tree_step.py) instead of chains."""
         if max_num_seqs < 1:                       # no row to admit a request into: generate() would never end
             raise PeagleError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         self.target, self.tok, self.proposer = target, tokenizer, proposer
@@ -298,11 +298,11 @@ class Engine:
             sampled, q = self._sampled_rows(), None
             start = self.cache.lens[:B]                      # device: each row's cached length
             cached = [r.seq_len - 1 for r in rows]           # host: the same, to size the work
-            # a greedy batch: one tree per row, unless the K policy chose the chain for this step
-            tree = bool(K and self.tree is not None and sampled is None and self.k_policy.wants_tree())
+            # one tree per row, unless the K policy chose the chain for this step
+            tree = bool(K and self.tree is not None and self.k_policy.wants_tree())
             self._decoded = (B, K, tree)                     # the step's shape, for the thread governor
             if tree:
-                K, accepted, tokens, aux, draft_s = tree_step(self, K, start, cached)
+                K, accepted, tokens, aux, draft_s = tree_step(self, K, start, cached, sampled)
                 t_phase += draft_s                           # verify_time_s: the step without its drafting
                 host = self._advance(B, K, accepted, tokens, aux)
             else:

@@ -31,7 +31,7 @@ import torch
 
 from .models import quant_ext
 from .models.quant import EXT_CACHE_DTYPES
-from .sampling import greedy
+from .sampling import exponential_noise, greedy, probs_from_logits
 
 MAX_NODES = 64
 
@@ -180,6 +180,59 @@ def accept_greedy(tree: Tree, logits: torch.Tensor, K: int):
     path = torch.where(torch.arange(K + 1, device=logits.device)[None] <= acc[:, None], path,
                        path.gather(1, acc[:, None]))
     return acc, path, target.gather(1, path)
+
+
+def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
+    """The sampled rows' acceptance (rows: verify.SampledRows; tree and logits [S,T,V] are theirs) -> (accepted
+    [S], path [S,K+1], tokens [S,K+1]) as accept_greedy's. Every emitted token is a sample of the target's
+    processed distribution p at its node, whatever the tree: at the node reached (the root first) one uniform u
+    picks its children in node order by p's mass, child c with probability p(c) (the first child whose running
+    sum of p over the children so far exceeds u); no child picked, the row emits a sample of p with the node's
+    children removed (renormalised) and stops; past depth K (no children) it emits a sample of p (the bonus
+    token). So the token at each position is drawn from p: P(child c) = p(c), P(x) = p(x) for any other x. The
+    candidates are the drafter's deterministic choices (SpecInfer's rule for one-hot draft distributions). Draws:
+    K uniforms, then V exponentials, per row from its generator, as verify_sampled's argmax mode draws them, so a
+    tree that is a chain (eagle_topk 1) gives the chain's samples."""
+    S, T = tree.tokens.shape
+    dev = logits.device
+    u = torch.stack([torch.rand(K, generator=g, dtype=torch.float64, device=dev) for g in rows.gens])   # [S,K]
+    real = tree.valid & (torch.arange(T, device=dev)[None] > 0)                               # [S,T] a draft node
+    ar = torch.arange(S, device=dev)
+    cur = torch.zeros(S, dtype=torch.long, device=dev)                                        # the node reached
+    alive = torch.ones(S, dtype=torch.bool, device=dev)
+    acc = torch.zeros(S, dtype=torch.long, device=dev)
+    path = torch.zeros(S, K + 1, dtype=torch.long, device=dev)
+    dist = None                                                       # [S,V] what each row emits from
+
+    def p_at(node):                                                   # p at each row's node [S,V]
+        return probs_from_logits(logits[ar, node], rows.temperature[:, 0], _per_row(rows.top_k), _per_row(rows.top_p))
+    for lvl in range(K + 1):
+        pc = p_at(cur)
+        if lvl == K:                                                                          # depth K: the bonus token
+            dist = pc if dist is None else torch.where(alive[:, None], pc, dist)
+            break
+        kids = real & (tree.parents == cur[:, None])                                          # [S,T] its children
+        # a row stopping here emits from p without the node's children (siblings are distinct tokens)
+        drop = torch.zeros_like(pc).scatter_add_(1, tree.tokens, kids.to(pc.dtype)) > 0
+        here = torch.where(drop, 0.0, pc)
+        run = torch.where(kids, pc.gather(1, tree.tokens).double(), 0.0).cumsum(1)             # p summed in node order
+        hit = kids & (u[:, lvl, None] < run)
+        took = alive & hit.any(1)
+        stop = alive & ~took
+        dist = here if dist is None else torch.where(stop[:, None], here, dist)
+        cur = torch.where(took, hit.int().argmax(1), cur)                                     # the first such child
+        acc += took
+        alive &= took
+        path[:, lvl + 1] = cur
+    tokens = tree.tokens.gather(1, path[:, list(range(1, K + 1)) + [K]])                     # the accepted drafts
+    e = torch.stack([exponential_noise(dist.shape[-1], g, dev) for g in rows.gens])
+    tokens[ar, acc] = (dist / e).argmax(-1)
+    return acc, path, tokens
+
+
+def _per_row(x):
+    """A SampledRows parameter [S,1,1] as [S,1] (plain numbers as they are), for [S,V] probabilities."""
+    return x[:, 0] if torch.is_tensor(x) else x
 
 
 def compact_kv(cache, b0: int, start: torch.Tensor, path: torch.Tensor):

@@ -438,3 +438,117 @@ def test_tree_width_covers_the_slots_a_tree_step_writes(target, tmp_path, parall
     assert drafter <= width, (drafter, width)
     assert parallel or drafter > nodes + 1              # EAGLE-3's levels: more than the target's block
     assert width >= K * topk                            # the documented rule: a level of topk nodes per depth
+
+
+def loop_accept_sampled(tree, logits, K, rows, remove_children=True):
+    """tree.accept_sampled row by row in plain Python (a reference: the same draws from each row's generator, K
+    uniforms then V exponentials). remove_children=False is WRONG on purpose: a row that stops emits a sample
+    of p with the node's children left in, so they come out too often."""
+    from peagle.sampling import exponential_noise, probs_from_logits
+    p = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)               # [S,T,V]
+    S, T = tree.tokens.shape
+    acc, paths, toks = [], [], []
+    for s, g in enumerate(rows.gens):
+        u = torch.rand(K, generator=g, dtype=torch.float64)
+        tok, par, valid = tree.tokens[s].tolist(), tree.parents[s].tolist(), tree.valid[s].tolist()
+
+        def kids(n):
+            return [j for j in range(1, T) if valid[j] and par[j] == n]
+        cur, path, out = 0, [0], []
+        for lvl in range(K):
+            run, took = 0.0, None
+            for j in kids(cur):
+                run += float(p[s, cur, tok[j]])
+                if u[lvl] < run:
+                    took = j
+                    break
+            if took is None:
+                break
+            cur = took
+            path.append(cur)
+            out.append(tok[cur])
+        dist = p[s, cur].clone()
+        if remove_children:
+            for j in kids(cur):
+                dist[tok[j]] = 0.0
+        out.append(int((dist / exponential_noise(dist.shape[0], g, "cpu")).argmax()))
+        acc.append(len(path) - 1)
+        paths.append(path + [path[-1]] * (K + 1 - len(path)))
+        toks.append(out + [out[-1]] * (K + 1 - len(out)))
+    return torch.tensor(acc), torch.tensor(paths), torch.tensor(toks)
+
+
+def sampled_rows(n, temp, top_k, top_p, seed):
+    """n sampled rows with one parameter set, each with its own generator (as the engine builds them)."""
+    from peagle.sampling import make_generator
+    from peagle.verify import SampledRows
+    return SampledRows(list(range(n)), torch.arange(n), torch.full((n, 1, 1), temp), top_k, top_p,
+                       [make_generator(seed * 1_000_003 + i) for i in range(n)])
+
+
+@pytest.mark.parametrize("remove_children", [True, False])
+def test_accept_sampled_emits_p_at_every_node_reached(remove_children):
+    """tree.accept_sampled on a fixed ragged tree (3 children under the root, 2 and 1 below two of them, a
+    padding node), the same logits for 12,000 rows with their own generators: the first token follows p at the
+    root, and among the rows that took a node, the next token follows p at that node (chi-square); every
+    accepted token is the node's and every node a child of the one before; the vectorised function gives the
+    row-by-row reference's tokens bit for bit. Negative control: the reference that leaves a stopping node's
+    children in its sample fails the same test."""
+    from test_sampling_lossless import chi2_pvalue
+
+    from peagle.sampling import probs_from_logits
+    from peagle.tree import accept_sampled
+    n, K, V = 12000, 2, 6
+    g = torch.Generator().manual_seed(5)
+    # node: 0 root, 1-3 under the root, 4-5 under 1, 6 under 2, 7 padding (under the root, token 0)
+    tok = [0, 1, 3, 4, 2, 5, 0, 0]
+    tree = Tree(tokens=torch.tensor([tok] * n), parents=torch.tensor([[0, 0, 0, 0, 1, 1, 2, 0]] * n),
+                depth=torch.tensor([[0, 1, 1, 1, 2, 2, 2, 1]] * n), valid=torch.tensor([[True] * 7 + [False]] * n))
+    logits = torch.randn(1, 8, V, generator=g) * 1.5
+    for node, kids in ((0, [1, 3, 4]), (1, [2, 5]), (2, [0])):
+        logits[0, node, kids] += 1.5                            # a node's children likely: deep paths are reached
+    logits = logits.expand(n, -1, -1)
+    p = probs_from_logits(logits[:1], 0.8, 5, 1.0)[0].double()   # [T,V] what each node's next token must follow
+    if remove_children:
+        acc, path, toks = accept_sampled(tree, logits, K, sampled_rows(n, 0.8, 5, 1.0, seed=2))
+        ref = loop_accept_sampled(tree, logits[:200], K, sampled_rows(200, 0.8, 5, 1.0, seed=2))
+        keep = torch.arange(K + 1)[None] <= ref[0][:, None]       # each row's path and emitted tokens
+        assert torch.equal(acc[:200], ref[0]) and torch.equal(path[:200][keep], ref[1][keep])
+        assert torch.equal(toks[:200][keep], ref[2][keep])
+    else:
+        acc, path, toks = loop_accept_sampled(tree, logits, K, sampled_rows(n, 0.8, 5, 1.0, seed=2), False)
+    assert (acc == K).sum() > 500 and (acc == 0).sum() > 500, torch.bincount(acc)
+    pvals = []
+    for j in range(K + 1):                                      # position j: rows that reached depth j, per node
+        for node in range(7):
+            at = (acc >= j) & (path[:, j] == node)
+            if at.sum() < 200:
+                continue
+            counts = torch.bincount(toks[at, j], minlength=V).double()
+            pvals.append(chi2_pvalue(counts, p[node])[0])
+            if j:                                               # an accepted draft: the node's token, a child
+                assert (toks[at, j - 1] == tok[node]).all() and (path[at, j - 1] == tree.parents[0, node]).all()
+    assert len(pvals) >= 4
+    assert (min(pvals) > 1e-4) if remove_children else (min(pvals) < 1e-6), pvals
+
+
+def test_accept_sampled_on_a_chain_draws_what_verify_sampled_draws():
+    """A tree that is a chain (one child per node) gives verify_sampled's argmax-mode result bit for bit from
+    the same generators: the same draws in the same order, the same rule (accept d with p(d), else a sample of p
+    without d)."""
+    from peagle.tree import accept_sampled
+    from peagle.verify import verify_sampled
+    n, K, V = 400, 3, 7
+    g = torch.Generator().manual_seed(8)
+    drafts = torch.randint(0, V, (n, K), generator=g)
+    logits = torch.randn(n, K + 1, V, generator=g)
+    logits[:, :K].scatter_add_(2, drafts[..., None], torch.full((n, K, 1), 1.5))   # drafts often accepted
+    tree = Tree(tokens=torch.cat([torch.zeros(n, 1, dtype=torch.long), drafts], 1),
+                parents=torch.tensor([[0] + list(range(K))] * n), depth=torch.arange(K + 1).expand(n, -1),
+                valid=torch.ones(n, K + 1, dtype=torch.bool))
+    a_t, _, t_t = accept_sampled(tree, logits, K, sampled_rows(n, 0.9, 0, 0.9, seed=3))
+    a_c, t_c = verify_sampled(logits, drafts, sampled_rows(n, 0.9, 0, 0.9, seed=3))
+    assert 0 < (a_c == K).sum() < n and (a_c == 0).sum() > 0
+    assert torch.equal(a_t, a_c)
+    keep = torch.arange(K + 1)[None] <= a_c[:, None]            # the emitted part of each row
+    assert torch.equal(t_t[keep], t_c[keep])

@@ -1,8 +1,8 @@
 """Token trees through the engine (peagle/tree_step.py): greedy identity with plain decoding on ragged batches
 (random heads on both drafters and both target backends, and an oracle tree drafter that accepts deep paths at
-varying node indices), sampled batches (their chain, exact: same draws as the chain engine, chi-square), auto K
-with trees, `peagle bench --trees`; negative controls: a broken mask, slot positions or a skipped KV compaction
-make identity fail."""
+varying node indices), sampled rows verifying trees (exact: chi-square, and a one-child tree draws what the
+chain draws), auto K with trees, `peagle bench --trees`; negative controls: a broken mask, slot positions or a
+skipped KV compaction make identity fail, and a wrong sampled verification fails the chi-square."""
 import pytest
 import torch
 from fakes import FakeProposer, install_proposer
@@ -150,30 +150,82 @@ def test_topk_one_tree_is_the_chain(target, heads, method):
     assert mc["num_accepted_tokens_per_pos"] == mt["num_accepted_tokens_per_pos"]
 
 
-def test_sampled_batches_verify_their_chain_and_greedy_rows_stay_identical(target):
-    """A batch with a sampled row runs the chain step: its sampled rows draw exactly what the chain engine draws
-    (same seeds), its greedy rows match plain decoding, and greedy-only batches run trees."""
+def test_mixed_batches_run_trees_and_greedy_rows_stay_identical(target):
+    """Batches with sampled and greedy rows run tree steps: the greedy rows match plain decoding, the sampled
+    rows' tokens are the tree verification's (tree.accept_sampled; exact: the tests below)."""
     ps = prompts(6, seed=21)
     full = ids(LLM(target).generate(ps, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
     ref = {tuple(p["prompt_token_ids"]): f for p, f in zip(ps, full)}
-    sps = [SamplingParams(temperature=0.8 if i % 2 else 0, max_tokens=3 if i % 2 else 36, ignore_eos=True, seed=i)
+    sps = [SamplingParams(temperature=0.8 if i % 2 else 0, max_tokens=30, ignore_eos=True, seed=i)
            for i in range(6)]
-    chain = install_proposer(LLM(target), OracleTreeProposer(4, ref, 0.0), 4)
     prop = OracleTreeProposer(4, ref, 0.0)
+    mixed = []
+    prop.propose = lambda *a, **kw: pytest.fail("a chain step ran under a tree config")
+    propose_tree = prop.propose_tree
+
+    def counted(batch, *a):
+        mixed.append(len({r.params.greedy for r in batch.requests}) == 2)
+        return propose_tree(batch, *a)
+    prop.propose_tree = counted
     tree = tree_llm(target, prop, 4, 3, 12)
-    a, b = ids(chain.generate(ps, sps)), ids(tree.generate(ps, sps))
-    assert a == b
-    assert [x for i, x in enumerate(b) if i % 2 == 0] == [full[i][:36] for i in range(0, 6, 2)]
-    assert prop.trees > 0                      # the sampled rows ran longer: the greedy rest ran as trees
+    got = ids(tree.generate(ps, sps))
+    assert [x for i, x in enumerate(got) if i % 2 == 0] == [full[i][:30] for i in range(0, 6, 2)]
+    assert sum(mixed) > 5                             # trees drafted for batches of greedy and sampled rows
+    assert [len(x) for x in got] == [30] * 6
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_topk_one_tree_samples_what_the_chain_samples(target, heads, method):
+    """A tree of one child per node (eagle_topk 1) drafts the chain's tokens, and its sampled rows draw what
+    the chain's verification draws from the same seeds in the argmax draft mode (tree.accept_sampled's draws
+    and rule are verify_sampled's argmax mode on a chain): the same outputs, sampled and greedy rows in one
+    batch. (Trees take the drafter's deterministic candidates in the default "sample" mode too.)"""
+    ps = prompts(4, seed=19, hi=30)
+    sps = [SamplingParams(temperature=0.9 if i % 2 else 0, top_p=0.95, max_tokens=14, ignore_eos=True, seed=i)
+           for i in range(4)]
+    base = {"method": "eagle3", "model": heads[method], "num_speculative_tokens": 3,
+            "parallel_drafting": method == "peagle", "draft_sampling": "argmax"}
+    chain = LLM(target, speculative_config=base)
+    tree = LLM(target, speculative_config=dict(base, num_draft_tokens=3))
+    assert ids(tree.generate(ps, sps)) == ids(chain.generate(ps, sps))
+    assert tree.get_metrics()["num_accepted_tokens_per_pos"] == chain.get_metrics()["num_accepted_tokens_per_pos"]
+
+
+class TableTreeProposer:
+    """Trees for test_sampling_lossless's table drafter: under every node its table token and two others
+    (the table's token not always first), to depth K; per row the same tree shape."""
+
+    def __init__(self, k, table, V):
+        self.k, self.table, self.V = k, table, V
+
+    def propose_tree(self, batch, K, topk, nodes):
+        rows = []
+        for r in batch.requests:
+            t, p, d = [], [], []
+            frontier = [(-1, r.all_ids[-1], 0)]
+            while frontier:
+                par, last, dep = frontier.pop(0)
+                if dep == K:
+                    continue
+                best = int(self.table[last])
+                kids = [(best + 1) % self.V, best, (best + 3) % self.V] if dep % 2 else \
+                    [best, (best + 2) % self.V, (best + 5) % self.V]
+                for tok in kids:
+                    t.append(tok), p.append(par), d.append(dep + 1)
+                    frontier.append((len(t) - 1, tok, dep + 1))
+            rows.append((t, p, d))
+        col = [torch.tensor([x[i] for x in rows]) for i in range(3)]
+        score = -torch.arange(col[0].shape[1], dtype=torch.float64).expand(len(rows), -1)
+        return select_nodes(col[0], col[1], col[2], score, nodes, K)
 
 
 def test_tree_engine_sampling_matches_exact_distribution_and_wrong_verifier_fails(monkeypatch, tmp_path):
-    """Sampled rows under a tree config (they verify their chain): chi-square against the exact joint of the
-    first three tokens, and the deliberately wrong verifier of test_sampling_lossless fails here too."""
+    """Sampled rows verifying trees (3 children per node, 2 levels, the table drafter's token among them):
+    chi-square of the first three tokens against the exact joint; negative control: the row-by-row
+    verification that leaves a stopping node's children in its sample fails the same test."""
     import test_sampling_lossless as sl
+    from test_trees import loop_accept_sampled
     from tiny import save_tiny
-
-    import peagle.engine as engine_mod
     small = save_tiny("llama", str(tmp_path / "m"), vocab=sl.V, hidden=32, layers=2, seed=3)
     base = LLM(small, seed=0)
     joint, _ = sl.exact_joint(base)
@@ -181,13 +233,15 @@ def test_tree_engine_sampling_matches_exact_distribution_and_wrong_verifier_fail
 
     def make(seed):
         prop = sl.TableProposer(2, table)
-        prop.propose_tree = lambda *a: pytest.fail("a sampled batch ran a tree step")
-        return tree_llm(small, prop, 2, 3, 6, seed=seed, max_num_seqs=128)
+        prop.propose_tree = TableTreeProposer(2, table, sl.V).propose_tree
+        prop.propose = lambda *a, **kw: pytest.fail("a chain step ran under a tree config")
+        return tree_llm(small, prop, 2, 3, 12, seed=seed, max_num_seqs=128)
     llm = make(1)
     p, stat, df = sl.chi2_pvalue(sl.sample_counts(llm), joint)
     m = llm.get_metrics()
     assert 0.1 < m["draft_acceptance_rate"] < 0.95 and p > 1e-3, (stat, df, m)
-    monkeypatch.setattr(engine_mod, "verify_sampled", sl.wrong_verifier)
+    monkeypatch.setattr(tree_step_mod, "accept_sampled",
+                        lambda tree, logits, K, rows: loop_accept_sampled(tree, logits, K, rows, False))
     p_bad, stat, df = sl.chi2_pvalue(sl.sample_counts(make(2)), joint)
     assert p_bad < 1e-6, (stat, df)
 

@@ -8,7 +8,7 @@ nodes along its path is one trial of depths 1..a+1 and one success of depths 1..
 stands for that K; the K (or plain decoding) is then chosen as without trees.
 
 Invariant: the choice depends only on earlier steps (never on this step's draws), so switching between tree and
-chain keeps greedy outputs identical; sampled batches verify their chain whatever is chosen (the engine).
+chain keeps greedy outputs identical and sampled ones exact (a tree's sampled rows: tree.accept_sampled).
 
 Exploration: a tree's acceptance cannot be known before trees are verified, and an estimate that starts at the
 chain's prior would never pick the costlier tree. So while the tree's evidence at depth 1 is below `low` rows,

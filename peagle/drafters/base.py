@@ -134,7 +134,8 @@ class Proposer:
         return drafts, batch.q
 
     def draft_tree(self, requests: list, k: int, start: torch.Tensor, cached: list, shape, topk: int, nodes: int):
-        """As draft, a tree of depth k per row (greedy batches; peagle/drafters/tree.py)."""
+        """As draft, a tree of depth k per row: the drafter's deterministic candidates, for greedy and sampled rows
+        alike (peagle/drafters/tree.py)."""
         return self.propose_tree(self._step_batch(requests, k, start, cached, shape), k, topk, nodes)
 
     def _step_batch(self, requests, k, start, cached, shape, sampled=None) -> DraftBatch:

@@ -1,5 +1,5 @@
-"""Draft trees (peagle/tree.py) from the two drafters, greedy rows only (argmax drafting; the engine runs a
-chain step for a batch with sampled rows).
+"""Draft trees (peagle/tree.py) from the two drafters: deterministic candidates (the drafter's top tokens), for
+greedy and sampled rows alike (a sampled row's verification: tree.accept_sampled).
 
 P-EAGLE (`slots_tree`): the one parallel pass gives a distribution at every depth 1..K, and no slot depends on
 the draft chosen at the slot before it, so a node's children are the same top-`topk` tokens of the next slot
