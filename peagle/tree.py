@@ -31,7 +31,7 @@ import torch
 
 from .models import quant_ext
 from .models.quant import EXT_CACHE_DTYPES
-from .sampling import exponential_noise, greedy, probs_from_logits
+from .sampling import greedy, probs_from_logits, sample_rows
 
 MAX_NODES = 64
 
@@ -191,7 +191,7 @@ def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
     children removed (renormalised) and stops; past depth K (no children) it emits a sample of p (the bonus
     token). So the token at each position is drawn from p: P(child c) = p(c), P(x) = p(x) for any other x. The
     candidates are the drafter's deterministic choices (SpecInfer's rule for one-hot draft distributions). Draws:
-    K uniforms, then V exponentials, per row from its generator, as verify_sampled's argmax mode draws them, so a
+    K uniforms, then one more, per row from its generator, as verify_sampled's argmax mode draws them, so a
     tree that is a chain (eagle_topk 1) gives the chain's samples."""
     S, T = tree.tokens.shape
     dev = logits.device
@@ -225,8 +225,7 @@ def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
         alive &= took
         path[:, lvl + 1] = cur
     tokens = tree.tokens.gather(1, path[:, list(range(1, K + 1)) + [K]])                     # the accepted drafts
-    e = torch.stack([exponential_noise(dist.shape[-1], g, dev) for g in rows.gens])
-    tokens[ar, acc] = (dist / e).argmax(-1)
+    tokens[ar, acc] = sample_rows(dist, rows.gens)
     return acc, path, tokens
 
 

@@ -15,7 +15,7 @@ If all K pass, emit a sample of p_K (the bonus token). P(emit x) = p(x) at every
 sampling is lossless; the sample mode accepts sum_x min(p(x), q(x)) per position instead of p(d).
 K = 0 is plain sampling (the bonus token only), and prefill's first token is that case too.
 
-Random numbers: each sampled row draws K uniforms and then V exponentials (for the one token it emits) from
+Random numbers: each sampled row draws K uniforms and then one more (for the one token it emits) from
 its own request's generator (after the draws of its drafts in the sample mode). How many it draws follows the
 step's K, so a seeded request repeats its output exactly where K does not depend on the batch (a fixed K, or
 plain decoding), whatever its neighbours; where the K policy picks K by batch size or measured step time
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import quant_ext
-from .sampling import exponential_noise, greedy, probs_from_logits
+from .sampling import greedy, probs_from_logits, sample_rows
 
 
 def verify_greedy(logits: torch.Tensor, drafts: torch.Tensor):
@@ -91,8 +91,9 @@ def verify_sampled(logits: torch.Tensor, drafts: torch.Tensor, s: SampledRows, q
     accepted drafts, then the recovered or bonus token)."""
     S, K1, V = logits.shape
     K = K1 - 1
-    q = q if K else None
     p = probs_from_logits(logits, s.temperature, s.top_k, s.top_p)                      # [S,K+1,V]
+    if not K:                                                  # plain sampling (a prefill's first token too)
+        return torch.zeros(S, dtype=torch.long, device=logits.device), sample_rows(p, s.gens)
     u = torch.stack([torch.rand(K, generator=g, dtype=torch.float64, device=logits.device) for g in s.gens])
     p_draft = p[:, :K].gather(-1, drafts[..., None])[..., 0].double()                    # p_i(d_i), [S,K]
     if q is None:
@@ -104,19 +105,17 @@ def verify_sampled(logits: torch.Tensor, drafts: torch.Tensor, s: SampledRows, q
     rows = torch.arange(S, device=logits.device)
     dist = p[rows, accepted]                                                              # [S,V]
     rejected = accepted < K
-    at = accepted.clamp(max=max(K - 1, 0))
+    at = accepted.clamp(max=K - 1)
     if q is None:
-        d_at = drafts[rows, at] if K else torch.zeros_like(accepted)
+        d_at = drafts[rows, at]
         dist = torch.where(rejected[:, None] & (torch.arange(V, device=logits.device) == d_at[:, None]), 0.0, dist)
     else:
         resid = (dist - q[rows, at]).clamp_min(0.0)                                      # (p - q)+, [S,V]
         # a zero residual means p == q: no rejection in exact arithmetic, only by rounding; p is right then
         resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, dist)
         dist = torch.where(rejected[:, None], resid, dist)
-    # exponential race: argmax(dist / e) samples dist renormalised (argmax mode: a zero-sum residual cannot
-    # occur, a draft with p = 1 is always accepted)
-    e = torch.stack([exponential_noise(V, g, logits.device) for g in s.gens])
-    emitted = (dist / e).argmax(-1)
+    # dist renormalised (argmax mode: a zero-sum residual cannot occur, a draft with p = 1 is always accepted)
+    emitted = sample_rows(dist, s.gens)
     tokens = torch.cat([drafts, emitted[:, None]], 1)
     tokens[rows, accepted] = emitted
     return accepted, tokens

@@ -442,9 +442,9 @@ def test_tree_width_covers_the_slots_a_tree_step_writes(target, tmp_path, parall
 
 def loop_accept_sampled(tree, logits, K, rows, remove_children=True):
     """tree.accept_sampled row by row in plain Python (a reference: the same draws from each row's generator, K
-    uniforms then V exponentials). remove_children=False is WRONG on purpose: a row that stops emits a sample
+    uniforms then one more). remove_children=False is WRONG on purpose: a row that stops emits a sample
     of p with the node's children left in, so they come out too often."""
-    from peagle.sampling import exponential_noise, probs_from_logits
+    from peagle.sampling import probs_from_logits, sample_from
     p = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)               # [S,T,V]
     S, T = tree.tokens.shape
     acc, paths, toks = [], [], []
@@ -471,7 +471,7 @@ def loop_accept_sampled(tree, logits, K, rows, remove_children=True):
         if remove_children:
             for j in kids(cur):
                 dist[tok[j]] = 0.0
-        out.append(int((dist / exponential_noise(dist.shape[0], g, "cpu")).argmax()))
+        out.append(int(sample_from(dist[None], g)[0]))
         acc.append(len(path) - 1)
         paths.append(path + [path[-1]] * (K + 1 - len(path)))
         toks.append(out + [out[-1]] * (K + 1 - len(out)))
