@@ -217,6 +217,10 @@ def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
         here = torch.where(drop, 0.0, pc)
         run = torch.where(kids, pc.gather(1, tree.tokens).double(), 0.0).cumsum(1)             # p summed in node order
         hit = kids & (u[:, lvl, None] < run)
+        # children holding all of p's mass may sum to just under 1 (float32 p in float64): a u in that rounding
+        # gap takes the last child, as nothing else could be emitted
+        last = kids & (torch.arange(T, device=dev)[None] == (kids * torch.arange(T, device=dev)[None]).amax(1, True))
+        hit = torch.where((~hit.any(1) & (here.sum(1) == 0))[:, None], last, hit)
         took = alive & hit.any(1)
         stop = alive & ~took
         dist = here if dist is None else torch.where(stop[:, None], here, dist)

@@ -152,8 +152,8 @@ def test_top_p_from_the_top_tokens_gives_the_full_sorts_bits(monkeypatch):
     """Top-p on the CPU takes a row's nucleus from its top 128 or 1024 tokens where it ends inside them: the same
     bits as sorting all V (no NUCLEUS sizes), row by row whatever the other rows, for peaked rows (nuclei of ~20
     and ~100 tokens: the two sizes), a flat one whose nucleus is larger than 1024 (sorted in full), ties
-    straddling the cut, a row with top_p 1 and top-k before top-p; and only the rows that need it are sorted in
-    full. Against the rules written out too."""
+    straddling the cut (and 301 across the first size's boundary), a row with top_p 1 and top-k before top-p;
+    and only the rows that need it are sorted in full. Against the rules written out too."""
     from peagle import sampling
     g = torch.Generator().manual_seed(12)
     V = 3000
@@ -162,8 +162,10 @@ def test_top_p_from_the_top_tokens_gives_the_full_sorts_bits(monkeypatch):
     ties = torch.randn(V, generator=g) * 4
     ties[torch.argsort(ties, descending=True)[3:40]] = ties.max() - 1.0    # 37 equal logits below the top 3
     medium = torch.randn(V, generator=g) * 1.5
-    logits = torch.stack([peaked, flat, ties, peaked.flip(0), ties.flip(0), medium])
-    top_p = torch.tensor([[0.9], [0.95], [0.8], [1.0], [0.6], [0.9]])
+    wide = torch.randn(V, generator=g) - 30.0
+    wide[torch.randperm(V, generator=g)[:301]] = 0.0             # 301 equal logits across the topk boundary 128
+    logits = torch.stack([peaked, flat, ties, peaked.flip(0), ties.flip(0), medium, wide])
+    top_p = torch.tensor([[0.9], [0.95], [0.8], [1.0], [0.6], [0.9], [0.9]])
     full_rows = []
     sort_all = sampling._sort_all
     monkeypatch.setattr(sampling, "_sort_all", lambda x: full_rows.append(x.shape[0]) or sort_all(x))
@@ -172,12 +174,26 @@ def test_top_p_from_the_top_tokens_gives_the_full_sorts_bits(monkeypatch):
     monkeypatch.setattr(sampling, "NUCLEUS", ())
     want = sampling.probs_from_logits(logits, 0.8, 0, top_p)
     assert torch.equal(got, want)
-    for i in range(6):                                          # alone: the same bits as in the batch
+    for i in range(7):                                          # alone: the same bits as in the batch
         monkeypatch.setattr(sampling, "NUCLEUS", (128, 1024))
         assert torch.equal(sampling.probs_from_logits(logits[i:i + 1], 0.8, 0, top_p[i:i + 1]), got[i:i + 1])
         ref = _reference_probs(logits[i:i + 1], 0.8, 0, float(top_p[i]))
         assert torch.allclose(got[i:i + 1].double(), ref, atol=1e-6)
     kept = (got > 0).sum(-1).tolist()
     assert kept[0] < 128 < kept[5] < 1024 < kept[1] and kept[3] == V and 3 < kept[2] < 40 and 3 < kept[4] < 40, kept
+    assert 128 < kept[6] < 301                                  # the cut inside the ties: index order decides
     k = sampling.probs_from_logits(logits, 0.8, 50, 0.9)        # top-k then top-p
     assert torch.allclose(k.double(), _reference_probs(logits, 0.8, 50, 0.9), atol=1e-6)
+
+
+@pytest.mark.parametrize("u,want", [(0.0, 1), (0.4999, 1), (0.5, 2), (1 - 2.0**-40, 2)])
+def test_sample_rows_takes_the_first_token_whose_running_sum_exceeds_u(monkeypatch, u, want):
+    """Inverse CDF with the uniform u set: zeros at both ends never drawn (u = 0, u just under 1), p need not be
+    normalised (the same token for p and 4p), the boundary u = p(1) goes to the next token; shapes [N, ..., V]."""
+    from peagle.sampling import sample_rows
+    monkeypatch.setattr(torch, "rand", lambda *size, generator=None, dtype=None, device=None:
+                        torch.full(size[0] if size and isinstance(size[0], tuple) else size, u, dtype=dtype))
+    p = torch.tensor([0.0, 0.5, 0.5, 0.0])
+    for probs in (p[None], 4 * p[None], p.expand(2, 3, 4)):
+        got = sample_rows(probs, [None] * probs.shape[0])
+        assert got.shape == probs.shape[:-1] and bool((got == want).all()), (probs.shape, got)

@@ -552,3 +552,56 @@ def test_accept_sampled_on_a_chain_draws_what_verify_sampled_draws():
     assert torch.equal(a_t, a_c)
     keep = torch.arange(K + 1)[None] <= a_c[:, None]            # the emitted part of each row
     assert torch.equal(t_t[keep], t_c[keep])
+
+
+def test_accept_sampled_matches_the_row_by_row_reference_on_ragged_trees():
+    """Rows with different trees in one batch (three shapes: padding in the middle and at the end, a child
+    without children, depths 1-3), their own logits and top-p: the vectorised acceptance gives the row-by-row
+    reference's paths and tokens bit for bit."""
+    from peagle.tree import accept_sampled
+    shapes = [  # tokens, parents, depth, valid
+        ([0, 2, 5, 1, 0, 3], [0, 0, 0, 1, 0, 3], [0, 1, 1, 2, 1, 3], [1, 1, 1, 1, 0, 1]),
+        ([0, 4, 2, 6, 7, 0], [0, 0, 1, 1, 2, 0], [0, 1, 2, 2, 3, 1], [1, 1, 1, 1, 1, 0]),
+        ([0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]),
+    ]
+    n, K, V = 300, 3, 8
+    pick = [shapes[i % 3] for i in range(n)]
+    tree = Tree(*(torch.tensor([sh[j] for sh in pick]) for j in range(3)),
+                valid=torch.tensor([sh[3] for sh in pick]).bool())
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(n, 6, V, generator=g) * 2
+    top_p = torch.rand(n, 1, 1, generator=g) * 0.5 + 0.5
+
+    def rows():
+        r = sampled_rows(n, 0.9, 0, 1.0, seed=4)
+        r.top_p = top_p
+        return r
+    acc, path, toks = accept_sampled(tree, logits, K, rows())
+    ref = loop_accept_sampled(tree, logits, K, rows())
+    keep = torch.arange(K + 1)[None] <= ref[0][:, None]
+    assert torch.equal(acc, ref[0]) and torch.equal(path[keep], ref[1][keep]) and torch.equal(toks[keep], ref[2][keep])
+    assert set(torch.bincount(acc).nonzero()[:, 0].tolist()) >= {0, 1, 2}      # shallow and deep paths taken
+
+
+def test_accept_sampled_takes_the_last_child_where_the_children_hold_all_of_p(monkeypatch):
+    """Children holding all of p's mass (top-k = their number: every other token has p = 0) whose float32
+    probabilities sum to just under 1 in float64, and every uniform just under 1: the row takes the last child
+    (nothing else could be emitted), never a token of probability 0. Without the guard it emitted the last
+    vocabulary token (p = 0)."""
+    from peagle.sampling import probs_from_logits
+    from peagle.tree import accept_sampled
+    V, g = 8, torch.Generator().manual_seed(0)
+    for _ in range(1000):                                        # logits whose top 3 probabilities sum under 1
+        logits = torch.randn(1, 2, V, generator=g)
+        p = probs_from_logits(logits, 1.0, 3, 1.0)
+        if float(p[0, 0].double().sum()) < 1.0:
+            break
+    top3 = p[0, 0].topk(3).indices.tolist()
+    tree = Tree(tokens=torch.tensor([[0] + top3]), parents=torch.tensor([[0, 0, 0, 0]]),
+                depth=torch.tensor([[0, 1, 1, 1]]), valid=torch.ones(1, 4, dtype=torch.bool))
+    monkeypatch.setattr(torch, "rand", lambda *size, generator=None, dtype=None, device=None:
+                        torch.full(size[0] if size and isinstance(size[0], tuple) else size, 1 - 2.0**-40,
+                                   dtype=dtype or torch.float32))
+    lg = torch.cat([logits[:, :1], logits[:, 1:].expand(1, 3, V)], 1)             # [1, 4 nodes, V]
+    acc, path, toks = accept_sampled(tree, lg, 1, sampled_rows(1, 1.0, 3, 1.0, 0))
+    assert acc.tolist() == [1] and path[0].tolist() == [0, 3] and toks[0, 0] == top3[2]

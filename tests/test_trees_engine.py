@@ -28,7 +28,7 @@ class OracleTreeProposer(FakeProposer):
         self.g = torch.Generator().manual_seed(seed)
         self.trees = 0
 
-    def propose(self, batch, k=None):                     # chain steps (sampled batches): the true drafts
+    def propose(self, batch, k=None):                     # chain steps: the true drafts
         k = k or self.k
         return torch.tensor([(self.ref[tuple(r.prompt_token_ids)][len(r.output_ids):] + [7] * k)[:k]
                              for r in batch.requests])
@@ -189,14 +189,16 @@ def test_topk_one_tree_samples_what_the_chain_samples(target, heads, method):
     tree = LLM(target, speculative_config=dict(base, num_draft_tokens=3))
     assert ids(tree.generate(ps, sps)) == ids(chain.generate(ps, sps))
     assert tree.get_metrics()["num_accepted_tokens_per_pos"] == chain.get_metrics()["num_accepted_tokens_per_pos"]
+    assert tree.get_metrics()["num_tree_nodes"] > 0 and chain.get_metrics().get("num_tree_nodes", 0) == 0
 
 
 class TableTreeProposer:
     """Trees for test_sampling_lossless's table drafter: under every node its table token and two others
-    (the table's token not always first), to depth K; per row the same tree shape."""
+    (the table's token not always first), to depth K; per row the same tree shape. one_child: the table's token
+    only (the chain)."""
 
-    def __init__(self, k, table, V):
-        self.k, self.table, self.V = k, table, V
+    def __init__(self, k, table, V, one_child=False):
+        self.k, self.table, self.V, self.one_child = k, table, V, one_child
 
     def propose_tree(self, batch, K, topk, nodes):
         rows = []
@@ -210,13 +212,33 @@ class TableTreeProposer:
                 best = int(self.table[last])
                 kids = [(best + 1) % self.V, best, (best + 3) % self.V] if dep % 2 else \
                     [best, (best + 2) % self.V, (best + 5) % self.V]
-                for tok in kids:
+                for tok in ([best] if self.one_child else kids):
                     t.append(tok), p.append(par), d.append(dep + 1)
                     frontier.append((len(t) - 1, tok, dep + 1))
             rows.append((t, p, d))
         col = [torch.tensor([x[i] for x in rows]) for i in range(3)]
         score = -torch.arange(col[0].shape[1], dtype=torch.float64).expand(len(rows), -1)
         return select_nodes(col[0], col[1], col[2], score, nodes, K)
+
+
+def test_one_child_trees_sample_what_the_chain_samples_and_accept(tmp_path):
+    """The table drafter's chain and its one-child trees on a tiny 8-token model, sampled rows with the same
+    seeds: the same tokens, and the same acceptance, well above zero (the random heads above accept ~nothing
+    sampled)."""
+    import test_sampling_lossless as sl
+    from tiny import save_tiny
+    small = save_tiny("llama", str(tmp_path / "m"), vocab=sl.V, hidden=32, layers=2, seed=3)
+    table = sl.table_for(LLM(small, seed=0))
+    chain = sl.spec_llm(small, table, k=2, seed=4)
+    prop = sl.TableProposer(2, table)
+    prop.propose_tree = TableTreeProposer(2, table, sl.V, one_child=True).propose_tree
+    tree = tree_llm(small, prop, 2, 1, 2, seed=4, max_num_seqs=128)
+    ps = [{"prompt_token_ids": sl.PROMPT}] * 200
+    sp = SamplingParams(max_tokens=6, ignore_eos=True, **sl.SP)
+    assert ids(tree.generate(ps, sp)) == ids(chain.generate(ps, sp))
+    mt, mc = tree.get_metrics(), chain.get_metrics()
+    assert mt["num_accepted_tokens"] == mc["num_accepted_tokens"] > 100, mt           # 220 of 1652 here
+    assert mt["num_tree_nodes"] > 0
 
 
 def test_tree_engine_sampling_matches_exact_distribution_and_wrong_verifier_fails(monkeypatch, tmp_path):
