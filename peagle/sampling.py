@@ -111,8 +111,9 @@ def _nucleus(x: torch.Tensor, top_p) -> torch.Tensor:
     probability is exp(x - max) / sum(exp(x - max)) over the whole row (summed in float64), so the prefix sums of
     any number of top tokens are the same numbers: on the CPU a row's top n tokens (torch.topk, put in the stable
     order; n in NUCLEUS, smallest first) decide it wherever its nucleus ends inside them ahead of a strictly
-    smaller logit; the other rows sort everything (SmolLM2's 49152 logits on a 2-core Intel Xeon: a full sort 3.6 ms, topk of
-    128 0.14 ms, of 1024 0.56 ms). The same bits either way, whatever the other rows."""
+    smaller logit; the other rows sort everything (SmolLM2's 49152 logits on a 2-core Intel Xeon: a full sort
+    3.6 ms, topk of 128 0.14 ms, of 1024 0.56 ms). The same bits either way, whatever the other rows. Off the
+    CPU every row is sorted (no host reads)."""
     V = x.shape[-1]
     flat = x.reshape(-1, V)
     tp = (top_p.expand(x.shape[:-1] + (1,)).reshape(-1, 1).to(flat.dtype) if torch.is_tensor(top_p)
