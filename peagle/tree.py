@@ -196,7 +196,8 @@ def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
     S, T = tree.tokens.shape
     dev = logits.device
     u = torch.stack([torch.rand(K, generator=g, dtype=torch.float64, device=dev) for g in rows.gens])   # [S,K]
-    real = tree.valid & (torch.arange(T, device=dev)[None] > 0)                               # [S,T] a draft node
+    idx = torch.arange(T, device=dev)[None]                                                    # [1,T] node indices
+    real = tree.valid & (idx > 0)                                                             # [S,T] a draft node
     ar = torch.arange(S, device=dev)
     cur = torch.zeros(S, dtype=torch.long, device=dev)                                        # the node reached
     alive = torch.ones(S, dtype=torch.bool, device=dev)
@@ -205,7 +206,7 @@ def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
     dist = None                                                       # [S,V] what each row emits from
 
     def p_at(node):                                                   # p at each row's node [S,V]
-        return probs_from_logits(logits[ar, node], rows.temperature[:, 0], _per_row(rows.top_k), _per_row(rows.top_p))
+        return probs_from_logits(logits[ar, node][:, None], rows.temperature, rows.top_k, rows.top_p)[:, 0]
     for lvl in range(K + 1):
         pc = p_at(cur)
         if lvl == K:                                                                          # depth K: the bonus token
@@ -219,7 +220,7 @@ def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
         hit = kids & (u[:, lvl, None] < run)
         # children holding all of p's mass may sum to just under 1 (float32 p in float64): a u in that rounding
         # gap takes the last child, as nothing else could be emitted
-        last = kids & (torch.arange(T, device=dev)[None] == (kids * torch.arange(T, device=dev)[None]).amax(1, True))
+        last = kids & (idx == (kids * idx).amax(1, True))
         hit = torch.where((~hit.any(1) & (here.sum(1) == 0))[:, None], last, hit)
         took = alive & hit.any(1)
         stop = alive & ~took
@@ -231,11 +232,6 @@ def accept_sampled(tree: Tree, logits: torch.Tensor, K: int, rows) -> tuple:
     tokens = tree.tokens.gather(1, path[:, list(range(1, K + 1)) + [K]])                     # the accepted drafts
     tokens[ar, acc] = sample_rows(dist, rows.gens)
     return acc, path, tokens
-
-
-def _per_row(x):
-    """A SampledRows parameter [S,1,1] as [S,1] (plain numbers as they are), for [S,V] probabilities."""
-    return x[:, 0] if torch.is_tensor(x) else x
 
 
 def compact_kv(cache, b0: int, start: torch.Tensor, path: torch.Tensor):

@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 from heads import save_random_head
+from test_verify_sampling import synthetic_rows
 
 import peagle.tree as tree_mod
 from peagle.errors import PeagleError
@@ -478,14 +479,6 @@ def loop_accept_sampled(tree, logits, K, rows, remove_children=True):
     return torch.tensor(acc), torch.tensor(paths), torch.tensor(toks)
 
 
-def sampled_rows(n, temp, top_k, top_p, seed):
-    """n sampled rows with one parameter set, each with its own generator (as the engine builds them)."""
-    from peagle.sampling import make_generator
-    from peagle.verify import SampledRows
-    return SampledRows(list(range(n)), torch.arange(n), torch.full((n, 1, 1), temp), top_k, top_p,
-                       [make_generator(seed * 1_000_003 + i) for i in range(n)])
-
-
 @pytest.mark.parametrize("remove_children", [True, False])
 def test_accept_sampled_emits_p_at_every_node_reached(remove_children):
     """tree.accept_sampled on a fixed ragged tree (3 children under the root, 2 and 1 below two of them, a
@@ -510,13 +503,13 @@ def test_accept_sampled_emits_p_at_every_node_reached(remove_children):
     logits = logits.expand(n, -1, -1)
     p = probs_from_logits(logits[:1], 0.8, 5, 1.0)[0].double()   # [T,V] what each node's next token must follow
     if remove_children:
-        acc, path, toks = accept_sampled(tree, logits, K, sampled_rows(n, 0.8, 5, 1.0, seed=2))
-        ref = loop_accept_sampled(tree, logits[:200], K, sampled_rows(200, 0.8, 5, 1.0, seed=2))
+        acc, path, toks = accept_sampled(tree, logits, K, synthetic_rows(n, 0.8, 5, 1.0, seed=2))
+        ref = loop_accept_sampled(tree, logits[:200], K, synthetic_rows(200, 0.8, 5, 1.0, seed=2))
         keep = torch.arange(K + 1)[None] <= ref[0][:, None]       # each row's path and emitted tokens
         assert torch.equal(acc[:200], ref[0]) and torch.equal(path[:200][keep], ref[1][keep])
         assert torch.equal(toks[:200][keep], ref[2][keep])
     else:
-        acc, path, toks = loop_accept_sampled(tree, logits, K, sampled_rows(n, 0.8, 5, 1.0, seed=2), False)
+        acc, path, toks = loop_accept_sampled(tree, logits, K, synthetic_rows(n, 0.8, 5, 1.0, seed=2), False)
     assert (acc == K).sum() > 500 and (acc == 0).sum() > 500, torch.bincount(acc)
     pvals = []
     for j in range(K + 1):                                      # position j: rows that reached depth j, per node
@@ -546,8 +539,8 @@ def test_accept_sampled_on_a_chain_draws_what_verify_sampled_draws():
     tree = Tree(tokens=torch.cat([torch.zeros(n, 1, dtype=torch.long), drafts], 1),
                 parents=torch.tensor([[0] + list(range(K))] * n), depth=torch.arange(K + 1).expand(n, -1),
                 valid=torch.ones(n, K + 1, dtype=torch.bool))
-    a_t, _, t_t = accept_sampled(tree, logits, K, sampled_rows(n, 0.9, 0, 0.9, seed=3))
-    a_c, t_c = verify_sampled(logits, drafts, sampled_rows(n, 0.9, 0, 0.9, seed=3))
+    a_t, _, t_t = accept_sampled(tree, logits, K, synthetic_rows(n, 0.9, 0, 0.9, seed=3))
+    a_c, t_c = verify_sampled(logits, drafts, synthetic_rows(n, 0.9, 0, 0.9, seed=3))
     assert 0 < (a_c == K).sum() < n and (a_c == 0).sum() > 0
     assert torch.equal(a_t, a_c)
     keep = torch.arange(K + 1)[None] <= a_c[:, None]            # the emitted part of each row
@@ -573,7 +566,7 @@ def test_accept_sampled_matches_the_row_by_row_reference_on_ragged_trees():
     top_p = torch.rand(n, 1, 1, generator=g) * 0.5 + 0.5
 
     def rows():
-        r = sampled_rows(n, 0.9, 0, 1.0, seed=4)
+        r = synthetic_rows(n, 0.9, 0, 1.0, seed=4)
         r.top_p = top_p
         return r
     acc, path, toks = accept_sampled(tree, logits, K, rows())
@@ -603,5 +596,5 @@ def test_accept_sampled_takes_the_last_child_where_the_children_hold_all_of_p(mo
                         torch.full(size[0] if size and isinstance(size[0], tuple) else size, 1 - 2.0**-40,
                                    dtype=dtype or torch.float32))
     lg = torch.cat([logits[:, :1], logits[:, 1:].expand(1, 3, V)], 1)             # [1, 4 nodes, V]
-    acc, path, toks = accept_sampled(tree, lg, 1, sampled_rows(1, 1.0, 3, 1.0, 0))
+    acc, path, toks = accept_sampled(tree, lg, 1, synthetic_rows(1, 1.0, 3, 1.0, 0))
     assert acc.tolist() == [1] and path[0].tolist() == [0, 3] and toks[0, 0] == top3[2]

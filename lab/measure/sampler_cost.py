@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from lab.measure.cpu_step import heldout_texts
 from lab.measure.precision import cpu_flags, write_report
-from lab.measure.slow_start import StepClock
+from lab.measure.slow_start import StepClock, run_cases
 from peagle.llm import DEFAULT_MODEL, LLM
 from peagle.sampling import SamplingParams, probs_from_logits, sample_rows
 
@@ -97,14 +97,8 @@ def main(argv=None) -> int:
     params = {"greedy": SamplingParams(temperature=0.0, max_tokens=a.tokens, ignore_eos=True)}
     params.update({n: SamplingParams(max_tokens=a.tokens, ignore_eos=True, seed=1, **kw) for n, kw in CASES.items()})
     skip = min(50, a.tokens // 2)
-    steps = {n: [] for n in params}
-    for r in range(a.rounds):
-        for n in (list(params) if r % 2 == 0 else list(params)[::-1]):
-            clock.times.clear()
-            llm.generate([{"prompt_token_ids": prompt}], params[n])
-            if r:
-                steps[n].append(statistics.median(clock.times[skip:]) * 1e3)
-    t2 = {n: statistics.median(v) for n, v in steps.items()}
+    curves = run_cases(llm, clock, {n: lambda: None for n in params}, lambda n: prompt, params, a.rounds)
+    t2 = {n: statistics.median(statistics.median(c[skip:]) * 1e3 for c in cs) for n, cs in curves.items()}
 
     name = os.path.basename(a.model.rstrip("/"))
     lines = [f"# What sampling a token costs ({name}, {target.precision})", "",

@@ -88,7 +88,8 @@ def bins(curves: list[list[float]], width: int) -> list[float]:
 
 def run_cases(llm, clock, cases: dict, ids_for, params, rounds: int, between: bool = False) -> dict:
     """cases: name -> a callable run right before the request (between: before every decode step, outside its
-    time); -> name -> list of per-step times per round."""
+    time); params: the requests' SamplingParams, or a dict of them per case; -> name -> list of per-step times
+    per round."""
     out = {name: [] for name in cases}
     names = list(cases)
     for r in range(rounds):
@@ -99,7 +100,7 @@ def run_cases(llm, clock, cases: dict, ids_for, params, rounds: int, between: bo
             else:
                 cases[name]()
             clock.times.clear()
-            llm.generate([{"prompt_token_ids": ids}], params)
+            llm.generate([{"prompt_token_ids": ids}], params[name] if isinstance(params, dict) else params)
             if r:
                 out[name].append(list(clock.times))
     clock.before = None
