@@ -155,3 +155,30 @@ def test_runner_keeps_one_aux_slot_per_repeated_layer(hd96_target):
     (ref, _), (got, _) = _run(t, False, steps), _run(t, True, steps)
     assert ref[0][1].shape == (2, 6, 2 * 96)
     assert torch.equal(ref[0][0], got[0][0]) and torch.equal(ref[0][1], got[0][1])
+
+
+@pytest.mark.skipif(EXT is None or not EXT.has_avx512(), reason="needs a CPU with AVX-512 VNNI")
+@pytest.mark.parametrize("quantization", ["q4", "q8"])
+def test_a_weight_only_runner_reads_the_packed_layout(qtarget, quantization):
+    """The layer runner hands a weight-only projection its pack_a8 layout (the AVX-512 path's): two layers' o
+    projections given each other's layout give another output (negative control of the bits test above, which
+    the AVX2 path alone would also pass)."""
+    from peagle.models import llama
+    from peagle.models import quant as Q
+    steps = [(torch.randint(5, 500, (1, 6), generator=torch.Generator().manual_seed(4)), 0, torch.tensor([0]),
+              dict(span=6, s0=0))]
+    before = {q: EXT.avx512_min_rows(q, False) for q in (Q.Q4_1, Q.Q8_0)}
+    try:
+        for q in before:
+            EXT.set_avx512_min_rows(q, False, 1)        # the AVX-512 path at every row count
+        t = llama.Transformer.from_pretrained(qtarget, quantization=quantization)
+        ref, _ = _run(t, True, steps)
+        t2 = llama.Transformer.from_pretrained(qtarget, quantization=quantization)
+        a, b = t2.layers[0].o_w, t2.layers[1].o_w
+        a._packed, b._packed = b.packed_a8(EXT), a.packed_a8(EXT)
+        bad, _ = _run(t2, True, steps)
+    finally:
+        for q, rows in before.items():
+            EXT.set_avx512_min_rows(q, False, rows)
+    assert t._layer_stack() is not None and not t._layer_stack().act8
+    assert not torch.equal(ref[0][0], bad[0][0])

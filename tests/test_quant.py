@@ -433,7 +433,7 @@ def test_bad_arguments_to_the_extension_raise_instead_of_writing_outside_buffers
     def stack(Is, nh=1, nkv=1, hd=32, H=32):
         ws = [Q.quantize(torch.randn(N, K) * 0.05, Q.Q8_0) for inter in Is
               for N, K in (((nh + 2 * nkv) * hd, H), (H, nh * hd), (2 * inter, H), (H, inter))]
-        return EXT.LayerStack(ws, [], [Q.Q8_0] * len(ws), [torch.ones(H)] * (2 * len(Is) + 1), nh, nkv, hd, 1e-6, 0)
+        return EXT.LayerStack(ws, [], False, [Q.Q8_0] * len(ws), [torch.ones(H)] * (2 * len(Is) + 1), nh, nkv, hd, 1e-6, 0)
     assert stack([32, 32]) is not None
     with pytest.raises(RuntimeError, match="intermediate size"):
         stack([32, 4096])

@@ -109,6 +109,12 @@ def rotated(seq: list, r: int) -> list:
     return seq[r:] + seq[:r]
 
 
+def takes_packed(e) -> bool:
+    """Whether a build's float-activation product takes pack_a8's layout (its AVX-512 path reads it since
+    quant_f_avx512.cpp; an older build's has no such argument)."""
+    return "packed:" in (e.qlinear.__doc__ or "")
+
+
 def products(exts: dict, weights, rows, rounds: int, threads: int, instances: int) -> dict:
     """{(M, (name, copy)): [seconds]} for one pass over every product of a step at M rows, per round: each
     build's copies of the weights (the GGUF blocks and their packed form) made in placement_order."""
@@ -118,12 +124,14 @@ def products(exts: dict, weights, rows, rounds: int, threads: int, instances: in
     for n, i in placement_order(list(exts), instances):
         e = exts[n]
         data = [w.data.clone() for w in weights]
-        copies[n, i] = [(d, e.pack_a8(d, w.qtype, w.n, w.k) if w.act8 else None) for w, d in zip(weights, data)]
+        copies[n, i] = [(d, e.pack_a8(d, w.qtype, w.n, w.k) if w.act8 or (takes_packed(e) and w.qtype != Q.F32)
+                         else None) for w, d in zip(weights, data)]
 
     def run(key, m):
         e = exts[key[0]]
         return [e.qlinear_a8(xs[m][w.k], d, p, w.qtype, w.n, w.k, 0) if w.act8
-                else e.qlinear(xs[m][w.k], d, w.qtype, w.n, w.k, 0) for w, (d, p) in zip(weights, copies[key])]
+                else e.qlinear(xs[m][w.k], d, w.qtype, w.n, w.k, 0, *([p] if p is not None else []))
+                for w, (d, p) in zip(weights, copies[key])]
     times: dict = {}
     torch.set_num_threads(threads)
     for m in rows:
@@ -188,7 +196,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=TARGET_DIR)
     ap.add_argument("--quantization", default="q4a8")
     ap.add_argument("--rows", default="1,2,3,4,8", help="rows per product")
-    ap.add_argument("--blocks", default="1,2,4,8", help="tokens per target forward (1: the plain step)")
+    ap.add_argument("--blocks", default="1,2,4,8",
+                    help="tokens per target forward (1: the plain step); '' times the products only (a base build "
+                         "whose layer runner takes other arguments)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--instances", type=int, default=2,
@@ -205,12 +215,14 @@ def main(argv=None) -> int:
         base, sha = build_base(a.base)
         threads = torch.get_num_threads()
         exts = {"base": base, "this": new}
-        rows, blocks = [int(r) for r in a.rows.split(",")], [int(b) for b in a.blocks.split(",")]
+        rows, blocks = [int(r) for r in a.rows.split(",")], [int(b) for b in a.blocks.split(",") if b]
         with using(new):
-            weights = step_products(Transformer.from_pretrained(a.model, quantization=a.quantization))
+            t = Transformer.from_pretrained(a.model, quantization=a.quantization)
+            weights, precision = step_products(t), t.precision
         prod = {t: products(exts, weights, rows, a.rounds, t, a.instances) for t in sorted({1, threads})}
         torch.set_num_threads(threads)
-        st, precision = steps(exts, a.model, a.quantization, blocks, a.context, a.rounds, a.instances)
+        if blocks:
+            st, precision = steps(exts, a.model, a.quantization, blocks, a.context, a.rounds, a.instances)
     except PeagleError as e:
         print(f"kernel_ab: {e}", file=sys.stderr)
         return 1
@@ -219,7 +231,8 @@ def main(argv=None) -> int:
     lines = [f"# Two kernel builds side by side ({os.path.basename(a.model.rstrip('/'))}, {a.quantization})", "",
              f"CPU: {cpu_model()}; torch {torch.__version__}; base: {a.base} ({sha[:10]}); this: "
              f"{checkout_name(HOME, ('peagle/csrc',))}; {precision}.", "",
-             f"Every output of the two builds identical (products at {a.rows} rows, forwards of {a.blocks} tokens); "
+             f"Every output of the two builds identical (products at {a.rows} rows"
+             + (f", forwards of {a.blocks} tokens); " if blocks else "); ") +
              f"{k} copies of each build's weights, loaded {', '.join(n for n, _ in placement_order(list(exts), k))}; "
              f"{a.rounds} rounds, every copy timed in each, in an order rotating by round; min and median pool a "
              "build's copies; spread: a build's slowest copy over its fastest (median), what placement alone "
@@ -234,6 +247,8 @@ def main(argv=None) -> int:
             lines.append(f"| {t} | {m} | {min(b) * 1e3:.2f} | {min(n) * 1e3:.2f} | {min(n) / min(b):.2f}x | "
                          f"{median_high(n) / median_high(b):.2f}x | {spread(tm, m, 'base', k)} / "
                          f"{spread(tm, m, 'this', k)} |")
+    if not blocks:
+        return write_report(lines, f"OMP_NUM_THREADS={threads} .venv/bin/python lab/measure/kernel_ab.py", argv, a.out)
     lines += ["", f"Whole target forwards ({threads} threads, context {a.context}, the layer runner; each after an "
               "untimed one of the same shape):", "",
               "| tokens | base min (ms) | this min (ms) | base median | this median | this ÷ base (min) | "

@@ -11,16 +11,10 @@
 // argmax(normed[first:] @ lm^T) + d2t[.]. Returns (drafts [1, W - first] int64, prenorm [1, W, H]).
 namespace {
 
-// A product's weight (forward.cpp's Proj): GGUF blocks, with pack_a8 of them for 8-bit activations (an empty
-// packed: weight-only), checked as qlinear / qlinear_a8 check theirs.
-Proj draft_linear(torch::Tensor w, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K) {
-  const bool act8 = packed.defined() && packed.numel() > 0;
+// A product's weight (forward.cpp's Proj), checked as qlinear / qlinear_a8 check theirs.
+Proj draft_linear(torch::Tensor w, torch::Tensor packed, int64_t qtype, int64_t N, int64_t K, bool act8) {
   check_weight(w, qtype, N, K, !act8);
-  if (act8)
-    TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
-                    packed.numel() == (N + 7) / 8 * (K / 32) * pq::a8_group_block_bytes((int)qtype),
-                "DraftHead: packed is not pack_a8 of its weight");
-  return {w, act8 ? packed : torch::Tensor(), (int)qtype, N, K};
+  return make_proj(w, packed, (int)qtype, N, K, act8, "DraftHead");
 }
 
 // p's product of M rows at impl 0, with its own scratch for the 8-bit activations.
@@ -33,15 +27,15 @@ void run_proj(const Proj& p, const float* x, int64_t M, float* y) {
 class DraftHead {
  public:
   DraftHead(torch::Tensor fc_w, torch::Tensor fc_packed, int64_t fc_qtype, int64_t fc_in, torch::Tensor lm_w,
-            torch::Tensor lm_packed, int64_t lm_qtype, int64_t lm_out, torch::Tensor embed, torch::Tensor emb_norm,
+            torch::Tensor lm_packed, int64_t lm_qtype, int64_t lm_out, bool act8, torch::Tensor embed, torch::Tensor emb_norm,
             torch::Tensor hid_norm, double eps, bool norm_before_residual, torch::Tensor mask_h,
             int64_t mask_token_id, torch::Tensor d2t)
       : eps_((float)eps), nbr_(norm_before_residual), mask_id_(mask_token_id) {
     TORCH_CHECK(embed.scalar_type() == torch::kFloat32 && embed.dim() == 2 && embed.is_contiguous(),
                 "DraftHead: embed [V, H] float32, contiguous");
     H_ = embed.size(1);
-    fc_ = draft_linear(fc_w, fc_packed, fc_qtype, H_, fc_in);
-    lm_ = draft_linear(lm_w, lm_packed, lm_qtype, lm_out, H_);
+    fc_ = draft_linear(fc_w, fc_packed, fc_qtype, H_, fc_in, act8);
+    lm_ = draft_linear(lm_w, lm_packed, lm_qtype, lm_out, H_, act8);
     for (auto* t : {&emb_norm, &hid_norm})
       TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->numel() == H_, "DraftHead: norms of H floats");
     TORCH_CHECK(mask_h.numel() == 0 || (mask_h.scalar_type() == torch::kFloat32 && mask_h.numel() == H_),
@@ -120,7 +114,7 @@ class DraftHead {
 
 void bind_draft_pass(py::module& m) {
   py::class_<DraftHead>(m, "DraftHead")
-      .def(py::init<torch::Tensor, torch::Tensor, int64_t, int64_t, torch::Tensor, torch::Tensor, int64_t, int64_t,
+      .def(py::init<torch::Tensor, torch::Tensor, int64_t, int64_t, torch::Tensor, torch::Tensor, int64_t, int64_t, bool,
                     torch::Tensor, torch::Tensor, torch::Tensor, double, bool, torch::Tensor, int64_t,
                     torch::Tensor>())
       .def("pass_", &DraftHead::pass, py::arg("stack"), py::arg("ids"), py::arg("hidden"), py::arg("n_mask"),

@@ -23,26 +23,42 @@ namespace po = peagle_ops;
 namespace {
 
 struct Proj {
-  torch::Tensor w, packed;   // GGUF blocks [N, K/32 * block bytes]; pack_a8 of them (a8 only, else undefined)
+  // GGUF blocks [N, K/32 * block bytes] (or F32 packed by 8); pack_a8 of the blocks where a path reads it (8-bit
+  // activations: always; float ones: the AVX-512 path), else undefined
+  torch::Tensor w, packed;
   int qtype;
   int64_t N, K;
-  // out[M, N] = in[M, K] @ W^T: 8-bit activations (s8: scratch for M rows of at least K) where packed, else
-  // float ones.
+  bool act8;   // the products quantize the activations to 8 bits (s8: scratch for M rows of at least K)
+  // out[M, N] = in[M, K] @ W^T
   void run(const float* in, int64_t M, float* out, int64_t impl, const po::Act8& s8) const {
-    if (packed.defined())
+    if (act8)
       po::qlinear_a8(in, M, K, w.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), qtype, N, impl, s8, out);
     else
-      po::qlinear(in, M, K, w.data_ptr<uint8_t>(), qtype, N, impl, out);
+      po::qlinear(in, M, K, w.data_ptr<uint8_t>(), packed.defined() ? packed.data_ptr<uint8_t>() : nullptr, qtype,
+                  N, impl, out);
   }
 };
 
+// A product's weight: w of qtype for N x K (checked by the caller), packed (pack_a8 of it, or an empty tensor:
+// none; 8-bit activations need it).
+Proj make_proj(torch::Tensor w, torch::Tensor packed, int qtype, int64_t N, int64_t K, bool act8, const char* who) {
+  const bool has = packed.defined() && packed.numel() > 0;
+  TORCH_CHECK(has || !act8, who, ": 8-bit activations read pack_a8 of the weight");
+  if (has)
+    TORCH_CHECK(qtype != pq::F32 && packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 &&
+                    packed.is_contiguous() &&
+                    packed.numel() == (N + 7) / 8 * (K / 32) * pq::a8_group_block_bytes(qtype),
+                who, ": packed is not pack_a8 of its weight");
+  return {w, has ? packed : torch::Tensor(), qtype, N, K, act8};
+}
+
 class LayerStack {
  public:
-  // w: 4 per layer (qkv, o, gate_up, down); packed: the same count (act8) or empty (weight-only); norms: 2 per
-  // layer (ln1, ln2) and the final norm.
-  LayerStack(std::vector<torch::Tensor> w, std::vector<torch::Tensor> packed, std::vector<int64_t> qtypes,
+  // w: 4 per layer (qkv, o, gate_up, down); packed: the same count (an empty tensor: none; act8 needs them) or
+  // none at all; norms: 2 per layer (ln1, ln2) and the final norm.
+  LayerStack(std::vector<torch::Tensor> w, std::vector<torch::Tensor> packed, bool act8, std::vector<int64_t> qtypes,
              std::vector<torch::Tensor> norms, int64_t nh, int64_t nkv, int64_t hd, double eps, int64_t impl)
-      : nh_(nh), nkv_(nkv), hd_(hd), eps_((float)eps), impl_(impl), act8_(!packed.empty()) {
+      : nh_(nh), nkv_(nkv), hd_(hd), eps_((float)eps), impl_(impl), act8_(act8) {
     const int64_t n = (int64_t)w.size() / 4;
     TORCH_CHECK(nkv > 0 && nh % nkv == 0 && hd > 0 && hd % 8 == 0,
                 "LayerStack: heads ", nh, " / ", nkv, " x head_dim ", hd, " (nh a multiple of nkv, hd of 8)");
@@ -65,12 +81,7 @@ class LayerStack {
       const int64_t N = j % 4 == 0 ? (nh + 2 * nkv) * hd : j % 4 == 2 ? 2 * K[j + 1] : H_;
       TORCH_CHECK(w[j].size(0) == pq::stored_rows(qt, N), "LayerStack: weight ", j, " has ", w[j].size(0),
                   " rows, its layer's shape ", N, " outputs");
-      Proj p{w[j], act8_ ? packed[j] : torch::Tensor(), qt, N, K[j]};
-      if (act8_)
-        TORCH_CHECK(p.packed.scalar_type() == torch::kUInt8 && p.packed.is_contiguous() &&
-                        p.packed.numel() == (p.N + 7) / 8 * (p.K / 32) * pq::a8_group_block_bytes(qt),
-                    "LayerStack: packed ", j, " is not pack_a8 of its weight");
-      proj_.push_back(p);
+      proj_.push_back(make_proj(w[j], packed.empty() ? torch::Tensor() : packed[j], qt, N, K[j], act8_, "LayerStack"));
     }
     for (int64_t i = 0; i < n; i++) {
       const Proj &qkv = proj_[4 * i], &o = proj_[4 * i + 1], &gu = proj_[4 * i + 2];
@@ -242,7 +253,7 @@ void bind_forward(py::module& m) {
         py::arg("start"), py::arg("T"), py::arg("span"), py::arg("clamp_at"), py::arg("window"), py::arg("masked"),
         py::arg("cos"), py::arg("sin"));
   py::class_<LayerStack>(m, "LayerStack")
-      .def(py::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, std::vector<int64_t>,
+      .def(py::init<std::vector<torch::Tensor>, std::vector<torch::Tensor>, bool, std::vector<int64_t>,
                     std::vector<torch::Tensor>, int64_t, int64_t, int64_t, double, int64_t>())
       .def("forward", &LayerStack::forward, py::arg("x"), py::arg("kc"), py::arg("vc"), py::arg("cos"), py::arg("sin"),
            py::arg("pos"), py::arg("mask"), py::arg("b0"), py::arg("S"), py::arg("aux_ids"), py::arg("h0") = py::none(),

@@ -98,16 +98,29 @@ int64_t product_impl(int64_t impl, int qtype, bool act8, int64_t M) {
   return M < min_rows_slot(qtype, act8) ? 2 : 0;
 }
 
-void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y) {
+// The block types' packed AVX-512 path up to this many rows; above, the AVX2 path's register tiles over an L1
+// scratch, which measured as fast at 64 rows and 1.02x (median) / 1.08x (min) faster at 128 (a prefill's passes)
+// on a 2-core Intel Xeon, SmolLM2's q4 products (lab/measure/kernel_ab.py).
+constexpr int64_t PACKED_F_MAX_ROWS = 64;
+
+void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* packed, int qtype, int64_t N,
+             int64_t impl, float* y) {
   if (M == 0) return;
   impl = product_impl(impl, qtype, false, M);
+  const int64_t MB = pq::ROW_BLOCK;                               // rows per pass over the weights
+  if (packed != nullptr && qtype != pq::F32 && use_avx512(impl) && M <= PACKED_F_MAX_ROWS) {
+    const int64_t G = (N + 7) / 8;   // tasks of whole pairs of groups (the kernel's zmm), a last odd group alone
+    at::parallel_for(0, (G + 1) / 2, std::max<int64_t>(1, 1024 / K), [&](int64_t p0, int64_t p1) {
+      pq::avx512f::linear_groups_f(qtype, packed, x, M, K, y, N, 2 * p0, std::min(2 * p1, G));
+    });
+    return;
+  }
   pq::LinearFn fn = use_avx512(impl) ? pq::avx512::linear_rows
                     : use_avx2(impl) ? pq::avx2::linear_rows : pq::scalar::linear_rows;
   const int64_t rb = K / 32 * pq::block_bytes(qtype);
   // tasks of whole groups of 4 outputs (F32: 8, its kernel's group); an output is computed whole by one thread,
   // so the split changes nothing
   const int64_t G = qtype == pq::F32 ? 8 : 4, groups = (N + G - 1) / G, grain = std::max<int64_t>(1, 16384 / (G * K));
-  const int64_t MB = pq::ROW_BLOCK;                               // rows per pass over the weights
   for (int64_t r0 = 0; r0 < M; r0 += MB) {
     const int64_t m = std::min(MB, M - r0);
     at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {

@@ -38,8 +38,11 @@ bool avx2_vnni();
 // The path a product of M rows takes: impl as given, except impl 0 on an AVX-512 CPU below its threshold (2).
 int64_t product_impl(int64_t impl, int qtype, bool act8, int64_t M);
 
-// y[M, N] = x[M, K] @ W^T, W GGUF blocks [N, K/32 * block bytes] (weight-only: float activations).
-void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qtype, int64_t N, int64_t impl, float* y);
+// y[M, N] = x[M, K] @ W^T, W GGUF blocks [N, K/32 * block bytes] (weight-only: float activations) or F32 packed
+// by 8. packed (block types; may be null): pack_a8 of w, which the AVX-512 path reads (without it that path's
+// block-type products take the AVX2 one); same bits either way.
+void qlinear(const float* x, int64_t M, int64_t K, const uint8_t* w, const uint8_t* packed, int qtype, int64_t N,
+             int64_t impl, float* y);
 
 // Scratch of the 8-bit activations of M rows of K features (quant_kernels.h: quantize_act).
 struct Act8 {

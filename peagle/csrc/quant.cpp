@@ -41,19 +41,34 @@ static void check_input(const torch::Tensor& x, int64_t K) {
   TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, the weight ", K);
 }
 
-// impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2, 3 = AVX-512, 4 = AMX (error when the CPU lacks it).
-torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl) {
+// pack_a8's layout of a [N, K] weight of qtype, or an empty tensor (none given).
+static bool check_packed(const torch::Tensor& packed, int64_t qtype, int64_t N, int64_t K) {
+  if (!packed.defined() || packed.numel() == 0) return false;
+  TORCH_CHECK(qtype != pq::F32 && packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 &&
+                  packed.is_contiguous() && packed.dim() == 2 && packed.size(0) == (N + 7) / 8 &&
+                  packed.size(1) == K / 32 * pq::a8_group_block_bytes(qtype),
+              "packed is not pack_a8 of this weight");
+  return true;
+}
+
+// impl: 0 = best for this CPU, 1 = scalar, 2 = AVX2, 3 = AVX-512, 4 = AMX (error when the CPU lacks it). packed:
+// pack_a8 of a block-type w (the AVX-512 path's layout), or none / an empty tensor (that path then takes AVX2's).
+torch::Tensor qlinear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K, int64_t impl,
+                      c10::optional<torch::Tensor> packed_opt) {
   check_weight(w, qtype, N, K);
   check_input(x, K);
+  const torch::Tensor packed = packed_opt.value_or(torch::Tensor());
+  const bool has = check_packed(packed, qtype, N, K);
   auto sizes = x.sizes().vec();
   auto x2 = x.reshape({-1, K}).contiguous();
   sizes.back() = N;
   auto y = torch::empty({x2.size(0), N}, x.options());
-  po::qlinear(x2.data_ptr<float>(), x2.size(0), K, w.data_ptr<uint8_t>(), (int)qtype, N, impl, y.data_ptr<float>());
+  po::qlinear(x2.data_ptr<float>(), x2.size(0), K, w.data_ptr<uint8_t>(), has ? packed.data_ptr<uint8_t>() : nullptr,
+              (int)qtype, N, impl, y.data_ptr<float>());
   return y.view(sizes);
 }
 
-// pack_a8's layout of w (quant_kernels.h): what the AVX2 a8 path reads.
+// pack_a8's layout of w (quant_kernels.h): what the vector a8 paths and AVX-512's float-activation path read.
 torch::Tensor pack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
   check_weight(w, qtype, N, K, false);
   auto out = torch::empty({(N + 7) / 8, K / 32 * pq::a8_group_block_bytes(qtype)}, torch::kUInt8);
@@ -72,10 +87,7 @@ torch::Tensor qlinear_a8(torch::Tensor x, torch::Tensor w, torch::Tensor packed,
   const int64_t M = x2.size(0), nb = K / 32;
   sizes.back() = N;
   auto y = torch::empty({M, N}, x.options());
-  if (po::use_avx2(impl))
-    TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 2 &&
-                packed.size(0) == (N + 7) / 8 && packed.size(1) == nb * pq::a8_group_block_bytes(qtype),
-                "packed is not pack_a8 of this weight");
+  if (po::use_avx2(impl)) TORCH_CHECK(check_packed(packed, qtype, N, K), "packed is not pack_a8 of this weight");
   std::vector<int8_t> xq(M * K);
   std::vector<float> xd(M * nb), xs(M * nb);
   po::qlinear_a8(x2.data_ptr<float>(), M, K, w.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>(), (int)qtype, N, impl,
@@ -241,9 +253,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   po::has_amx();   // the AMX probe (it briefly handles SIGILL / SIGSEGV) at import, not inside a later product
   m.def("attend_exact", &attend_exact, "attention summed in one fixed order per query (batch/block-invariant)");
   m.def("rope_kv", &rope_kv, "RoPE of q and k and the k/v cache write in one pass; returns q");
-  m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0) or float32 packed by 8 (F32), batch-invariant");
+  m.def("qlinear", &qlinear, "y = x @ W^T, W in GGUF blocks (Q4_0/Q4_1/Q8_0) or float32 packed by 8 (F32), batch-invariant",
+        py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("N"), py::arg("K"), py::arg("impl"),
+        py::arg("packed") = py::none());
   m.def("qlinear_a8", &qlinear_a8, "y = q8(x) @ W^T: activations quantized to 8 bits per block (llama.cpp's)");
-  m.def("pack_a8", &pack_a8, "w's blocks reordered for the AVX2 a8 products (groups of 8 outputs)");
+  m.def("pack_a8", &pack_a8, "w's blocks reordered for the a8 products and AVX-512's float ones (groups of 8 outputs)");
   m.def("quantize_act", &quantize_act, "x's 8-bit blocks as the a8 products use them", py::arg("x"),
         py::arg("impl") = 0);
   m.def("dequantize", &dequantize, "the float32 weight the kernels use");

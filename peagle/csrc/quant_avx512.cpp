@@ -3,8 +3,7 @@
 // the same bits: an F32 zmm holds two outputs' 8-lane accumulators side by side (each lane the same FMA chain
 // as AVX2's); dpbusd sums a lane's 4 byte products into its 32-bit integer exactly, as maddubs + madd do
 // (no pair of products of a nibble or a |Q8_0 weight| <= 128 with |x| <= 127 overflows 16 bits), and a zmm of
-// a8 lanes holds two groups' 8 outputs; the GGUF block types with float activations take two outputs per zmm at
-// 4-32 rows (the AVX2 path's dequantization and FMA chain per lane). No torch headers.
+// a8 lanes holds two groups' 8 outputs. No torch headers.
 #include <algorithm>   // the standard headers before the target pragma: none of their code is built for AVX-512
 #include <cstring>
 #include <vector>
@@ -20,7 +19,6 @@ namespace peagle_quant {
 namespace avx512 {
 
 using avx2::fold;
-using avx2::h2f;
 
 // F32 packed by 8: NR activation rows against one group's 8 outputs (zmm j = outputs 2j, 2j+1 of a chunk), the
 // first nv outputs stored. PF (several rows, so several tiles per group after the first reads from L1): this
@@ -202,110 +200,12 @@ static void groups_t(const uint8_t* p, const int8_t* xq, const float* xd, const 
   }
 }
 
-// GGUF blocks with float activations, two outputs per zmm (lanes 0-7 output o, 8-15 output o + 1): a block of
-// both dequantized at once into 4 zmm (chunk c = weights 8c..8c+7 of each, the AVX2 path's dequant_block per
-// lane: Q4_1 fma(d, q, m), Q4_0 d * (q - 8), Q8_0 d * q), then every row's accumulators take the 4 chunks in
-// order: each lane the AVX2 path's FMA chain, so the same bits.
-static inline __m512 pair16(float a, float b) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
-}
-
-template <int QT>
-static inline void dequant_pair(const uint8_t* b0, const uint8_t* b1, __m512* w) {
-  const __m512 d = pair16(h2f(b0), h2f(b1));
-  if constexpr (QT == Q8_0) {
-    #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-      const __m128i q = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(b0 + 2 + 8 * c)),
-                                           _mm_loadl_epi64((const __m128i*)(b1 + 2 + 8 * c)));
-      w[c] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-    }
-    return;
-  }
-  constexpr int qo = QT == Q4_1 ? 4 : 2;
-  const __m128i m4 = _mm_set1_epi8(0x0f);
-  const __m128i q0 = _mm_loadu_si128((const __m128i*)(b0 + qo)), q1 = _mm_loadu_si128((const __m128i*)(b1 + qo));
-  __m128i lo0 = _mm_and_si128(q0, m4), hi0 = _mm_and_si128(_mm_srli_epi16(q0, 4), m4);
-  __m128i lo1 = _mm_and_si128(q1, m4), hi1 = _mm_and_si128(_mm_srli_epi16(q1, 4), m4);
-  const __m128i ch[4] = {_mm_unpacklo_epi64(lo0, lo1), _mm_unpackhi_epi64(lo0, lo1), _mm_unpacklo_epi64(hi0, hi1),
-                         _mm_unpackhi_epi64(hi0, hi1)};
-  if constexpr (QT == Q4_1) {
-    const __m512 m = pair16(h2f(b0 + 2), h2f(b1 + 2));
-    #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) w[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ch[c])), m);
-  } else {
-    const __m128i e8 = _mm_set1_epi8(8);
-    #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++)
-      w[c] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(ch[c], e8))));
-  }
-}
-
-// Outputs o, o + 1 (rows rb bytes apart) against NR rows (1..9).
-template <int QT, int NR>
-static inline void pair_rows(const uint8_t* w, int64_t rb, const float* x, int64_t K, float* y, int64_t N) {
-  constexpr int bs = block_bytes(QT);
-  __m512 acc[NR], wv[4];
-  #pragma GCC unroll 9
-  for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
-  for (int64_t k = 0, off = 0; k < K; k += 32, off += bs) {
-    dequant_pair<QT>(w + off, w + rb + off, wv);
-    #pragma GCC unroll 9
-    for (int r = 0; r < NR; r++)
-      #pragma GCC unroll 4
-      for (int c = 0; c < 4; c++)
-        acc[r] = _mm512_fmadd_ps(wv[c], _mm512_broadcast_f32x8(_mm256_loadu_ps(x + r * K + k + 8 * c)), acc[r]);
-  }
-  #pragma GCC unroll 9
-  for (int r = 0; r < NR; r++) {
-    y[r * N] = fold(_mm512_castps512_ps256(acc[r]));
-    y[r * N + 1] = fold(_mm512_extractf32x8_ps(acc[r], 1));
-  }
-}
-
-// Pairs of outputs against tiles of 8 rows (a last tile of 9 as one, as groups_t's), the pair's blocks dequantized
-// once per tile. The 9-row tile: a 9-position verify (a 4x8 tree) dequantized every block twice as 8 + 1 rows;
-// every SmolLM2 product at 9 rows, 2-core Intel Xeon (AVX-512), 3 alternated runs: q8 22.7-23.1 -> 17.5-19.0 ms, q4
-// 21.3-22.1 -> 15.7-16.3 ms (8 rows unchanged). Two pairs sharing each activation broadcast measured no faster.
-template <int QT>
-static void pairs_t(const uint8_t* w, int64_t rb, const float* x, int64_t M, int64_t K, float* y, int64_t N,
-                    int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n + 2 <= n1; n += 2)
-    for (int64_t r = 0, t; r < M; r += t) {
-      t = M - r == 9 ? 9 : std::min<int64_t>(8, M - r);
-      const uint8_t* wn = w + n * rb;
-      const float* xr = x + r * K;
-      float* yn = y + r * N + n;
-      switch (t) {
-        case 1: pair_rows<QT, 1>(wn, rb, xr, K, yn, N); break;
-        case 2: pair_rows<QT, 2>(wn, rb, xr, K, yn, N); break;
-        case 3: pair_rows<QT, 3>(wn, rb, xr, K, yn, N); break;
-        case 4: pair_rows<QT, 4>(wn, rb, xr, K, yn, N); break;
-        case 5: pair_rows<QT, 5>(wn, rb, xr, K, yn, N); break;
-        case 6: pair_rows<QT, 6>(wn, rb, xr, K, yn, N); break;
-        case 7: pair_rows<QT, 7>(wn, rb, xr, K, yn, N); break;
-        case 8: pair_rows<QT, 8>(wn, rb, xr, K, yn, N); break;
-        default: pair_rows<QT, 9>(wn, rb, xr, K, yn, N); break;
-      }
-    }
-}
-
-// The float-activation products: F32 here; the GGUF block types here at PAIR_MIN_ROWS..PAIR_MAX_ROWS rows (pairs
-// of outputs in tiles of 8 rows, an odd last output on the AVX2 path), else on the AVX2 path. Measured on a
-// 2-core Intel Xeon (AVX-512), every SmolLM2 product from Python, q4 / q8 against AVX2: 8 rows 1.4 / 1.6x
-// faster, 12-32 rows 1.05-1.15x, 64 rows 0.94 / 1.13x, 4 rows 1.03 / 1.05x, 1-2 rows 0.89-0.98x (the pair's
-// shuffles cost more than the FMAs they save).
-constexpr int64_t PAIR_MIN_ROWS = 4;
-constexpr int64_t PAIR_MAX_ROWS = 32;
+// The float-activation products of F32 weights here; the GGUF block types take the AVX2 path (their AVX-512
+// path reads pack_a8's layout: quant_f_avx512.cpp, chosen in ops.cpp where the weight comes with it).
 void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, float* y,
                  int64_t N, int64_t n0, int64_t n1, float* buf) {
   if (qtype == F32) return linear_rows_f32((const float*)w, x, M, K, y, N, n0, n1);
-  if (M < PAIR_MIN_ROWS || M > PAIR_MAX_ROWS)
-    return avx2::linear_rows(qtype, w, row_bytes, x, M, K, y, N, n0, n1, buf);
-  if (qtype == Q4_0) pairs_t<Q4_0>(w, row_bytes, x, M, K, y, N, n0, n1);
-  else if (qtype == Q4_1) pairs_t<Q4_1>(w, row_bytes, x, M, K, y, N, n0, n1);
-  else pairs_t<Q8_0>(w, row_bytes, x, M, K, y, N, n0, n1);
-  if ((n1 - n0) % 2) avx2::linear_rows(qtype, w, row_bytes, x, M, K, y, N, n1 - 1, n1, buf);
+  avx2::linear_rows(qtype, w, row_bytes, x, M, K, y, N, n0, n1, buf);
 }
 
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,

@@ -1,6 +1,6 @@
 // The float part of the 8-bit-activation products on zmm, shared by the AVX-512 path (quant_avx512.cpp: dots from
 // dpbusd) and the AMX path (quant_amx.cpp: dots from the tile unit), so both run the same operations in the same
-// order. Each translation unit including it is compiled with an AVX-512 target pragma first; nothing else may.
+// order; halves16 also serves the float-activation path of the block types (quant_f_avx512.cpp). Each translation unit including it is compiled with an AVX-512 target pragma first; nothing else may.
 #pragma once
 #include <immintrin.h>
 

@@ -62,7 +62,8 @@ void linear_rows(int qtype, const uint8_t* w, int64_t row_bytes, const float* x,
 // y = acc + s (Q8_0: y = acc). Row-wise: batch-invariant.
 void quantize_act(const float* x, int64_t M, int64_t K, int8_t* xq, float* xd, float* xs);
 
-// The AVX2 path reads the weights repacked (pack_a8) so that a vector lane is an output: groups of 8 outputs
+// The AVX2 path reads the weights repacked (pack_a8) so that a vector lane is an output (and so does the AVX-512
+// path of the block types with float activations, quant_f_avx512.cpp): groups of 8 outputs
 // (the last one padded with zero blocks), per group its blocks in order, per block ("group-block"): the 8
 // outputs' fp16 d (16 B), Q4_1 their fp16 m (16 B), then the weights in rows of 32 bytes, row c holding bytes
 // 4c..4c+3 of each output in turn (output o at bytes 4o..4o+3): Q4 4 rows of GGUF's nibble bytes (low nibble:
@@ -125,6 +126,11 @@ namespace avx512 {   // the same through VNNI's dpbusd (same bits)
 void linear_groups_a8(int qtype, const uint8_t* packed, const int8_t* xq, const float* xd, const float* xs,
                       int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1);
 }  // namespace avx512
+namespace avx512f {   // the block types with float activations from pack_a8's layout (the scalar path's bits)
+// Groups g0..g1-1 (outputs 8 g0 .. min(8 g1, N) - 1) of every row: y = x @ W^T, W dequantized exactly.
+void linear_groups_f(int qtype, const uint8_t* packed, const float* x, int64_t M, int64_t K, float* y, int64_t N,
+                     int64_t g0, int64_t g1);
+}  // namespace avx512f
 namespace amx {   // the same with each block's integer dots on the tile unit (AMX-INT8; same bits)
 bool available();   // the CPU has it, the OS grants it to this process, and a probe product is right
 // EDX of CPUID leaf 7, subleaf 0: the AMX feature bits (22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8).

@@ -200,13 +200,12 @@ class DrafterHead(nn.Module):
         where it does not apply (an older build, fc or the LM head not in GGUF blocks, an embedding not float32)."""
         fc, lm, emb = self._fc_t, self._lm_head_t, self.embed_tokens.weight
         if not hasattr(ext, "DraftHead") or not all(isinstance(w, Q.QuantWeight) for w in (fc, lm)) \
-                or emb.dtype != torch.float32 or emb.device.type != "cpu":
+                or fc.act8 != lm.act8 or emb.dtype != torch.float32 or emb.device.type != "cpu":
             return None
-        L0, none = self.layers[0], torch.empty(0, dtype=torch.uint8)
+        L0 = self.layers[0]
         mask_h = self.mask_h if self.parallel else torch.empty(0)
-        return ext.DraftHead(fc.data, fc.packed_a8(ext) if fc.act8 else none, fc.qtype, fc.k,
-                             lm.data, lm.packed_a8(ext) if lm.act8 else none, lm.qtype, lm.n,
-                             emb.detach().contiguous(), L0.input_layernorm.weight.detach().float(),
+        return ext.DraftHead(fc.data, fc.kernel_packed(ext), fc.qtype, fc.k, lm.data, lm.kernel_packed(ext), lm.qtype,
+                             lm.n, fc.act8, emb.detach().contiguous(), L0.input_layernorm.weight.detach().float(),
                              L0.hidden_norm.weight.detach().float(), self.config.rms_norm_eps,
                              bool(L0.norm_before_residual), mask_h.detach().float(),
                              -1 if self.mask_token_id is None else int(self.mask_token_id), self.d2t)

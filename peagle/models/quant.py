@@ -191,10 +191,18 @@ class QuantWeight:
         return dequantize(self.data, self.qtype, self.n, self.k)
 
     def packed_a8(self, ext) -> torch.Tensor:
-        """The blocks reordered for the AVX2 a8 products (peagle/csrc/quant_kernels.h, pack_a8), made once."""
+        """The blocks reordered so that a vector lane is an output (peagle/csrc/quant_kernels.h, pack_a8), made once:
+        what the a8 products' vector paths and the AVX-512 path of the float-activation ones read."""
         if self._packed is None:
             self._packed = ext.pack_a8(self.data, self.qtype, self.n, self.k)
         return self._packed
+
+    def kernel_packed(self, ext) -> torch.Tensor:
+        """packed_a8 where a kernel path reads it (8-bit activations; block types with float activations on an
+        AVX-512 CPU), else an empty tensor (F32, or float activations without AVX-512: only the GGUF blocks)."""
+        if self.act8 or (self.qtype != F32 and ext.has_avx512()):
+            return self.packed_a8(ext)
+        return torch.empty(0, dtype=torch.uint8)
 
     def _fallback_dense(self) -> torch.Tensor:
         if self._dense is None:      # no kernel: decode would dequantize every weight every step otherwise
@@ -298,7 +306,7 @@ def qmm(x: torch.Tensor, w, impl: int = 0) -> torch.Tensor:
     if ext is not None and x.device.type == "cpu":
         if w.act8:
             return ext.qlinear_a8(x, w.data, w.packed_a8(ext), w.qtype, w.n, w.k, impl)
-        return ext.qlinear(x, w.data, w.qtype, w.n, w.k, impl)
+        return ext.qlinear(x, w.data, w.qtype, w.n, w.k, impl, w.kernel_packed(ext))
     # fallback: one row at a time (the same matrix-vector product whatever the batch: batch-invariant)
     W = w._fallback_dense()
     x2 = x.reshape(rows, w.k)
@@ -320,7 +328,7 @@ def layer_stack(ws: list, norms: list, nh: int, nkv: int, hd: int, eps: float, i
             or not all(isinstance(w, QuantWeight) for w in ws) or len({w.act8 for w in ws}) != 1:
         return None
     act8 = ws[0].act8
-    run = ext.LayerStack([w.data for w in ws], [w.packed_a8(ext) for w in ws] if act8 else [], [w.qtype for w in ws],
+    run = ext.LayerStack([w.data for w in ws], [w.kernel_packed(ext) for w in ws], act8, [w.qtype for w in ws],
                          [n.detach().float().contiguous() for n in norms], nh, nkv, hd, eps, impl)
     return SimpleNamespace(run=run, act8=act8)
 

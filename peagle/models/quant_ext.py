@@ -19,8 +19,8 @@ from ..paths import HOME, SETUP_COMMAND
 NAME = "peagle_quant"
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 SOURCES = ("bindings.cpp", "ops.cpp", "quant_scalar.cpp", "quant_avx2.cpp", "quant_a8_avx2.cpp",
-           "quant_a8_vnni256.cpp", "quant_avx512.cpp", "quant_amx.cpp", "attend_generic.cpp", "attend_avx2.cpp",
-           "attend_avx512.cpp", "draft_kl_avx2.cpp", "draft_kl_avx512.cpp", "train_attn_avx512.cpp",
+           "quant_a8_vnni256.cpp", "quant_avx512.cpp", "quant_f_avx512.cpp", "quant_amx.cpp", "attend_generic.cpp",
+           "attend_avx2.cpp", "attend_avx512.cpp", "draft_kl_avx2.cpp", "draft_kl_avx512.cpp", "train_attn_avx512.cpp",
            "train_scores_amx.cpp", "transpose_avx512.cpp", "train_ops_avx512.cpp")
 # compiled inside bindings.cpp (one translation unit for the files that include torch's headers), and headers
 BINDING_SOURCES = ("quant.cpp", "forward.cpp", "argmax.cpp", "draft_pass.cpp", "draft_kl.cpp", "train_attn.cpp",
