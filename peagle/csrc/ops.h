@@ -1,9 +1,10 @@
 // peagle's CPU ops on raw float32 buffers, each parallelised over its independent outputs (at::parallel_for):
 // the quantized products (quant_kernels.h), the fused small ops and the exact attention (attend_impl.h). The
 // Python bindings (quant.cpp) and the whole-forward runner (forward.cpp) call the same functions, so a token
-// gets the same bits whichever of them runs it. impl: 0 = best for this CPU, 1 = scalar / generic, 2 = AVX2, 3 = AVX-512 (the F32 and 8-bit-activation
-// products on AVX-512 + VNNI, AVX2 elsewhere), 4 = AMX (impl 3 with the 8-bit-activation products' integer dots
-// on the tile unit); every path gives the same bits.
+// gets the same bits whichever of them runs it. impl: 0 = best for this CPU, 1 = scalar / generic, 2 = AVX2, 3 =
+// AVX-512 (the F32 and 8-bit-activation products on AVX-512 + VNNI, and the block types' float-activation ones
+// given pack_a8's layout, up to 64 rows; AVX2 elsewhere), 4 = AMX (impl 3 with the 8-bit-activation products'
+// integer dots on the tile unit); every path gives the same bits.
 #pragma once
 #include <cstdint>
 
