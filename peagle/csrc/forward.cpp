@@ -39,16 +39,11 @@ struct Proj {
   }
 };
 
-// A product's weight: w of qtype for N x K (checked by the caller), packed (pack_a8 of it, or an empty tensor:
-// none; 8-bit activations need it).
+// A product's weight: w of qtype for N x K (checked by the caller), packed (pack_a8 of it, checked as qlinear's by
+// quant.cpp's check_packed, or an empty tensor: none; 8-bit activations need it).
 Proj make_proj(torch::Tensor w, torch::Tensor packed, int qtype, int64_t N, int64_t K, bool act8, const char* who) {
-  const bool has = packed.defined() && packed.numel() > 0;
+  const bool has = check_packed(packed, qtype, N, K);
   TORCH_CHECK(has || !act8, who, ": 8-bit activations read pack_a8 of the weight");
-  if (has)
-    TORCH_CHECK(qtype != pq::F32 && packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 &&
-                    packed.is_contiguous() &&
-                    packed.numel() == (N + 7) / 8 * (K / 32) * pq::a8_group_block_bytes(qtype),
-                who, ": packed is not pack_a8 of its weight");
   return {w, has ? packed : torch::Tensor(), qtype, N, K, act8};
 }
 
